@@ -1,0 +1,222 @@
+//! The change-event contract between the capture and apply stages.
+//!
+//! This crate owns three things, and nothing else:
+//! - the protobuf messages (`v1`), generated at build time from `proto/sluice/v1/event.proto`;
+//! - how a change is addressed in Kafka: the topic name ([`TopicTemplate`]) and the record key
+//!   ([`event_key`]), so that all changes of one row land on one partition, in order;
+//! - how an event's `version` is derived from a source position ([`mysql_version`],
+//!   [`mongo_version`]), so that apply can make replays harmless.
+//!
+//! It holds no state and does no I/O; `proto/README.md` is the written contract.
+
+use prost::Message;
+
+pub mod v1 {
+    //! Messages of contract version 1.
+    include!(concat!(env!("OUT_DIR"), "/sluice.v1.rs"));
+}
+
+pub use v1::{ChangeEvent, EventKey, Op, TableSchema, Value};
+
+/// The contract version written into `ChangeEvent::contract`.
+pub const CONTRACT_VERSION: u32 = 1;
+
+/// Errors of the contract helpers. All of them are definite: retrying cannot help.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ContractError {
+    #[error("topic template {template:?}: {reason}")]
+    BadTemplate { template: String, reason: String },
+    #[error("topic name {name:?} for {database}.{table} is not a valid Kafka topic name: {reason}")]
+    BadTopic {
+        name: String,
+        database: String,
+        table: String,
+        reason: String,
+    },
+    #[error("binlog file name {0:?} has no numeric suffix (expected e.g. \"mysql-bin.000042\")")]
+    BadBinlogFile(String),
+    #[error("binlog position {file}:{pos} (+ row {row}) does not fit the 32-bit version layout")]
+    VersionOverflow { file: String, pos: u64, row: u32 },
+}
+
+/// The placeholders a topic template may use.
+const PLACEHOLDERS: [&str; 3] = ["{prefix}", "{db}", "{table}"];
+
+/// Maps a (database, table) to its Kafka topic. The default is `{prefix}.{db}.{table}`.
+///
+/// Characters Kafka does not allow in topic names (anything but `[A-Za-z0-9._-]`) are replaced
+/// by `_`; the result must be at most 249 characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicTemplate {
+    template: String,
+    prefix: String,
+}
+
+impl TopicTemplate {
+    pub const DEFAULT: &'static str = "{prefix}.{db}.{table}";
+
+    pub fn new(template: &str, prefix: &str) -> Result<Self, ContractError> {
+        let bad = |reason: &str| ContractError::BadTemplate {
+            template: template.to_string(),
+            reason: reason.to_string(),
+        };
+        if template.is_empty() {
+            return Err(bad("is empty"));
+        }
+        // Every `{...}` must be a known placeholder.
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            let close = rest[open..]
+                .find('}')
+                .ok_or_else(|| bad("has a '{' without a closing '}'"))?;
+            let ph = &rest[open..open + close + 1];
+            if !PLACEHOLDERS.contains(&ph) {
+                return Err(bad(&format!(
+                    "unknown placeholder {ph}; known: {}",
+                    PLACEHOLDERS.join(", ")
+                )));
+            }
+            rest = &rest[open + close + 1..];
+        }
+        // A template without {table} puts several tables on one topic: allowed (the key still
+        // separates rows, so the order per row holds).
+        Ok(Self {
+            template: template.to_string(),
+            prefix: prefix.to_string(),
+        })
+    }
+
+    /// The topic of `database`.`table`.
+    pub fn topic(&self, database: &str, table: &str) -> Result<String, ContractError> {
+        let raw = self
+            .template
+            .replace("{prefix}", &self.prefix)
+            .replace("{db}", database)
+            .replace("{table}", table);
+        let name: String = raw
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let bad = |reason: &str| ContractError::BadTopic {
+            name: name.clone(),
+            database: database.to_string(),
+            table: table.to_string(),
+            reason: reason.to_string(),
+        };
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(bad("empty, '.' or '..'"));
+        }
+        if name.len() > 249 {
+            return Err(bad("longer than 249 characters"));
+        }
+        Ok(name)
+    }
+}
+
+/// The Kafka record key of a change to one row: database, table and primary key values,
+/// protobuf-encoded (deterministic: equal keys give equal bytes, hence equal partitions).
+pub fn event_key(database: &str, table: &str, key: &[Value]) -> Vec<u8> {
+    EventKey {
+        database: database.to_string(),
+        table: table.to_string(),
+        key: key.to_vec(),
+    }
+    .encode_to_vec()
+}
+
+/// The numeric suffix of a binlog file name ("mysql-bin.000042" -> 42).
+pub fn binlog_file_seq(file: &str) -> Result<u64, ContractError> {
+    let digits = file
+        .rsplit_once('.')
+        .map(|(_, d)| d)
+        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| ContractError::BadBinlogFile(file.to_string()))?;
+    digits
+        .parse()
+        .map_err(|_| ContractError::BadBinlogFile(file.to_string()))
+}
+
+/// The version of row `row` of the rows event that starts at `pos` in binlog `file`:
+/// `file_seq << 32 | (pos + row)`.
+///
+/// Every row takes at least one byte of its rows event, so `pos + row` is below the next
+/// event's start: versions grow strictly with the binlog order, within and across files.
+/// Binlog offsets are 32-bit in the v4 event header, so `pos + row` always fits.
+pub fn mysql_version(file: &str, pos: u64, row: u32) -> Result<u64, ContractError> {
+    let seq = binlog_file_seq(file)?;
+    let offset = pos + u64::from(row);
+    if seq >= 1 << 32 || offset >= 1 << 32 {
+        return Err(ContractError::VersionOverflow {
+            file: file.to_string(),
+            pos,
+            row,
+        });
+    }
+    Ok(seq << 32 | offset)
+}
+
+/// The version of a MongoDB oplog entry: its timestamp, `seconds << 32 | increment`. Events of
+/// one transaction share it and are ordered by `Transaction::index`.
+pub fn mongo_version(ts_seconds: u32, ts_increment: u32) -> u64 {
+    u64::from(ts_seconds) << 32 | u64::from(ts_increment)
+}
+
+/// The fingerprint of a schema: FNV-1a 64 over its protobuf encoding with `schema_id` cleared.
+/// Equal schemas (same columns, types, key) give equal ids, whichever process computes them.
+pub fn schema_id(schema: &TableSchema) -> u64 {
+    let mut s = schema.clone();
+    s.schema_id = 0;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.encode_to_vec() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The key of a schema record on the schema topic.
+pub fn schema_record_key(schema_id: u64) -> String {
+    format!("{schema_id:016x}")
+}
+
+/// Short constructors for values, used by capture and by tests.
+pub mod value {
+    use super::v1::{value::Kind, Value};
+
+    pub fn null() -> Value {
+        Value {
+            kind: Some(Kind::Null(true)),
+        }
+    }
+    pub fn of(kind: Kind) -> Value {
+        Value { kind: Some(kind) }
+    }
+    pub fn int(v: i64) -> Value {
+        of(Kind::Int(v))
+    }
+    pub fn uint(v: u64) -> Value {
+        of(Kind::Uint(v))
+    }
+    pub fn text(v: impl Into<String>) -> Value {
+        of(Kind::Text(v.into()))
+    }
+    pub fn bytes(v: impl Into<Vec<u8>>) -> Value {
+        of(Kind::Bytes(v.into()))
+    }
+    pub fn decimal(v: impl Into<String>) -> Value {
+        of(Kind::Decimal(v.into()))
+    }
+    /// True for SQL NULL.
+    pub fn is_null(v: &Value) -> bool {
+        matches!(v.kind, Some(Kind::Null(_)))
+    }
+}
+
+#[cfg(test)]
+mod tests;
