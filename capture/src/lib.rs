@@ -1,1 +1,7 @@
-//! placeholder
+//! The capture stage: reads a source's change log and publishes change events to Kafka.
+//!
+//! - [`mysql`]: MySQL/MariaDB binlog (binary `capture-mysql`);
+//! - [`mongo`]: MongoDB change streams (binary `capture-mongo`).
+
+pub mod mongo;
+pub mod mysql;

@@ -26,7 +26,9 @@ pub const CONTRACT_VERSION: u32 = 1;
 pub enum ContractError {
     #[error("topic template {template:?}: {reason}")]
     BadTemplate { template: String, reason: String },
-    #[error("topic name {name:?} for {database}.{table} is not a valid Kafka topic name: {reason}")]
+    #[error(
+        "topic name {name:?} for {database}.{table} is not a valid Kafka topic name: {reason}"
+    )]
     BadTopic {
         name: String,
         database: String,

@@ -95,7 +95,9 @@ fn every_value_kind() -> Vec<Kind> {
         Kind::TimestampMicros(1_000_000),
         Kind::Geometry(v1::Geometry {
             srid: 4326,
-            wkb: vec![1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 240, 63, 0, 0, 0, 0, 0, 0, 0, 64],
+            wkb: vec![
+                1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 240, 63, 0, 0, 0, 0, 0, 0, 0, 64,
+            ],
         }),
         Kind::Json(r#"{"a": [1, 2.5, null, "x"], "b": {"c": true}}"#.into()),
         Kind::Bson(vec![5, 0, 0, 0, 0]),
@@ -114,11 +116,13 @@ fn every_value_kind() -> Vec<Kind> {
 fn every_value_kind_round_trips() {
     let kinds = every_value_kind();
     // Each oneof variant of Value appears at least once.
-    let tags: std::collections::HashSet<_> = kinds
-        .iter()
-        .map(|k| std::mem::discriminant(k))
-        .collect();
-    assert_eq!(tags.len(), 19, "a Value variant is missing from the round-trip set");
+    let tags: std::collections::HashSet<_> =
+        kinds.iter().map(|k| std::mem::discriminant(k)).collect();
+    assert_eq!(
+        tags.len(),
+        19,
+        "a Value variant is missing from the round-trip set"
+    );
     for k in kinds {
         round_trip_value(k);
     }
@@ -256,7 +260,10 @@ fn default_topic_names() {
 #[test]
 fn bad_templates_are_refused_with_the_reason() {
     let e = TopicTemplate::new("{prefix}.{schema}.{table}", "x").unwrap_err();
-    assert!(e.to_string().contains("unknown placeholder {schema}"), "{e}");
+    assert!(
+        e.to_string().contains("unknown placeholder {schema}"),
+        "{e}"
+    );
     let e = TopicTemplate::new("{prefix", "x").unwrap_err();
     assert!(e.to_string().contains("without a closing"), "{e}");
     assert!(TopicTemplate::new("", "x").is_err());

@@ -1,0 +1,37 @@
+//! `[consumer]`: the consumer group and the topics an apply binary reads.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// The consumer group; instances with the same group share the partitions.
+    pub group_id: String,
+    /// Topics to read: names, or regular expressions starting with `^` (librdkafka's rule).
+    pub topics: Vec<String>,
+}
+
+impl ConsumerConfig {
+    pub fn with_group(group_id: &str) -> Self {
+        Self {
+            group_id: group_id.into(),
+            topics: vec!["^sluice\\..*".into()],
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.group_id.trim().is_empty() {
+            return Err(("consumer.group_id".into(), "must not be empty".into()));
+        }
+        if self.topics.is_empty() {
+            return Err((
+                "consumer.topics".into(),
+                "name at least one topic or ^pattern".into(),
+            ));
+        }
+        if let Some(t) = self.topics.iter().find(|t| t.trim().is_empty()) {
+            return Err(("consumer.topics".into(), format!("empty topic name {t:?}")));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,184 @@
+//! capture-mysql: configuration and preflight checks against the source server.
+
+use mysql_async::prelude::Queryable;
+use serde::{Deserialize, Serialize};
+use sluice_common::{
+    AppConfig, Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate,
+};
+
+/// The whole configuration of `capture-mysql`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The name of this capture, written into every event and used as its checkpoint key.
+    /// Default `mysql`.
+    #[serde(default = "default_connector")]
+    pub connector: String,
+    #[serde(default)]
+    pub mysql: MysqlConfig,
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    #[serde(default)]
+    pub topics: TopicsConfig,
+    #[serde(default = "default_metrics")]
+    pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+fn default_connector() -> String {
+    "mysql".into()
+}
+
+fn default_metrics() -> MetricsConfig {
+    MetricsConfig {
+        listen: "0.0.0.0:9101".parse().expect("valid address"),
+    }
+}
+
+/// `[mysql]`: the source server.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MysqlConfig {
+    /// `mysql://user:password@host:port`. The user needs REPLICATION SLAVE, REPLICATION CLIENT
+    /// and SELECT. Default `mysql://root@127.0.0.1:3306`.
+    pub url: String,
+    /// The server_id this capture presents as a replica; must differ from the source's and
+    /// every other replica's. Default 5400.
+    pub server_id: u32,
+}
+
+impl Default for MysqlConfig {
+    fn default() -> Self {
+        Self {
+            url: "mysql://root@127.0.0.1:3306".into(),
+            server_id: 5400,
+        }
+    }
+}
+
+impl Validate for Config {
+    fn validate(&self) -> Result<(), (String, String)> {
+        if self.connector.is_empty() {
+            return Err(("connector".into(), "must not be empty".into()));
+        }
+        mysql_async::Opts::from_url(&self.mysql.url)
+            .map_err(|e| ("mysql.url".to_string(), format!("not a mysql:// URL: {e}")))?;
+        if self.mysql.server_id == 0 {
+            return Err((
+                "mysql.server_id".into(),
+                "must be above 0 (0 is refused by the server for replicas)".into(),
+            ));
+        }
+        self.kafka.validate()?;
+        self.topics.validate()?;
+        self.log.validate()
+    }
+}
+
+impl AppConfig for Config {
+    fn log(&self) -> &LogConfig {
+        &self.log
+    }
+    fn metrics(&self) -> &MetricsConfig {
+        &self.metrics
+    }
+}
+
+/// What the binlog reader needs from the server, checked one by one.
+pub async fn preflight(config: &Config) -> Vec<Check> {
+    let mut checks = vec![Check::from_result(
+        "kafka",
+        config
+            .kafka
+            .check_reachable("capture-mysql")
+            .await
+            .map(|n| format!("{} reachable ({n} broker(s))", config.kafka.brokers)),
+    )];
+    let opts = mysql_async::Opts::from_url(&config.mysql.url).expect("validated at load");
+    let mut conn = match mysql_async::Conn::new(opts).await {
+        Ok(c) => c,
+        Err(e) => {
+            checks.push(Check::fail("mysql", format!("cannot connect: {e}")));
+            return checks;
+        }
+    };
+    match server_checks(&mut conn, config.mysql.server_id).await {
+        Ok(mut c) => checks.append(&mut c),
+        Err(e) => checks.push(Check::fail("mysql", format!("query failed: {e}"))),
+    }
+    let _ = conn.disconnect().await;
+    checks
+}
+
+async fn server_checks(
+    conn: &mut mysql_async::Conn,
+    own_server_id: u32,
+) -> Result<Vec<Check>, mysql_async::Error> {
+    let mut checks = Vec::new();
+    let (version, server_id): (String, u32) = conn
+        .query_first("SELECT @@version, @@server_id")
+        .await?
+        .unwrap_or_default();
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    checks.push(Check::pass(
+        "mysql",
+        format!(
+            "{} {version}, server_id {server_id}",
+            if mariadb { "MariaDB" } else { "MySQL" }
+        ),
+    ));
+    if server_id == own_server_id {
+        checks.push(Check::fail(
+            "mysql.server_id",
+            format!("{own_server_id} is the source's own server_id; pick another"),
+        ));
+    }
+    let vars: Vec<(String, String)> = conn
+        .query(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
+             ('log_bin', 'binlog_format', 'binlog_row_image')",
+        )
+        .await?;
+    for (name, want) in [
+        ("log_bin", "ON"),
+        ("binlog_format", "ROW"),
+        ("binlog_row_image", "FULL"),
+    ] {
+        let value = vars
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        if value.eq_ignore_ascii_case(want) {
+            checks.push(Check::pass(name, format!("{name} = {want}")));
+        } else {
+            checks.push(Check::fail(
+                name,
+                format!(
+                    "{name} is {value:?}, must be {want}: set `{name}={want}` in the \
+                     server's configuration and restart it"
+                ),
+            ));
+        }
+    }
+    let grants: Vec<String> = conn.query("SHOW GRANTS FOR CURRENT_USER()").await?;
+    let all = grants.join(" ").to_uppercase();
+    let has_all = all.contains("ALL PRIVILEGES ON *.*");
+    for privilege in ["REPLICATION SLAVE", "REPLICATION CLIENT", "SELECT"] {
+        // MariaDB 10.5+ names REPLICATION CLIENT "BINLOG MONITOR"; both are accepted.
+        let ok = has_all
+            || all.contains(privilege)
+            || (privilege == "REPLICATION CLIENT" && all.contains("BINLOG MONITOR"))
+            || (privilege == "REPLICATION SLAVE" && all.contains("REPLICATION REPLICA"));
+        if ok {
+            checks.push(Check::pass("privileges", format!("{privilege} granted")));
+        } else {
+            checks.push(Check::fail(
+                "privileges",
+                format!("{privilege} missing: GRANT {privilege} ON *.* TO the capture user"),
+            ));
+        }
+    }
+    Ok(checks)
+}

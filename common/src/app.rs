@@ -1,0 +1,154 @@
+//! The common face of every binary: arguments, config, logs, metrics, signals, exit codes.
+//!
+//! A binary declares its config struct (implementing [`AppConfig`]) and an async body; [`main`]
+//! does the rest:
+//! 1. parse `--config FILE`, `--check`, `--print-config`;
+//! 2. load the config (file + `SLUICE__...` environment overrides), refusing unknown keys and
+//!    bad values with the key's name (exit 2);
+//! 3. start logging and the metrics endpoint;
+//! 4. run the body with a [`Context`]; SIGTERM/SIGINT fire `ctx.shutdown`, and the body is
+//!    expected to stop reading, finish and checkpoint, then return `Ok` (exit 0).
+//!
+//! Exit codes: 0 done, 1 failed while running (or a failed `--check`), 2 bad configuration.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use prometheus::Registry;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::config::{self, Validate};
+use crate::logging::{self, LogConfig};
+use crate::metrics;
+use crate::shutdown::Shutdown;
+
+/// Arguments every binary takes.
+#[derive(Debug, clap::Args)]
+pub struct CommonArgs {
+    /// The TOML configuration file. Every key has a default (see `--print-config`) and can be
+    /// overridden by an environment variable `SLUICE__SECTION__KEY`.
+    #[arg(short, long, value_name = "FILE", env = "SLUICE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Check the configuration and reach every server it names, print what was found, exit
+    /// (0 when every check passed).
+    #[arg(long)]
+    pub check: bool,
+    /// Print the effective configuration (defaults, file and environment) as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address of the `/metrics` and `/healthz` endpoint; port 0 picks a free port (logged).
+    pub listen: SocketAddr,
+}
+
+/// What a binary's config offers to the shared runner.
+pub trait AppConfig: DeserializeOwned + Serialize + Validate {
+    fn log(&self) -> &LogConfig;
+    fn metrics(&self) -> &MetricsConfig;
+}
+
+/// What the body of a binary gets.
+pub struct Context<C> {
+    pub config: C,
+    pub registry: Registry,
+    pub shutdown: Shutdown,
+    /// The address the metrics endpoint is bound to.
+    pub metrics_addr: SocketAddr,
+}
+
+/// Run a binary: see the module docs. `check` runs the binary's preflight checks for
+/// `--check`; `body` is the binary's work.
+pub fn main<C, Chk, ChkFut, B, BFut>(
+    binary: &'static str,
+    args: CommonArgs,
+    check: Chk,
+    body: B,
+) -> ExitCode
+where
+    C: AppConfig,
+    Chk: FnOnce(C) -> ChkFut,
+    ChkFut: Future<Output = Vec<crate::preflight::Check>>,
+    B: FnOnce(Context<C>) -> BFut,
+    BFut: Future<Output = anyhow::Result<()>>,
+{
+    let config: C = match config::load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{binary}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.print_config {
+        match toml::to_string_pretty(&config) {
+            Ok(text) => {
+                print!("{text}");
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                eprintln!("{binary}: cannot print the config: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    logging::init(config.log());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(binary)
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{binary}: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        if args.check {
+            let checks = check(config).await;
+            return crate::preflight::report(binary, &checks);
+        }
+        let shutdown = Shutdown::new();
+        if let Err(e) = shutdown.listen_for_signals() {
+            tracing::error!(error = %e, "cannot install signal handlers");
+            return ExitCode::FAILURE;
+        }
+        let listen = config.metrics().listen;
+        let listener = match metrics::bind(listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, %listen, "cannot bind the metrics endpoint (metrics.listen)");
+                return ExitCode::FAILURE;
+            }
+        };
+        let metrics_addr = listener.local_addr().unwrap_or(listen);
+        let registry = metrics::registry(binary);
+        tracing::info!(%metrics_addr, version = env!("CARGO_PKG_VERSION"), "{binary} starting; metrics on http://{metrics_addr}/metrics");
+        let server = tokio::spawn(metrics::serve(listener, registry.clone(), shutdown.clone()));
+        let ctx = Context {
+            config,
+            registry,
+            shutdown: shutdown.clone(),
+            metrics_addr,
+        };
+        let result = body(ctx).await;
+        shutdown.trigger();
+        let _ = server.await;
+        match result {
+            Ok(()) => {
+                tracing::info!("{binary} stopped cleanly");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "{binary} failed");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}

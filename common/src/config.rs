@@ -1,0 +1,308 @@
+//! Configuration loading shared by every binary.
+//!
+//! A binary's configuration is one TOML file (`--config FILE`) deserialized into the binary's
+//! own struct, whose sections all refuse unknown keys. Before deserializing, environment
+//! variables override single keys: `SLUICE__SECTION__KEY=value` sets `[section] key`; the
+//! value is read as a TOML value (`true`, `5000`, `["a","b"]`) and, when it does not parse as
+//! one, as a plain string. Errors name the file, the key and the reason.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+
+/// The prefix of environment variables that override configuration keys.
+pub const ENV_PREFIX: &str = "SLUICE__";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("config {origin}: key `{key}`: {message}")]
+    Key {
+        origin: String,
+        key: String,
+        message: String,
+    },
+    #[error("config {origin}: {message}")]
+    Invalid { origin: String, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+}
+
+/// Load a configuration: the file (if any) with environment overrides, then `validate`.
+///
+/// Without a file every key takes its default; keys without defaults must then come from the
+/// environment.
+pub fn load<T: DeserializeOwned + Validate>(path: Option<&Path>) -> Result<T, ConfigError> {
+    load_with_env(path, std::env::vars())
+}
+
+/// [`load`] with an explicit environment (for tests).
+pub fn load_with_env<T: DeserializeOwned + Validate>(
+    path: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<T, ConfigError> {
+    let origin = match path {
+        Some(p) => format!("file {}", p.display()),
+        None => "(defaults)".to_string(),
+    };
+    let mut table = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.to_path_buf(),
+                source,
+            })?;
+            text.parse::<toml::Table>()
+                .map_err(|e| ConfigError::Syntax {
+                    path: p.to_path_buf(),
+                    message: e.to_string().trim_end().to_string(),
+                })?
+        }
+        None => toml::Table::new(),
+    };
+    apply_env(&mut table, env)?;
+    let value = toml::Value::Table(table);
+    let config: T = serde_path_to_error::deserialize(value).map_err(|e| {
+        let key = e.path().to_string();
+        let message = one_line(&e.into_inner().to_string());
+        if key == "." || key.is_empty() {
+            ConfigError::Invalid {
+                origin: origin.clone(),
+                message,
+            }
+        } else {
+            ConfigError::Key {
+                origin: origin.clone(),
+                key,
+                message,
+            }
+        }
+    })?;
+    config
+        .validate()
+        .map_err(|(key, message)| ConfigError::Key {
+            origin,
+            key,
+            message,
+        })?;
+    Ok(config)
+}
+
+/// Checks beyond types: ranges, formats, combinations. Returns the key and the reason.
+pub trait Validate {
+    fn validate(&self) -> Result<(), (String, String)> {
+        Ok(())
+    }
+}
+
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    let mut vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+        .collect();
+    vars.sort();
+    for (var, raw) in vars {
+        let path: Vec<String> = var[ENV_PREFIX.len()..]
+            .split("__")
+            .map(|p| p.to_ascii_lowercase())
+            .collect();
+        if path.iter().any(|p| p.is_empty()) {
+            return Err(ConfigError::Env {
+                var,
+                message: "expected SLUICE__SECTION__KEY (double underscores between parts)".into(),
+            });
+        }
+        let value = parse_env_value(&raw);
+        let mut node = &mut *table;
+        for part in &path[..path.len() - 1] {
+            let entry = node
+                .entry(part.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            node = match entry {
+                toml::Value::Table(t) => t,
+                _ => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!("`{part}` is a value in the config, not a section"),
+                    })
+                }
+            };
+        }
+        node.insert(path[path.len() - 1].clone(), value);
+    }
+    Ok(())
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn parse_env_value(raw: &str) -> toml::Value {
+    // Parse "x = <raw>" so that numbers, booleans, arrays and quoted strings keep their type.
+    match format!("x = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t
+            .remove("x")
+            .unwrap_or_else(|| toml::Value::String(raw.into())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Cfg {
+        #[serde(default)]
+        kafka: Kafka,
+        #[serde(default)]
+        batch: Batch,
+    }
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Kafka {
+        brokers: String,
+        linger_ms: u64,
+    }
+    impl Default for Kafka {
+        fn default() -> Self {
+            Self {
+                brokers: "127.0.0.1:9092".into(),
+                linger_ms: 5,
+            }
+        }
+    }
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Batch {
+        max_rows: u32,
+    }
+    impl Default for Batch {
+        fn default() -> Self {
+            Self { max_rows: 1000 }
+        }
+    }
+    impl Validate for Cfg {
+        fn validate(&self) -> Result<(), (String, String)> {
+            if self.batch.max_rows == 0 {
+                return Err(("batch.max_rows".into(), "must be at least 1".into()));
+            }
+            Ok(())
+        }
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f
+    }
+
+    fn load_text(text: &str, env: &[(&str, &str)]) -> Result<Cfg, ConfigError> {
+        let f = file(text);
+        load_with_env(
+            Some(f.path()),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let c = load_text("[kafka]\nbrokers = \"k:1\"\n", &[]).unwrap();
+        assert_eq!(c.kafka.brokers, "k:1");
+        assert_eq!(c.kafka.linger_ms, 5);
+        assert_eq!(c.batch.max_rows, 1000);
+        let c: Cfg = load_with_env(None, Vec::new()).unwrap();
+        assert_eq!(c.kafka.brokers, "127.0.0.1:9092");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = load_text("[kafka]\nlinger = 5\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `kafka.linger`"), "{e}");
+        assert!(e.contains("unknown field `linger`"), "{e}");
+        let e = load_text("[kafak]\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown field `kafak`"), "{e}");
+    }
+
+    #[test]
+    fn bad_value_is_named() {
+        let e = load_text("[kafka]\nlinger_ms = \"soon\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `kafka.linger_ms`"), "{e}");
+        assert!(e.contains("expected u64"), "{e}");
+        let e = load_text("[batch]\nmax_rows = 0\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("key `batch.max_rows`: must be at least 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn syntax_error_names_the_file() {
+        let f = file("[kafka\n");
+        let e = load_with_env::<Cfg>(Some(f.path()), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&f.path().display().to_string()), "{e}");
+        assert!(e.contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_keys() {
+        let c = load_text(
+            "[kafka]\nbrokers = \"k:1\"\n",
+            &[
+                ("SLUICE__KAFKA__BROKERS", "a:1,b:2"),
+                ("SLUICE__KAFKA__LINGER_MS", "50"),
+                ("SLUICE__BATCH__MAX_ROWS", "7"),
+                ("OTHER", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.brokers, "a:1,b:2");
+        assert_eq!(c.kafka.linger_ms, 50);
+        assert_eq!(c.batch.max_rows, 7);
+    }
+
+    #[test]
+    fn bad_env_override_is_named() {
+        let e = load_text("", &[("SLUICE__KAFKA__LINGER_MS", "soon")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kafka.linger_ms"), "{e}");
+        let e = load_text("", &[("SLUICE__KAFKA____X", "1")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SLUICE__KAFKA____X"), "{e}");
+        let e = load_text(
+            "[kafka]\nbrokers = \"k\"\n",
+            &[("SLUICE__KAFKA__BROKERS__X", "1")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not a section"), "{e}");
+    }
+
+    #[test]
+    fn missing_file_is_named() {
+        let e = load_with_env::<Cfg>(Some(Path::new("/nonexistent/x.toml")), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/x.toml"), "{e}");
+    }
+}

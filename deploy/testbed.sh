@@ -1,0 +1,404 @@
+#!/usr/bin/env bash
+# The local test bed: real servers on 127.0.0.1 for the tests, the demo and the benchmarks.
+#
+#   deploy/testbed.sh start [SERVICE...]   install what is missing, start, wait until each answers
+#   deploy/testbed.sh stop  [SERVICE...]   stop (data is kept until `clean`)
+#   deploy/testbed.sh status               what runs where
+#   deploy/testbed.sh env                  the environment variables the tests and tools read
+#   deploy/testbed.sh clean                stop everything and delete the test bed's data
+#
+# SERVICE is one of: mariadb kafka clickhouse mongo (default: all).
+#
+# Servers:
+#   mariadb     MariaDB from Debian's packages, binlog ROW/FULL, server_id 1, GTIDs
+#   kafka       Apache Kafka (KRaft, one node) from the official jars on Maven Central,
+#               topic auto-creation off
+#   clickhouse  clickhouse-server from Debian's packages
+#   mongo       mongo-java-server (Maven Central) with its oplog: a source and a target server
+#
+# Where things go (all overridable):
+#   SLUICE_TESTBED_DIR  data, logs, pids      (default: /var/tmp/sluice-testbed; one test bed
+#                       per machine, shared by every checkout, as its ports are)
+#   SLUICE_CACHE_DIR    downloaded jars       (default: ~/.cache/sluice)
+#   ports: SLUICE_MARIADB_PORT 13306, SLUICE_KAFKA_PORT 19092 (controller +1),
+#          SLUICE_CLICKHOUSE_HTTP_PORT 18123, SLUICE_CLICKHOUSE_TCP_PORT 19000,
+#          SLUICE_MONGO_SOURCE_PORT 27117, SLUICE_MONGO_TARGET_PORT 27118
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+state=${SLUICE_TESTBED_DIR:-/var/tmp/sluice-testbed}
+cache=${SLUICE_CACHE_DIR:-$HOME/.cache/sluice}
+
+mariadb_port=${SLUICE_MARIADB_PORT:-13306}
+kafka_port=${SLUICE_KAFKA_PORT:-19092}
+kafka_controller_port=$((kafka_port + 1))
+ch_http_port=${SLUICE_CLICKHOUSE_HTTP_PORT:-18123}
+ch_tcp_port=${SLUICE_CLICKHOUSE_TCP_PORT:-19000}
+mongo_source_port=${SLUICE_MONGO_SOURCE_PORT:-27117}
+mongo_target_port=${SLUICE_MONGO_TARGET_PORT:-27118}
+
+kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/testbed/kafka-pom.xml")
+all_services=(mariadb kafka clickhouse mongo)
+
+log() { printf '[testbed] %s\n' "$*" >&2; }
+die() { printf '[testbed] error: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# wait_for NAME SECONDS COMMAND...: run COMMAND until it succeeds; fail with the log's tail.
+wait_for() {
+  local name=$1 secs=$2 logf=$3
+  shift 3
+  local i
+  for ((i = 0; i < secs * 4; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.25
+  done
+  log "$name did not answer within ${secs}s; last lines of $logf:"
+  tail -n 30 "$logf" >&2 || true
+  die "$name failed to start"
+}
+
+# Start a command detached from this shell (its own session, output to a log file).
+spawn() {
+  local pidfile=$1 logf=$2
+  shift 2
+  setsid nohup "$@" >>"$logf" 2>&1 </dev/null &
+  echo $! >"$pidfile"
+}
+
+stop_pidfile() {
+  local name=$1 pidfile=$2
+  if pid_alive "$pidfile"; then
+    local pid
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 120; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.25
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "$name did not stop in 30s; killing it"
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    log "$name stopped"
+  fi
+  rm -f "$pidfile"
+}
+
+apt_updated=0
+apt_install() {
+  # Install Debian packages that are missing. Services must not be started by the packages'
+  # scripts: the test bed starts its own instances.
+  local missing=()
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null || die "need Debian packages ${missing[*]} but apt-get is not available"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  log "installing Debian packages: ${missing[*]}"
+  if [ $apt_updated -eq 0 ]; then
+    $sudo apt-get update -qq >&2 || die "apt-get update failed"
+    apt_updated=1
+  fi
+  local policy=/usr/sbin/policy-rc.d created_policy=0
+  if [ ! -e $policy ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee $policy >/dev/null
+    $sudo chmod +x $policy
+    created_policy=1
+  fi
+  local rc=0
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 || rc=$?
+  [ $created_policy -eq 1 ] && $sudo rm -f $policy
+  [ $rc -eq 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
+}
+
+# Fetch the runtime jars of a pom into a cache folder (once).
+maven_fetch() {
+  local pom=$1 dest=$2
+  [ -f "$dest/.complete" ] && return 0
+  command -v mvn >/dev/null || die "Maven (mvn) is needed to fetch $(basename "$pom")'s jars from Maven Central"
+  log "fetching jars of $(basename "$pom") from Maven Central into $dest"
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DoutputDirectory="$dest" -DincludeScope=runtime >&2 ||
+    die "Maven could not fetch the jars of $pom"
+  touch "$dest/.complete"
+}
+
+need_java() { command -v java >/dev/null || die "Java 17+ is needed (java not found)"; }
+
+# ---------------------------------------------------------------------------------------------
+# MariaDB
+
+mariadb_dir=$state/mariadb
+mariadb_sock=$mariadb_dir/mysqld.sock
+
+mariadb_start() {
+  apt_install mariadb-server mariadb-client
+  if pid_alive "$mariadb_dir/pid"; then log "mariadb already running"; return 0; fi
+  mkdir -p "$mariadb_dir"
+  if [ ! -d "$mariadb_dir/data/mysql" ]; then
+    log "initialising MariaDB data directory"
+    mkdir -p "$mariadb_dir/data"
+    chown -R mysql:mysql "$mariadb_dir"
+    mariadb-install-db --no-defaults --user=mysql --datadir="$mariadb_dir/data" \
+      --auth-root-authentication-method=socket >"$mariadb_dir/install.log" 2>&1 ||
+      { tail -n 20 "$mariadb_dir/install.log" >&2; die "mariadb-install-db failed"; }
+  fi
+  chown -R mysql:mysql "$mariadb_dir"
+  # The binlog settings a capture needs; the durability settings are relaxed: test bed only.
+  spawn "$mariadb_dir/pid" "$mariadb_dir/server.log" \
+    mariadbd --no-defaults --user=mysql \
+    --datadir="$mariadb_dir/data" --socket="$mariadb_sock" --pid-file="$mariadb_dir/data/mariadbd.pid" \
+    --bind-address=127.0.0.1 --port="$mariadb_port" --skip-name-resolve \
+    --server-id=1 --log-bin=mysql-bin --binlog-format=ROW --binlog-row-image=FULL \
+    --gtid-strict-mode=1 --log-slave-updates=1 \
+    --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
+    --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2 --sync-binlog=0 \
+    --max-connections=500 --max-allowed-packet=256M
+  wait_for mariadb 60 "$mariadb_dir/server.log" \
+    mariadb --no-defaults --socket="$mariadb_sock" -uroot -e "SELECT 1"
+  # A TCP user for the tests and tools (root uses socket authentication).
+  mariadb --no-defaults --socket="$mariadb_sock" -uroot <<'SQL'
+CREATE USER IF NOT EXISTS 'sluice'@'%' IDENTIFIED BY 'sluice';
+GRANT ALL PRIVILEGES ON *.* TO 'sluice'@'%' WITH GRANT OPTION;
+SQL
+  log "mariadb up on 127.0.0.1:$mariadb_port"
+}
+
+mariadb_stop() { stop_pidfile mariadb "$mariadb_dir/pid"; }
+
+# ---------------------------------------------------------------------------------------------
+# Kafka (KRaft, one node acting as broker and controller)
+
+kafka_dir=$state/kafka
+kafka_libs=$cache/kafka-$kafka_version
+
+kafka_java=(java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
+  -Dlog4j2.configurationFile="$here/testbed/log4j2.properties"
+  -Dkafka.logs.file="$kafka_dir/server.log" -cp "$kafka_libs/*")
+
+kafka_start() {
+  need_java
+  maven_fetch "$here/testbed/kafka-pom.xml" "$kafka_libs"
+  if pid_alive "$kafka_dir/pid"; then log "kafka already running"; return 0; fi
+  mkdir -p "$kafka_dir/data"
+  cat >"$kafka_dir/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$kafka_controller_port
+listeners=PLAINTEXT://127.0.0.1:$kafka_port,CONTROLLER://127.0.0.1:$kafka_controller_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$kafka_port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$kafka_dir/data
+auto.create.topics.enable=false
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+group.initial.rebalance.delay.ms=0
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+EOF
+  if [ ! -f "$kafka_dir/data/meta.properties" ]; then
+    local cluster_id
+    cluster_id=$(python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    log "formatting Kafka storage (cluster $cluster_id)"
+    "${kafka_java[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" \
+      >"$kafka_dir/format.log" 2>&1 || { cat "$kafka_dir/format.log" >&2; die "kafka storage format failed"; }
+  fi
+  : >>"$kafka_dir/server.log"
+  spawn "$kafka_dir/pid" "$kafka_dir/stdout.log" "${kafka_java[@]}" kafka.Kafka "$kafka_dir/server.properties"
+  wait_for kafka 90 "$kafka_dir/server.log" grep -q "Kafka Server started" "$kafka_dir/server.log"
+  wait_for kafka 30 "$kafka_dir/server.log" port_open "$kafka_port"
+  log "kafka $kafka_version up on 127.0.0.1:$kafka_port"
+}
+
+kafka_stop() { stop_pidfile kafka "$kafka_dir/pid"; }
+
+# ---------------------------------------------------------------------------------------------
+# ClickHouse
+
+ch_dir=$state/clickhouse
+
+ch_start() {
+  apt_install clickhouse-server clickhouse-client
+  if pid_alive "$ch_dir/pid"; then log "clickhouse already running"; return 0; fi
+  mkdir -p "$ch_dir/data" "$ch_dir/tmp" "$ch_dir/user_files" "$ch_dir/format_schemas"
+  cat >"$ch_dir/config.xml" <<EOF
+<?xml version="1.0"?>
+<yandex>
+  <logger>
+    <level>information</level>
+    <log>$ch_dir/server.log</log>
+    <errorlog>$ch_dir/error.log</errorlog>
+    <size>100M</size>
+    <count>2</count>
+  </logger>
+  <listen_host>127.0.0.1</listen_host>
+  <http_port>$ch_http_port</http_port>
+  <tcp_port>$ch_tcp_port</tcp_port>
+  <path>$ch_dir/data/</path>
+  <tmp_path>$ch_dir/tmp/</tmp_path>
+  <user_files_path>$ch_dir/user_files/</user_files_path>
+  <format_schema_path>$ch_dir/format_schemas/</format_schema_path>
+  <users_config>$ch_dir/users.xml</users_config>
+  <default_profile>default</default_profile>
+  <default_database>default</default_database>
+  <max_concurrent_queries>100</max_concurrent_queries>
+  <mark_cache_size>268435456</mark_cache_size>
+  <uncompressed_cache_size>268435456</uncompressed_cache_size>
+  <mlock_executable>false</mlock_executable>
+</yandex>
+EOF
+  cat >"$ch_dir/users.xml" <<'EOF'
+<?xml version="1.0"?>
+<yandex>
+  <profiles>
+    <default>
+      <max_memory_usage>4000000000</max_memory_usage>
+      <load_balancing>random</load_balancing>
+    </default>
+  </profiles>
+  <users>
+    <default>
+      <password></password>
+      <networks><ip>::/0</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </default>
+  </users>
+  <quotas>
+    <default>
+      <interval>
+        <duration>3600</duration>
+        <queries>0</queries>
+        <errors>0</errors>
+        <result_rows>0</result_rows>
+        <read_rows>0</read_rows>
+        <execution_time>0</execution_time>
+      </interval>
+    </default>
+  </quotas>
+</yandex>
+EOF
+  local bin
+  bin=$(command -v clickhouse-server || echo /usr/bin/clickhouse-server)
+  spawn "$ch_dir/pid" "$ch_dir/stdout.log" "$bin" --config-file="$ch_dir/config.xml"
+  wait_for clickhouse 60 "$ch_dir/stdout.log" ch_ping
+  log "clickhouse $(ch_query 'SELECT version()') up on 127.0.0.1:$ch_http_port (native $ch_tcp_port)"
+}
+
+ch_ping() { [ "$(curl -fsS "http://127.0.0.1:$ch_http_port/ping")" = "Ok." ]; }
+ch_query() { curl -fsS "http://127.0.0.1:$ch_http_port/" --data-binary "$1"; }
+
+ch_stop() { stop_pidfile clickhouse "$ch_dir/pid"; }
+
+# ---------------------------------------------------------------------------------------------
+# mongo-java-server: two in-memory servers (source, target) in one JVM
+
+mongo_dir=$state/mongo
+mongo_libs=$cache/mongo-java-server
+
+mongo_start() {
+  need_java
+  command -v javac >/dev/null || die "javac (JDK 17) is needed to compile the mongo-java-server launcher"
+  maven_fetch "$here/testbed/mongo-pom.xml" "$mongo_libs"
+  if pid_alive "$mongo_dir/pid"; then log "mongo already running"; return 0; fi
+  mkdir -p "$mongo_dir/classes"
+  if [ ! -f "$mongo_dir/classes/MongoLauncher.class" ] ||
+    [ "$here/testbed/MongoLauncher.java" -nt "$mongo_dir/classes/MongoLauncher.class" ]; then
+    javac -d "$mongo_dir/classes" -cp "$mongo_libs/*" "$here/testbed/MongoLauncher.java" ||
+      die "could not compile MongoLauncher.java"
+  fi
+  spawn "$mongo_dir/pid" "$mongo_dir/server.log" \
+    java -Xmx1g -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+    -cp "$mongo_libs/*:$mongo_dir/classes" MongoLauncher "$mongo_source_port" "$mongo_target_port"
+  wait_for mongo 60 "$mongo_dir/server.log" port_open "$mongo_source_port"
+  wait_for mongo 30 "$mongo_dir/server.log" port_open "$mongo_target_port"
+  log "mongo-java-server up on 127.0.0.1:$mongo_source_port (source) and :$mongo_target_port (target)"
+}
+
+mongo_stop() { stop_pidfile mongo "$mongo_dir/pid"; }
+
+# ---------------------------------------------------------------------------------------------
+
+print_env() {
+  cat <<EOF
+export SLUICE_MYSQL_URL=mysql://sluice:sluice@127.0.0.1:$mariadb_port
+export SLUICE_KAFKA_BROKERS=127.0.0.1:$kafka_port
+export SLUICE_CLICKHOUSE_URL=http://127.0.0.1:$ch_http_port
+export SLUICE_MONGO_SOURCE_URL=mongodb://127.0.0.1:$mongo_source_port/?directConnection=true
+export SLUICE_MONGO_TARGET_URL=mongodb://127.0.0.1:$mongo_target_port/?directConnection=true
+EOF
+}
+
+status_line() {
+  local name=$1 pidfile=$2 where=$3
+  if pid_alive "$pidfile"; then
+    printf '%-11s running   pid %-8s %s\n' "$name" "$(cat "$pidfile")" "$where"
+  else
+    printf '%-11s stopped\n' "$name"
+  fi
+}
+
+status() {
+  status_line mariadb "$mariadb_dir/pid" "mysql://127.0.0.1:$mariadb_port (binlog ROW, server_id 1)"
+  status_line kafka "$kafka_dir/pid" "127.0.0.1:$kafka_port (Kafka $kafka_version, KRaft)"
+  status_line clickhouse "$ch_dir/pid" "http://127.0.0.1:$ch_http_port, native :$ch_tcp_port"
+  status_line mongo "$mongo_dir/pid" "mongodb://127.0.0.1:$mongo_source_port (source), :$mongo_target_port (target)"
+  echo "data and logs: $state"
+}
+
+services_of() {
+  if [ $# -eq 0 ]; then
+    echo "${all_services[@]}"
+    return
+  fi
+  local s
+  for s in "$@"; do
+    case $s in mariadb | kafka | clickhouse | mongo) echo "$s" ;; *) die "unknown service '$s' (known: ${all_services[*]})" ;; esac
+  done
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case $cmd in
+  start)
+    mkdir -p "$state" "$cache"
+    for s in $(services_of "$@"); do
+      case $s in mariadb) mariadb_start ;; kafka) kafka_start ;; clickhouse) ch_start ;; mongo) mongo_start ;; esac
+    done
+    ;;
+  stop)
+    for s in $(services_of "$@"); do
+      case $s in mariadb) mariadb_stop ;; kafka) kafka_stop ;; clickhouse) ch_stop ;; mongo) mongo_stop ;; esac
+    done
+    ;;
+  status) status ;;
+  env) print_env ;;
+  clean)
+    "$0" stop
+    rm -rf "$state"
+    log "removed $state"
+    ;;
+  *)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
