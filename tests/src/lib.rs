@@ -1,1 +1,96 @@
-//! placeholder
+//! Helpers for the integration tests: where the servers are, unique names, the binaries.
+//!
+//! Every address comes from an environment variable, with the local test bed's address as the
+//! default (`deploy/testbed.sh env` prints them), so the same tests run against real MySQL 8,
+//! MongoDB replica sets or a current ClickHouse when given their URLs:
+//!
+//! | variable | default |
+//! |---|---|
+//! | `SLUICE_MYSQL_URL` | `mysql://sluice:sluice@127.0.0.1:13306` |
+//! | `SLUICE_KAFKA_BROKERS` | `127.0.0.1:19092` |
+//! | `SLUICE_CLICKHOUSE_URL` | `http://127.0.0.1:18123` |
+//! | `SLUICE_MONGO_SOURCE_URL` | `mongodb://127.0.0.1:27117/?directConnection=true` |
+//! | `SLUICE_MONGO_TARGET_URL` | `mongodb://127.0.0.1:27118/?directConnection=true` |
+//!
+//! Each test makes its own topic, group, database or collection ([`unique`]), so tests run side
+//! by side and leave nothing that a later run could trip over.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn var(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+pub fn mysql_url() -> String {
+    var("SLUICE_MYSQL_URL", "mysql://sluice:sluice@127.0.0.1:13306")
+}
+pub fn kafka_brokers() -> String {
+    var("SLUICE_KAFKA_BROKERS", "127.0.0.1:19092")
+}
+pub fn clickhouse_url() -> String {
+    var("SLUICE_CLICKHOUSE_URL", "http://127.0.0.1:18123")
+}
+pub fn mongo_source_url() -> String {
+    var(
+        "SLUICE_MONGO_SOURCE_URL",
+        "mongodb://127.0.0.1:27117/?directConnection=true",
+    )
+}
+pub fn mongo_target_url() -> String {
+    var(
+        "SLUICE_MONGO_TARGET_URL",
+        "mongodb://127.0.0.1:27118/?directConnection=true",
+    )
+}
+
+/// A name no other test (of this run or an earlier one) uses: `<base>_<pid>_<n>_<time>`,
+/// made only of `[a-z0-9_]`, so it is valid as a topic, database or collection name.
+pub fn unique(base: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 100_000_000;
+    format!(
+        "{base}_{}_{}_{t}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The path of one of the workspace's binaries, built by `cargo build --workspace --bins`
+/// (the test runner does that first) into the same target folder as this test.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target folder");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        path.display()
+    );
+    path
+}
+
+/// A TCP port that was free a moment ago, for a process under test to bind.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free port")
+        .port()
+}
+
+/// `[kafka]` etc. sections pointing at the test servers, for the binaries' config files.
+pub fn kafka_section() -> String {
+    format!("[kafka]\nbrokers = \"{}\"\n", kafka_brokers())
+}
