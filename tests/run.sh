@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: starts the local test bed (installing what is
+# missing), builds the workspace, runs every test.
+#
+# A server whose URL is given in the environment is used instead of the test bed's:
+#   SLUICE_MYSQL_URL, SLUICE_KAFKA_BROKERS, SLUICE_CLICKHOUSE_URL,
+#   SLUICE_MONGO_SOURCE_URL and SLUICE_MONGO_TARGET_URL (both, for MongoDB).
+# The test bed servers this script started are stopped at the end, unless
+# SLUICE_KEEP_TESTBED=1. Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+services=()
+[ -n "${SLUICE_MYSQL_URL:-}" ] || services+=(mariadb)
+[ -n "${SLUICE_KAFKA_BROKERS:-}" ] || services+=(kafka)
+[ -n "${SLUICE_CLICKHOUSE_URL:-}" ] || services+=(clickhouse)
+[ -n "${SLUICE_MONGO_SOURCE_URL:-}" ] && [ -n "${SLUICE_MONGO_TARGET_URL:-}" ] || services+=(mongo)
+
+started=()
+if [ ${#services[@]} -gt 0 ]; then
+  # Remember which were already running: those are left alone at the end.
+  for s in "${services[@]}"; do
+    deploy/testbed.sh status | grep -q "^$s *running" || started+=("$s")
+  done
+  deploy/testbed.sh start "${services[@]}"
+fi
+stop_started() {
+  if [ ${#started[@]} -gt 0 ] && [ "${SLUICE_KEEP_TESTBED:-0}" != 1 ]; then
+    deploy/testbed.sh stop "${started[@]}" || true
+  fi
+}
+trap stop_started EXIT
+
+cargo build --workspace --bins --tests
+cargo test --workspace "$@"

@@ -1,0 +1,286 @@
+//! The common face of the four binaries, run as a user runs them: `--help`, config errors,
+//! `--check` against the real servers, the metrics endpoint, and SIGTERM.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_tests::*;
+
+const BINARIES: [&str; 4] = [
+    "capture-mysql",
+    "capture-mongo",
+    "apply-clickhouse",
+    "apply-mongo",
+];
+
+/// A config file pointing the binary at the test servers, plus `extra` lines.
+fn config_for(binary: &str, extra: &str) -> tempfile::NamedTempFile {
+    let source = match binary {
+        "capture-mysql" => format!("[mysql]\nurl = \"{}\"\n", mysql_url()),
+        "capture-mongo" => format!("[mongodb]\nuri = \"{}\"\n", mongo_source_url()),
+        "apply-clickhouse" => format!("[clickhouse]\nurl = \"{}\"\n", clickhouse_url()),
+        "apply-mongo" => format!("[mongodb]\nuri = \"{}\"\n", mongo_target_url()),
+        other => panic!("unknown binary {other}"),
+    };
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(f.path(), format!("{extra}\n{source}{}", kafka_section())).unwrap();
+    f
+}
+
+fn run(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(bin(binary));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run binary")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn help_describes_the_common_options() {
+    for b in BINARIES {
+        let o = run(b, &["--help"], &[]);
+        assert!(o.status.success(), "{b} --help: {}", text(&o));
+        let t = text(&o);
+        for opt in ["--config", "--check", "--print-config", "--version"] {
+            assert!(t.contains(opt), "{b} --help lacks {opt}: {t}");
+        }
+    }
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_name() {
+    for b in BINARIES {
+        let cfg = config_for(b, "[metrics]\nlisten = \"127.0.0.1:0\"\nlisten_port = 9\n");
+        let o = run(
+            b,
+            &["--config", cfg.path().to_str().unwrap(), "--check"],
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(2), "{b}: {}", text(&o));
+        let t = text(&o);
+        assert!(t.contains("metrics.listen_port"), "{b}: {t}");
+        assert!(t.contains(&cfg.path().display().to_string()), "{b}: {t}");
+    }
+}
+
+#[test]
+fn bad_values_are_refused_with_key_and_reason() {
+    let cases: [(&str, &str, &str); 5] = [
+        (
+            "capture-mysql",
+            "[metrics]\nlisten = \"nowhere\"\n",
+            "metrics.listen",
+        ),
+        (
+            "capture-mysql",
+            "[topics]\ntemplate = \"{prefix}.{schema}\"\n",
+            "unknown placeholder {schema}",
+        ),
+        (
+            "apply-clickhouse",
+            "[log]\nlevel = \"loud=[\"\n",
+            "log.level",
+        ),
+        (
+            "apply-mongo",
+            "[consumer]\ngroup_id = \"\"\ntopics = [\"x\"]\n",
+            "consumer.group_id",
+        ),
+        (
+            "capture-mongo",
+            "[kafka.properties]\n\"enable.idempotence\" = \"false\"\n",
+            "kafka.properties.enable.idempotence",
+        ),
+    ];
+    for (b, extra, needle) in cases {
+        let cfg = config_for(b, extra);
+        let o = run(b, &["-c", cfg.path().to_str().unwrap(), "--check"], &[]);
+        assert_eq!(o.status.code(), Some(2), "{b} {extra}: {}", text(&o));
+        assert!(
+            text(&o).contains(needle),
+            "{b}: wanted {needle:?} in {}",
+            text(&o)
+        );
+    }
+    // The same through an environment override.
+    let cfg = config_for("apply-clickhouse", "");
+    let o = run(
+        "apply-clickhouse",
+        &["-c", cfg.path().to_str().unwrap(), "--check"],
+        &[("SLUICE__KAFKA__REQUEST_TIMEOUT_MS", "soon")],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("kafka.request_timeout_ms"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn print_config_shows_defaults_and_overrides() {
+    let cfg = config_for("capture-mysql", "");
+    let o = run(
+        "capture-mysql",
+        &["-c", cfg.path().to_str().unwrap(), "--print-config"],
+        &[("SLUICE__TOPICS__PREFIX", "cdc")],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let t = String::from_utf8_lossy(&o.stdout);
+    assert!(t.contains("prefix = \"cdc\""), "{t}");
+    assert!(t.contains("server_id = 5400"), "{t}");
+    assert!(
+        t.contains(&format!("brokers = \"{}\"", kafka_brokers())),
+        "{t}"
+    );
+}
+
+/// The example config shipped in deploy/config/, and the environment overrides that point
+/// it at the test servers instead of the compose stack's hosts.
+fn example_config(binary: &str) -> (String, Vec<(&'static str, String)>) {
+    let path = format!(
+        "{}/../deploy/config/{binary}.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut env = vec![("SLUICE__KAFKA__BROKERS", kafka_brokers())];
+    env.push(match binary {
+        "capture-mysql" => ("SLUICE__MYSQL__URL", mysql_url()),
+        "capture-mongo" => ("SLUICE__MONGODB__URI", mongo_source_url()),
+        "apply-clickhouse" => ("SLUICE__CLICKHOUSE__URL", clickhouse_url()),
+        _ => ("SLUICE__MONGODB__URI", mongo_target_url()),
+    });
+    (path, env)
+}
+
+#[test]
+fn example_configs_load_as_they_are() {
+    for b in BINARIES {
+        let (path, _) = example_config(b);
+        let o = run(b, &["-c", &path, "--print-config"], &[]);
+        assert!(o.status.success(), "{path}: {}", text(&o));
+    }
+}
+
+#[test]
+fn check_passes_against_the_test_servers() {
+    for b in BINARIES {
+        let (path, env) = example_config(b);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let o = run(b, &["-c", &path, "--check"], &env);
+        assert!(o.status.success(), "{b} --check failed: {}", text(&o));
+        assert!(text(&o).contains("checks passed"), "{b}: {}", text(&o));
+    }
+}
+
+#[test]
+fn check_names_an_unreachable_server() {
+    let port = free_port();
+    let cfg = config_for("capture-mysql", "");
+    let o = run(
+        "capture-mysql",
+        &["-c", cfg.path().to_str().unwrap(), "--check"],
+        &[(
+            "SLUICE__MYSQL__URL",
+            &format!("mysql://u:p@127.0.0.1:{port}"),
+        )],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("[FAIL] mysql: cannot connect"),
+        "{}",
+        text(&o)
+    );
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+#[test]
+fn serves_metrics_and_exits_cleanly_on_sigterm() {
+    for b in BINARIES {
+        let port = free_port();
+        let cfg = config_for(b, &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+        let mut child = Command::new(bin(b))
+            .args(["-c", cfg.path().to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let metrics = loop {
+            if let Some(body) = http_get(port, "/metrics") {
+                break body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{b}: no metrics endpoint on {port}"
+            );
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                panic!("{b} exited early ({status}): {err}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(metrics.starts_with("HTTP/1.1 200"), "{b}: {metrics}");
+        assert!(
+            metrics.contains(&format!("sluice_build_info{{binary=\"{b}\"")),
+            "{b}: {metrics}"
+        );
+        assert!(metrics.contains("process_resident_memory_bytes"), "{b}");
+        let health = http_get(port, "/healthz").unwrap();
+        assert!(
+            health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
+            "{health}"
+        );
+        assert!(http_get(port, "/nope").unwrap().starts_with("HTTP/1.1 404"));
+
+        let kill = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{b} did not stop within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{b} after SIGTERM: {err}");
+        assert!(err.contains("stopped cleanly"), "{b}: {err}");
+    }
+}
