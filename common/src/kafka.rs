@@ -111,6 +111,8 @@ impl KafkaConfig {
         let mut c = ClientConfig::new();
         c.set("compression.type", "lz4");
         c.set("linger.ms", "5");
+        // The Java client's partitioner, so every Kafka tool agrees on a key's partition.
+        c.set("partitioner", "murmur2_random");
         for (k, v) in self.client_config(default_client_id).config_map() {
             c.set(k, v);
         }
