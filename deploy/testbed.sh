@@ -108,7 +108,7 @@ apt_install() {
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   log "installing Debian packages: ${missing[*]}"
   if [ $apt_updated -eq 0 ]; then
-    $sudo apt-get update -qq >&2 || die "apt-get update failed"
+    $sudo apt-get update -qq >"$state/apt.log" 2>&1 || { tail -n 20 "$state/apt.log" >&2; die "apt-get update failed"; }
     apt_updated=1
   fi
   local policy=/usr/sbin/policy-rc.d created_policy=0
@@ -117,10 +117,13 @@ apt_install() {
     $sudo chmod +x $policy
     created_policy=1
   fi
-  local rc=0
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 || rc=$?
+  local rc=0 aptlog=$state/apt.log
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >"$aptlog" 2>&1 || rc=$?
   [ $created_policy -eq 1 ] && $sudo rm -f $policy
-  [ $rc -eq 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
+  if [ $rc -ne 0 ]; then
+    tail -n 20 "$aptlog" >&2
+    die "apt-get install ${missing[*]} failed (exit $rc; full output in $aptlog)"
+  fi
 }
 
 # Fetch the runtime jars of a pom into a cache folder (once).
@@ -131,8 +134,10 @@ maven_fetch() {
   log "fetching jars of $(basename "$pom") from Maven Central into $dest"
   rm -rf "$dest"
   mkdir -p "$dest"
-  mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DoutputDirectory="$dest" -DincludeScope=runtime >&2 ||
-    die "Maven could not fetch the jars of $pom"
+  local mvnlog=$state/maven.log
+  mvn -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DoutputDirectory="$dest" \
+    -DincludeScope=runtime >"$mvnlog" 2>&1 ||
+    { tail -n 30 "$mvnlog" >&2; die "Maven could not fetch the jars of $pom (full output in $mvnlog)"; }
   touch "$dest/.complete"
 }
 

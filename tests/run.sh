@@ -32,4 +32,11 @@ stop_started() {
 trap stop_started EXIT
 
 cargo build --workspace --bins --tests
-cargo test --workspace "$@"
+# One closing line for the whole run: cargo prints a result per test binary.
+log=$(mktemp)
+rc=0
+cargo test --workspace "$@" 2>&1 | tee "$log" || rc=$?
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+rm -f "$log"
+exit $rc

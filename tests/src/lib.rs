@@ -94,3 +94,4 @@ pub fn free_port() -> u16 {
 pub fn kafka_section() -> String {
     format!("[kafka]\nbrokers = \"{}\"\n", kafka_brokers())
 }
+pub mod edge;

@@ -1,5 +1,9 @@
 //! capture-mysql: configuration and preflight checks against the source server.
 
+pub mod charset;
+pub mod decode;
+pub mod schema;
+
 use mysql_async::prelude::Queryable;
 use serde::{Deserialize, Serialize};
 use sluice_common::{

@@ -1,0 +1,695 @@
+//! Row images of binlog rows events, decoded straight from their bytes into contract values.
+//!
+//! mysql_common decodes rows into its own `Value`, losing what the contract must keep: the
+//! zero YEAR becomes 1900, negative TIME(1)/TIME(2) come out wrong, TIMESTAMP and DECIMAL arrive
+//! as text, signedness is unknown without `binlog_row_metadata=FULL`. So the capture reads the
+//! row bytes itself, with the storage formats of MySQL's `Field_*::pack` / `my_*_from_binary`,
+//! using the table map for storage metadata and the table's [`TableSchema`] for what the binlog
+//! does not say (signedness, charset, ENUM/SET members, BINARY padding).
+//!
+//! A [`TableDecoder`] is built once per table map (table id + schema) and decodes every row of
+//! the events that follow it.
+
+use mysql_async::binlog::events::{RowsEventData, TableMapEvent};
+use mysql_async::consts::ColumnType as My;
+use sluice_proto::v1::{self, value::Kind, Column, ColumnType, TableSchema, Value};
+
+use super::charset;
+
+/// Why a row could not be decoded. Always definite: the same bytes fail the same way.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error(
+        "{table}: the binlog has {binlog} columns, the schema {schema}: the schema changed \
+         without a DDL the capture saw"
+    )]
+    ColumnCount {
+        table: String,
+        binlog: usize,
+        schema: usize,
+    },
+    #[error("{table}.{column}: binlog column type {ty} is not supported")]
+    Unsupported {
+        table: String,
+        column: String,
+        ty: u8,
+    },
+    #[error("{table}.{column}: row data ends early (needs {needed} more bytes)")]
+    Truncated {
+        table: String,
+        column: String,
+        needed: usize,
+    },
+    #[error("{table}.{column}: {reason}")]
+    Bad {
+        table: String,
+        column: String,
+        reason: String,
+    },
+}
+
+/// How one column's bytes are laid out and what they become.
+#[derive(Debug, Clone)]
+enum Layout {
+    Int {
+        bytes: usize,
+        unsigned: bool,
+    },
+    Year,
+    Float,
+    Double,
+    Decimal {
+        precision: usize,
+        scale: usize,
+    },
+    Bit {
+        bytes: usize,
+    },
+    Enum {
+        bytes: usize,
+    },
+    Set {
+        bytes: usize,
+    },
+    Date,
+    /// The pre-5.6 formats.
+    OldTime,
+    OldDatetime,
+    OldTimestamp,
+    Time2 {
+        fsp: u8,
+    },
+    Datetime2 {
+        fsp: u8,
+    },
+    Timestamp2 {
+        fsp: u8,
+    },
+    /// CHAR/BINARY (fixed): length prefix of 1 or 2 bytes; BINARY is re-padded with NULs.
+    Fixed {
+        prefix: usize,
+        pad_to: Option<usize>,
+    },
+    /// VARCHAR/VARBINARY: length prefix of 1 or 2 bytes.
+    Var {
+        prefix: usize,
+    },
+    /// BLOB/TEXT/GEOMETRY/JSON: length prefix of 1..4 bytes.
+    Blob {
+        prefix: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct ColumnDecoder {
+    name: String,
+    layout: Layout,
+    /// What the bytes of string-like layouts become.
+    target: ColumnType,
+    charset: String,
+    members: Vec<String>,
+}
+
+/// Decodes the rows of one table, as described by one table map and one schema.
+#[derive(Debug, Clone)]
+pub struct TableDecoder {
+    table: String,
+    columns: Vec<ColumnDecoder>,
+}
+
+/// One row change: the before image (update, delete) and the after image (insert, update).
+pub type RowChange = (Option<v1::Row>, Option<v1::Row>);
+
+impl TableDecoder {
+    pub fn new(tme: &TableMapEvent<'_>, schema: &TableSchema) -> Result<Self, DecodeError> {
+        let table = format!("{}.{}", schema.database, schema.table);
+        let n = tme.columns_count() as usize;
+        if n != schema.columns.len() {
+            return Err(DecodeError::ColumnCount {
+                table,
+                binlog: n,
+                schema: schema.columns.len(),
+            });
+        }
+        let mut columns = Vec::with_capacity(n);
+        for (i, col) in schema.columns.iter().enumerate() {
+            let raw = tme.get_raw_column_type(i).ok().flatten();
+            let meta = tme.get_column_metadata(i).unwrap_or(&[]);
+            let unsupported = |ty: u8| DecodeError::Unsupported {
+                table: table.clone(),
+                column: col.name.clone(),
+                ty,
+            };
+            let raw = raw.ok_or_else(|| unsupported(0))?;
+            let layout = layout(raw, meta, col).ok_or_else(|| unsupported(raw as u8))?;
+            columns.push(ColumnDecoder {
+                name: col.name.clone(),
+                layout,
+                target: col.r#type(),
+                charset: col.charset.clone(),
+                members: col.members.clone(),
+            });
+        }
+        Ok(Self { table, columns })
+    }
+
+    /// Decode every row of a rows event.
+    pub fn decode_event(&self, ev: &RowsEventData<'_>) -> Result<Vec<RowChange>, DecodeError> {
+        let before: Option<Vec<bool>> = ev
+            .columns_before_image()
+            .map(|b| b.iter().by_vals().collect());
+        let after: Option<Vec<bool>> = ev
+            .columns_after_image()
+            .map(|b| b.iter().by_vals().collect());
+        self.decode_rows(ev.rows_data(), before.as_deref(), after.as_deref())
+    }
+
+    /// Decode every row of a rows event's data. `before`/`after` are the events' column
+    /// bitmaps (which columns each image holds); `None` when the event has no such image.
+    pub fn decode_rows(
+        &self,
+        mut data: &[u8],
+        before: Option<&[bool]>,
+        after: Option<&[bool]>,
+    ) -> Result<Vec<RowChange>, DecodeError> {
+        let mut rows = Vec::new();
+        while !data.is_empty() {
+            let b = match before {
+                Some(present) => Some(self.decode_image(&mut data, present)?),
+                None => None,
+            };
+            let a = match after {
+                Some(present) => Some(self.decode_image(&mut data, present)?),
+                None => None,
+            };
+            rows.push((b, a));
+        }
+        Ok(rows)
+    }
+
+    fn decode_image(&self, data: &mut &[u8], present: &[bool]) -> Result<v1::Row, DecodeError> {
+        let n_present = present.iter().filter(|p| **p).count();
+        let bitmap = take(data, n_present.div_ceil(8)).ok_or_else(|| DecodeError::Truncated {
+            table: self.table.clone(),
+            column: "(null bitmap)".into(),
+            needed: n_present.div_ceil(8),
+        })?;
+        let mut values = Vec::with_capacity(self.columns.len());
+        let mut k = 0; // index among present columns
+        for (i, col) in self.columns.iter().enumerate() {
+            if !present.get(i).copied().unwrap_or(false) {
+                values.push(Value { kind: None });
+                continue;
+            }
+            let is_null = bitmap[k / 8] & (1 << (k % 8)) != 0;
+            k += 1;
+            if is_null {
+                values.push(sluice_proto::value::null());
+                continue;
+            }
+            let kind = col.decode(data).map_err(|e| match e {
+                Short(needed) => DecodeError::Truncated {
+                    table: self.table.clone(),
+                    column: col.name.clone(),
+                    needed,
+                },
+                Invalid(reason) => DecodeError::Bad {
+                    table: self.table.clone(),
+                    column: col.name.clone(),
+                    reason,
+                },
+            })?;
+            values.push(Value { kind: Some(kind) });
+        }
+        Ok(v1::Row { values })
+    }
+}
+
+/// The layout of a column from its binlog type and metadata, and its schema.
+fn layout(raw: My, meta: &[u8], col: &Column) -> Option<Layout> {
+    let m = |i: usize| meta.get(i).copied().unwrap_or(0);
+    Some(match raw {
+        My::MYSQL_TYPE_TINY => Layout::Int {
+            bytes: 1,
+            unsigned: col.unsigned,
+        },
+        My::MYSQL_TYPE_SHORT => Layout::Int {
+            bytes: 2,
+            unsigned: col.unsigned,
+        },
+        My::MYSQL_TYPE_INT24 => Layout::Int {
+            bytes: 3,
+            unsigned: col.unsigned,
+        },
+        My::MYSQL_TYPE_LONG => Layout::Int {
+            bytes: 4,
+            unsigned: col.unsigned,
+        },
+        My::MYSQL_TYPE_LONGLONG => Layout::Int {
+            bytes: 8,
+            unsigned: col.unsigned,
+        },
+        My::MYSQL_TYPE_YEAR => Layout::Year,
+        My::MYSQL_TYPE_FLOAT => Layout::Float,
+        My::MYSQL_TYPE_DOUBLE => Layout::Double,
+        My::MYSQL_TYPE_NEWDECIMAL => Layout::Decimal {
+            precision: m(0) as usize,
+            scale: m(1) as usize,
+        },
+        My::MYSQL_TYPE_BIT => Layout::Bit {
+            bytes: (m(1) as usize * 8 + m(0) as usize).div_ceil(8),
+        },
+        My::MYSQL_TYPE_DATE | My::MYSQL_TYPE_NEWDATE => Layout::Date,
+        My::MYSQL_TYPE_TIME => Layout::OldTime,
+        My::MYSQL_TYPE_DATETIME => Layout::OldDatetime,
+        My::MYSQL_TYPE_TIMESTAMP => Layout::OldTimestamp,
+        My::MYSQL_TYPE_TIME2 => Layout::Time2 { fsp: m(0) },
+        My::MYSQL_TYPE_DATETIME2 => Layout::Datetime2 { fsp: m(0) },
+        My::MYSQL_TYPE_TIMESTAMP2 => Layout::Timestamp2 { fsp: m(0) },
+        My::MYSQL_TYPE_VARCHAR | My::MYSQL_TYPE_VAR_STRING => {
+            let max = u16::from_le_bytes([m(0), m(1)]) as usize;
+            Layout::Var {
+                prefix: if max < 256 { 1 } else { 2 },
+            }
+        }
+        My::MYSQL_TYPE_STRING | My::MYSQL_TYPE_ENUM | My::MYSQL_TYPE_SET => {
+            // Metadata: real type and the high bits of the maximum length folded together.
+            let (b0, b1) = (m(0), m(1));
+            let (real, max) = if b0 & 0x30 != 0x30 {
+                (
+                    b0 | 0x30,
+                    b1 as usize | ((((b0 & 0x30) ^ 0x30) as usize) << 4),
+                )
+            } else {
+                (b0, b1 as usize)
+            };
+            match real {
+                0xf7 => Layout::Enum { bytes: b1 as usize },
+                0xf8 => Layout::Set { bytes: b1 as usize },
+                _ => Layout::Fixed {
+                    prefix: if max < 256 { 1 } else { 2 },
+                    pad_to: (col.r#type() == ColumnType::Binary).then_some(col.length as usize),
+                },
+            }
+        }
+        My::MYSQL_TYPE_BLOB
+        | My::MYSQL_TYPE_TINY_BLOB
+        | My::MYSQL_TYPE_MEDIUM_BLOB
+        | My::MYSQL_TYPE_LONG_BLOB
+        | My::MYSQL_TYPE_GEOMETRY
+        | My::MYSQL_TYPE_JSON => Layout::Blob {
+            prefix: m(0) as usize,
+        },
+        _ => return None,
+    })
+}
+
+/// Failure inside one column: too few bytes, or bytes that mean nothing.
+enum ColumnError {
+    Short(usize),
+    Invalid(String),
+}
+use ColumnError::{Invalid, Short};
+
+fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if data.len() < n {
+        return None;
+    }
+    let (head, tail) = data.split_at(n);
+    *data = tail;
+    Some(head)
+}
+
+fn take_or(data: &mut &[u8], n: usize) -> Result<Vec<u8>, ColumnError> {
+    take_ref(data, n).map(<[u8]>::to_vec)
+}
+
+fn take_ref<'a>(data: &mut &'a [u8], n: usize) -> Result<&'a [u8], ColumnError> {
+    let have = data.len();
+    take(data, n).ok_or(Short(n.saturating_sub(have)))
+}
+
+fn le(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .rev()
+        .fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
+}
+
+fn be(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
+}
+
+/// Sign-extend the low `bytes` bytes of `v`.
+fn sign_extend(v: u64, bytes: usize) -> i64 {
+    let shift = 64 - 8 * bytes as u32;
+    ((v << shift) as i64) >> shift
+}
+
+/// Fractional-second storage bytes for a precision.
+fn frac_bytes(fsp: u8) -> usize {
+    (fsp as usize).div_ceil(2)
+}
+
+impl ColumnDecoder {
+    fn decode(&self, data: &mut &[u8]) -> Result<Kind, ColumnError> {
+        Ok(match &self.layout {
+            Layout::Int { bytes, unsigned } => {
+                let v = le(take_ref(data, *bytes)?);
+                if *unsigned {
+                    Kind::Uint(v)
+                } else {
+                    Kind::Int(sign_extend(v, *bytes))
+                }
+            }
+            Layout::Year => {
+                let v = take_ref(data, 1)?[0];
+                Kind::Int(if v == 0 { 0 } else { 1900 + i64::from(v) })
+            }
+            Layout::Float => {
+                let b = take_ref(data, 4)?;
+                Kind::Float32(f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            }
+            Layout::Double => {
+                let b = take_ref(data, 8)?;
+                Kind::Float64(f64::from_le_bytes(b.try_into().expect("8 bytes")))
+            }
+            Layout::Decimal { precision, scale } => {
+                Kind::Decimal(decimal(data, *precision, *scale)?)
+            }
+            Layout::Bit { bytes } => Kind::Bits(be(take_ref(data, *bytes)?)),
+            Layout::Enum { bytes } => {
+                let index = le(take_ref(data, *bytes)?) as u32;
+                let label = match index {
+                    0 => String::new(),
+                    i => self.members.get(i as usize - 1).cloned().ok_or_else(|| {
+                        Invalid(format!(
+                            "ENUM index {i} but the schema has {} members",
+                            self.members.len()
+                        ))
+                    })?,
+                };
+                Kind::EnumValue(v1::EnumValue { index, label })
+            }
+            Layout::Set { bytes } => {
+                let bits = le(take_ref(data, *bytes)?);
+                let members = (0..64)
+                    .filter(|i| bits & (1u64 << i) != 0)
+                    .map(|i| {
+                        self.members.get(i).cloned().ok_or_else(|| {
+                            Invalid(format!(
+                                "SET bit {i} but the schema has {} members",
+                                self.members.len()
+                            ))
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                Kind::SetValue(v1::SetValue { bits, members })
+            }
+            Layout::Date => {
+                let v = le(take_ref(data, 3)?);
+                Kind::Date(v1::Date {
+                    year: (v >> 9) as i32,
+                    month: ((v >> 5) & 15) as u32,
+                    day: (v & 31) as u32,
+                })
+            }
+            Layout::OldTime => {
+                let v = sign_extend(le(take_ref(data, 3)?), 3);
+                let (neg, v) = (v < 0, v.unsigned_abs() as i64);
+                let secs = (v / 10000) * 3600 + (v / 100 % 100) * 60 + v % 100;
+                let micros = secs * 1_000_000;
+                Kind::TimeMicros(if neg { -micros } else { micros })
+            }
+            Layout::OldDatetime => {
+                let v = le(take_ref(data, 8)?);
+                let (d, t) = (v / 1_000_000, v % 1_000_000);
+                Kind::Datetime(v1::DateTime {
+                    year: (d / 10000) as i32,
+                    month: (d / 100 % 100) as u32,
+                    day: (d % 100) as u32,
+                    hour: (t / 10000) as u32,
+                    minute: (t / 100 % 100) as u32,
+                    second: (t % 100) as u32,
+                    micros: 0,
+                })
+            }
+            Layout::OldTimestamp => {
+                Kind::TimestampMicros(le(take_ref(data, 4)?) as i64 * 1_000_000)
+            }
+            Layout::Time2 { fsp } => Kind::TimeMicros(time2(data, *fsp)?),
+            Layout::Datetime2 { fsp } => Kind::Datetime(datetime2(data, *fsp)?),
+            Layout::Timestamp2 { fsp } => {
+                let secs = be(take_ref(data, 4)?) as i64;
+                let frac = frac_be(data, *fsp)?;
+                Kind::TimestampMicros(secs * 1_000_000 + frac)
+            }
+            Layout::Fixed { prefix, pad_to } => {
+                let len = le(take_ref(data, *prefix)?) as usize;
+                let mut bytes = take_or(data, len)?;
+                if let Some(n) = pad_to {
+                    // BINARY(n) is stored without its trailing NULs.
+                    if bytes.len() < *n {
+                        bytes.resize(*n, 0);
+                    }
+                }
+                self.string(bytes)
+            }
+            Layout::Var { prefix } => {
+                let len = le(take_ref(data, *prefix)?) as usize;
+                self.string(take_or(data, len)?)
+            }
+            Layout::Blob { prefix } => {
+                let len = le(take_ref(data, *prefix)?) as usize;
+                let bytes = take_ref(data, len)?;
+                match self.target {
+                    ColumnType::Json => Kind::Json(json_text(bytes)?),
+                    ColumnType::Geometry => {
+                        if bytes.len() < 4 {
+                            return Err(Invalid(format!(
+                                "GEOMETRY value of {} bytes has no SRID",
+                                bytes.len()
+                            )));
+                        }
+                        Kind::Geometry(v1::Geometry {
+                            srid: le(&bytes[..4]) as u32,
+                            wkb: bytes[4..].to_vec(),
+                        })
+                    }
+                    _ => self.string(bytes.to_vec()),
+                }
+            }
+        })
+    }
+
+    /// Bytes of a string column: text in its charset, or bytes for binary strings.
+    fn string(&self, bytes: Vec<u8>) -> Kind {
+        match self.target {
+            ColumnType::Binary | ColumnType::Varbinary | ColumnType::Blob => Kind::Bytes(bytes),
+            _ if self.charset == "binary" => Kind::Bytes(bytes),
+            _ => charset::to_text(bytes, &self.charset),
+        }
+    }
+}
+
+/// Fractional seconds stored big-endian in `frac_bytes(fsp)` bytes, as microseconds.
+fn frac_be(data: &mut &[u8], fsp: u8) -> Result<i64, ColumnError> {
+    let n = frac_bytes(fsp);
+    let v = be(take_ref(data, n)?) as i64;
+    Ok(match n {
+        0 => 0,
+        1 => v * 10_000,
+        2 => v * 100,
+        _ => v,
+    })
+}
+
+/// TIME(fsp) in MySQL 5.6+ format: signed microseconds.
+fn time2(data: &mut &[u8], fsp: u8) -> Result<i64, ColumnError> {
+    const INT_OFS: i64 = 0x80_0000;
+    // The packed value: (hms << 24) + microseconds, signed.
+    let packed: i64 = match frac_bytes(fsp) {
+        0 => (be(take_ref(data, 3)?) as i64 - INT_OFS) << 24,
+        1 => {
+            let mut int = be(take_ref(data, 3)?) as i64 - INT_OFS;
+            let mut frac = i64::from(take_ref(data, 1)?[0]);
+            if int < 0 && frac != 0 {
+                int += 1;
+                frac -= 0x100;
+            }
+            (int << 24) + frac * 10_000
+        }
+        2 => {
+            let mut int = be(take_ref(data, 3)?) as i64 - INT_OFS;
+            let mut frac = be(take_ref(data, 2)?) as i64;
+            if int < 0 && frac != 0 {
+                int += 1;
+                frac -= 0x10000;
+            }
+            (int << 24) + frac * 100
+        }
+        _ => be(take_ref(data, 6)?) as i64 - 0x8000_0000_0000,
+    };
+    let neg = packed < 0;
+    let p = packed.abs();
+    let hms = p >> 24;
+    let micros = p % (1 << 24);
+    let hour = (hms >> 12) % (1 << 10);
+    let minute = (hms >> 6) % (1 << 6);
+    let second = hms % (1 << 6);
+    let total = ((hour * 60 + minute) * 60 + second) * 1_000_000 + micros;
+    Ok(if neg { -total } else { total })
+}
+
+/// DATETIME(fsp) in MySQL 5.6+ format.
+fn datetime2(data: &mut &[u8], fsp: u8) -> Result<v1::DateTime, ColumnError> {
+    let int = be(take_ref(data, 5)?) as i64 - 0x80_0000_0000;
+    let frac = frac_be(data, fsp)?;
+    let ymdhms = int;
+    let ymd = ymdhms >> 17;
+    let ym = ymd >> 5;
+    let hms = ymdhms % (1 << 17);
+    Ok(v1::DateTime {
+        year: (ym / 13) as i32,
+        month: (ym % 13) as u32,
+        day: (ymd % (1 << 5)) as u32,
+        hour: (hms >> 12) as u32,
+        minute: ((hms >> 6) % (1 << 6)) as u32,
+        second: (hms % (1 << 6)) as u32,
+        micros: frac as u32,
+    })
+}
+
+/// DECIMAL(precision, scale) in MySQL's binary format, as exact text.
+fn decimal(data: &mut &[u8], precision: usize, scale: usize) -> Result<String, ColumnError> {
+    const DIG2BYTES: [usize; 10] = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4];
+    if precision == 0 || scale > precision || precision > 65 {
+        return Err(Invalid(format!("DECIMAL({precision},{scale}) metadata")));
+    }
+    let intg = precision - scale;
+    let (intg0, intg0x) = (intg / 9, intg % 9);
+    let (frac0, frac0x) = (scale / 9, scale % 9);
+    let size = intg0 * 4 + DIG2BYTES[intg0x] + frac0 * 4 + DIG2BYTES[frac0x];
+    let mut b = take_or(data, size)?;
+    let negative = b[0] & 0x80 == 0;
+    b[0] ^= 0x80;
+    if negative {
+        for x in b.iter_mut() {
+            *x = !*x;
+        }
+    }
+    let mut pos = 0;
+    let mut read = |n: usize| {
+        let v = be(&b[pos..pos + n]);
+        pos += n;
+        v
+    };
+    let mut int_part = String::with_capacity(intg);
+    if intg0x > 0 {
+        int_part.push_str(&format!(
+            "{:0width$}",
+            read(DIG2BYTES[intg0x]),
+            width = intg0x
+        ));
+    }
+    for _ in 0..intg0 {
+        int_part.push_str(&format!("{:09}", read(4)));
+    }
+    let int_part = int_part.trim_start_matches('0');
+    let int_part = if int_part.is_empty() { "0" } else { int_part };
+    let mut frac = String::with_capacity(scale);
+    for _ in 0..frac0 {
+        frac.push_str(&format!("{:09}", read(4)));
+    }
+    if frac0x > 0 {
+        frac.push_str(&format!(
+            "{:0width$}",
+            read(DIG2BYTES[frac0x]),
+            width = frac0x
+        ));
+    }
+    let zero = int_part == "0" && frac.bytes().all(|c| c == b'0');
+    let mut out = String::with_capacity(precision + 2);
+    if negative && !zero {
+        out.push('-');
+    }
+    out.push_str(int_part);
+    if scale > 0 {
+        out.push('.');
+        out.push_str(&frac);
+    }
+    Ok(out)
+}
+
+/// MySQL's binary JSON as JSON text. (MariaDB stores JSON as LONGTEXT and never sends this.)
+fn json_text(bytes: &[u8]) -> Result<String, ColumnError> {
+    use mysql_common::binlog::jsonb;
+    use mysql_common::io::ParseBuf;
+    if bytes.is_empty() {
+        return Ok("null".into());
+    }
+    let value: jsonb::Value<'_> = ParseBuf(bytes)
+        .parse(())
+        .map_err(|e| Invalid(format!("binary JSON: {e}")))?;
+    let json =
+        serde_json::Value::try_from(value).map_err(|e| Invalid(format!("binary JSON: {e}")))?;
+    Ok(json.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dec(bytes: &[u8], p: usize, s: usize) -> String {
+        let mut d = bytes;
+        match decimal(&mut d, p, s) {
+            Ok(v) => {
+                assert!(d.is_empty(), "bytes left over");
+                v
+            }
+            Err(_) => panic!("decode failed"),
+        }
+    }
+
+    #[test]
+    fn decimals_from_mysql_docs() {
+        // The example of MySQL's decimal2bin documentation: 1234567890.1234 as DECIMAL(14,4).
+        assert_eq!(
+            dec(&[0x81, 0x0D, 0xFB, 0x38, 0xD2, 0x04, 0xD2], 14, 4),
+            "1234567890.1234"
+        );
+        // And its negative: every byte inverted.
+        assert_eq!(
+            dec(&[0x7E, 0xF2, 0x04, 0xC7, 0x2D, 0xFB, 0x2D], 14, 4),
+            "-1234567890.1234"
+        );
+        // Zero with a scale: "0.00", never "-0.00".
+        assert_eq!(dec(&[0x80, 0x00], 3, 2), "0.00");
+    }
+
+    #[test]
+    fn time2_negative_fractions() {
+        // -00:00:01.5 as TIME(1), as MySQL's my_time_packed_to_binary writes it: the int part
+        // floors to -2, the fraction byte is (char)-50; reading borrows one second back.
+        let packed_int = (0x80_0000i64 - 2) as u64;
+        let b = [
+            (packed_int >> 16) as u8,
+            (packed_int >> 8) as u8,
+            packed_int as u8,
+            (0x100 - 50) as u8,
+        ];
+        let mut d = &b[..];
+        assert_eq!(time2(&mut d, 1).ok(), Some(-1_500_000));
+        // 00:00:00 exactly.
+        let mut d: &[u8] = &[0x80, 0, 0];
+        assert_eq!(time2(&mut d, 0).ok(), Some(0));
+    }
+
+    #[test]
+    fn sign_extension() {
+        assert_eq!(sign_extend(0xff, 1), -1);
+        assert_eq!(sign_extend(0x80_0000, 3), -8_388_608);
+        assert_eq!(sign_extend(0x7f_ffff, 3), 8_388_607);
+        assert_eq!(sign_extend(u64::MAX, 8), -1);
+    }
+}
