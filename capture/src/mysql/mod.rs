@@ -1,7 +1,9 @@
 //! capture-mysql: configuration and preflight checks against the source server.
 
 pub mod charset;
+pub mod ddl;
 pub mod decode;
+pub mod position;
 pub mod schema;
 
 use mysql_async::prelude::Queryable;

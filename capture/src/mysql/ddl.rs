@@ -1,0 +1,454 @@
+//! What a statement in a binlog QUERY event does to the tables the capture follows.
+//!
+//! The capture does not need to understand a DDL statement fully: it needs to know which tables
+//! it touches, so that it re-reads their schemas from the server, and what kind it is, for the
+//! DDL event it publishes. Everything else in the statement is passed on verbatim.
+
+/// A table named in a statement, with its database when the statement qualified it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableRef {
+    pub database: Option<String>,
+    pub table: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Statement {
+    /// BEGIN, COMMIT, ROLLBACK, SAVEPOINT, XA ...: transaction control, no schema change.
+    Transaction(TxControl),
+    /// A schema change of these tables; `renamed_to` pairs for RENAME/ALTER ... RENAME.
+    Ddl {
+        kind: &'static str,
+        tables: Vec<TableRef>,
+        renamed_to: Vec<TableRef>,
+    },
+    /// CREATE/DROP DATABASE.
+    Database { kind: &'static str, name: String },
+    /// Anything else (GRANT, CREATE USER, FLUSH, ...): no effect on captured tables.
+    Other,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxControl {
+    Begin,
+    Commit,
+    Rollback,
+    Other,
+}
+
+/// Classify a statement of a QUERY event.
+pub fn classify(sql: &str) -> Statement {
+    let sql = strip_comments(sql);
+    let words = tokens(&sql);
+    let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
+    let w = |i: usize| upper.get(i).map(String::as_str).unwrap_or("");
+    match w(0) {
+        "BEGIN" => return Statement::Transaction(TxControl::Begin),
+        "COMMIT" => return Statement::Transaction(TxControl::Commit),
+        "ROLLBACK" if w(1) != "TO" => return Statement::Transaction(TxControl::Rollback),
+        "ROLLBACK" | "SAVEPOINT" | "RELEASE" | "XA" => {
+            return Statement::Transaction(TxControl::Other)
+        }
+        _ => {}
+    }
+    // Skip modifiers between the verb and TABLE: CREATE OR REPLACE / TEMPORARY, ALTER ONLINE
+    // IGNORE, DROP TEMPORARY ...
+    let mut i = 1;
+    let verb = w(0);
+    while matches!(
+        w(i),
+        "OR" | "REPLACE" | "TEMPORARY" | "ONLINE" | "OFFLINE" | "IGNORE"
+    ) {
+        i += 1;
+    }
+    // CREATE [UNIQUE|FULLTEXT|SPATIAL] INDEX i ON t / DROP INDEX i ON t: may change the key.
+    if matches!(verb, "CREATE" | "DROP") {
+        let mut j = i;
+        while matches!(w(j), "UNIQUE" | "FULLTEXT" | "SPATIAL") {
+            j += 1;
+        }
+        if w(j) == "INDEX" {
+            if let Some(k) = upper.iter().position(|u| u == "ON") {
+                if let Some(name) = words.get(k + 1) {
+                    return Statement::Ddl {
+                        kind: "alter",
+                        tables: vec![table_ref(name)],
+                        renamed_to: vec![],
+                    };
+                }
+            }
+            return Statement::Other;
+        }
+    }
+    match (verb, w(i)) {
+        ("CREATE" | "DROP", "DATABASE" | "SCHEMA") => {
+            let mut j = i + 1;
+            while matches!(w(j), "IF" | "NOT" | "EXISTS") {
+                j += 1;
+            }
+            match words.get(j) {
+                Some(name) => Statement::Database {
+                    kind: if verb == "CREATE" {
+                        "create_database"
+                    } else {
+                        "drop_database"
+                    },
+                    name: unquote(name),
+                },
+                None => Statement::Other,
+            }
+        }
+        ("CREATE", "TABLE") | ("ALTER", "TABLE") | ("DROP", "TABLE") | ("TRUNCATE", _) => {
+            let kind = match verb {
+                "CREATE" => "create",
+                "ALTER" => "alter",
+                "DROP" => "drop",
+                _ => "truncate",
+            };
+            let mut j = match (verb, w(1)) {
+                ("TRUNCATE", "TABLE") => 2,
+                ("TRUNCATE", _) => 1,
+                _ => i + 1,
+            };
+            while matches!(w(j), "IF" | "NOT" | "EXISTS") {
+                j += 1;
+            }
+            let mut tables = Vec::new();
+            // DROP TABLE a, b, c; others name one table.
+            loop {
+                let Some(name) = words.get(j) else { break };
+                tables.push(table_ref(name));
+                if verb == "DROP" && words.get(j + 1).map(String::as_str) == Some(",") {
+                    j += 2;
+                } else {
+                    break;
+                }
+            }
+            let mut renamed_to = Vec::new();
+            if verb == "ALTER" {
+                // ALTER TABLE a ... RENAME [TO|AS] b
+                if let Some(k) = upper.iter().position(|u| u == "RENAME") {
+                    let mut k = k + 1;
+                    if matches!(w(k), "TO" | "AS") {
+                        k += 1;
+                    }
+                    if !matches!(w(k), "COLUMN" | "INDEX" | "KEY") {
+                        if let Some(name) = words.get(k) {
+                            renamed_to.push(table_ref(name));
+                        }
+                    }
+                }
+            }
+            if tables.is_empty() {
+                Statement::Other
+            } else {
+                Statement::Ddl {
+                    kind: if renamed_to.is_empty() {
+                        kind
+                    } else {
+                        "rename"
+                    },
+                    tables,
+                    renamed_to,
+                }
+            }
+        }
+        ("RENAME", "TABLE") => {
+            // RENAME TABLE a TO b, c TO d
+            let mut tables = Vec::new();
+            let mut renamed_to = Vec::new();
+            let mut j = i + 1;
+            while let (Some(from), Some(to)) = (words.get(j), words.get(j + 2)) {
+                if w(j + 1) != "TO" {
+                    break;
+                }
+                tables.push(table_ref(from));
+                renamed_to.push(table_ref(to));
+                if words.get(j + 3).map(String::as_str) == Some(",") {
+                    j += 4;
+                } else {
+                    break;
+                }
+            }
+            if tables.is_empty() {
+                Statement::Other
+            } else {
+                Statement::Ddl {
+                    kind: "rename",
+                    tables,
+                    renamed_to,
+                }
+            }
+        }
+        _ => Statement::Other,
+    }
+}
+
+fn table_ref(token: &str) -> TableRef {
+    // `db`.`t`, db.t, `t` -- split on a dot outside backticks.
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = token.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '`' if quoted && chars.peek() == Some(&'`') => {
+                chars.next();
+                cur.push('`');
+            }
+            '`' => quoted = !quoted,
+            '.' if !quoted => parts.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    parts.push(cur);
+    if parts.len() >= 2 {
+        TableRef {
+            database: Some(parts[parts.len() - 2].clone()),
+            table: parts[parts.len() - 1].clone(),
+        }
+    } else {
+        TableRef {
+            database: None,
+            table: parts.pop().unwrap_or_default(),
+        }
+    }
+}
+
+fn unquote(token: &str) -> String {
+    table_ref(token).table
+}
+
+/// Remove `/* ... */` (including `/*!50001 ... */`, whose body MySQL executes: keep it) and
+/// `-- ` / `#` line comments.
+fn strip_comments(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let b = sql.as_bytes();
+    let mut i = 0;
+    let mut quote: Option<u8> = None;
+    while i < b.len() {
+        let c = b[i];
+        if let Some(q) = quote {
+            out.push(c as char);
+            if c == q {
+                quote = None;
+            }
+            i += 1;
+            continue;
+        }
+        if c == b'\'' || c == b'"' || c == b'`' {
+            quote = Some(c);
+            out.push(c as char);
+            i += 1;
+        } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
+            let end = sql[i + 2..]
+                .find("*/")
+                .map(|e| i + 2 + e)
+                .unwrap_or(b.len());
+            if b.get(i + 2) == Some(&b'!') {
+                // Versioned comment: keep the body without the version number.
+                let body = sql[i + 3..end].trim_start_matches(|ch: char| ch.is_ascii_digit());
+                out.push(' ');
+                out.push_str(body);
+                out.push(' ');
+            } else {
+                out.push(' ');
+            }
+            i = end + 2;
+        } else if (c == b'-'
+            && b.get(i + 1) == Some(&b'-')
+            && b.get(i + 2).is_none_or(|x| x.is_ascii_whitespace()))
+            || c == b'#'
+        {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else {
+            // Copy the whole UTF-8 character.
+            let ch = sql[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// Words, backquoted identifiers (with any dots joining them) and single punctuation.
+fn tokens(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for c in sql.chars() {
+        if quoted {
+            cur.push(c);
+            if c == '`' {
+                quoted = false;
+            }
+            continue;
+        }
+        match c {
+            '`' => {
+                cur.push(c);
+                quoted = true;
+            }
+            c if c.is_whitespace() => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            ',' | '(' | ')' | ';' | '=' => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                out.push(c.to_string());
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    // A backquoted name is copied with its quotes so that dots inside stay inside; the
+    // "(" of CREATE TABLE t(...) must not glue to the name, which the split above ensures.
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(db: Option<&str>, table: &str) -> TableRef {
+        TableRef {
+            database: db.map(str::to_string),
+            table: table.to_string(),
+        }
+    }
+
+    #[test]
+    fn transaction_control() {
+        assert_eq!(classify("BEGIN"), Statement::Transaction(TxControl::Begin));
+        assert_eq!(
+            classify("COMMIT"),
+            Statement::Transaction(TxControl::Commit)
+        );
+        assert_eq!(
+            classify("ROLLBACK"),
+            Statement::Transaction(TxControl::Rollback)
+        );
+        assert_eq!(
+            classify("ROLLBACK TO SAVEPOINT a"),
+            Statement::Transaction(TxControl::Other)
+        );
+    }
+
+    #[test]
+    fn table_ddl() {
+        assert_eq!(
+            classify("ALTER TABLE `shop`.`orders` ADD COLUMN note TEXT"),
+            Statement::Ddl {
+                kind: "alter",
+                tables: vec![t(Some("shop"), "orders")],
+                renamed_to: vec![]
+            }
+        );
+        assert_eq!(
+            classify("/* comment */ create table if not exists t1(id int primary key)"),
+            Statement::Ddl {
+                kind: "create",
+                tables: vec![t(None, "t1")],
+                renamed_to: vec![]
+            }
+        );
+        assert_eq!(
+            classify("DROP TABLE IF EXISTS `a`, b.c /* generated by server */"),
+            Statement::Ddl {
+                kind: "drop",
+                tables: vec![t(None, "a"), t(Some("b"), "c")],
+                renamed_to: vec![]
+            }
+        );
+        assert_eq!(
+            classify("TRUNCATE TABLE x.`we.ird`"),
+            Statement::Ddl {
+                kind: "truncate",
+                tables: vec![t(Some("x"), "we.ird")],
+                renamed_to: vec![]
+            }
+        );
+        assert_eq!(
+            classify("truncate y"),
+            Statement::Ddl {
+                kind: "truncate",
+                tables: vec![t(None, "y")],
+                renamed_to: vec![]
+            }
+        );
+        assert_eq!(
+            classify("RENAME TABLE a TO b, d.c TO d.e"),
+            Statement::Ddl {
+                kind: "rename",
+                tables: vec![t(None, "a"), t(Some("d"), "c")],
+                renamed_to: vec![t(None, "b"), t(Some("d"), "e")]
+            }
+        );
+        assert_eq!(
+            classify("ALTER TABLE a RENAME TO b"),
+            Statement::Ddl {
+                kind: "rename",
+                tables: vec![t(None, "a")],
+                renamed_to: vec![t(None, "b")]
+            }
+        );
+        assert_eq!(
+            classify("ALTER TABLE a RENAME COLUMN x TO y"),
+            Statement::Ddl {
+                kind: "alter",
+                tables: vec![t(None, "a")],
+                renamed_to: vec![]
+            }
+        );
+        assert_eq!(
+            classify("CREATE OR REPLACE TABLE t (a int)"),
+            Statement::Ddl {
+                kind: "create",
+                tables: vec![t(None, "t")],
+                renamed_to: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn databases_and_others() {
+        assert_eq!(
+            classify("CREATE DATABASE IF NOT EXISTS `shop`"),
+            Statement::Database {
+                kind: "create_database",
+                name: "shop".into()
+            }
+        );
+        assert_eq!(
+            classify("DROP SCHEMA shop"),
+            Statement::Database {
+                kind: "drop_database",
+                name: "shop".into()
+            }
+        );
+        assert_eq!(classify("GRANT SELECT ON *.* TO u"), Statement::Other);
+        assert_eq!(classify("FLUSH PRIVILEGES"), Statement::Other);
+        assert_eq!(
+            classify("CREATE UNIQUE INDEX i ON d.t (a)"),
+            Statement::Ddl {
+                kind: "alter",
+                tables: vec![t(Some("d"), "t")],
+                renamed_to: vec![]
+            }
+        );
+        assert_eq!(
+            classify("DROP INDEX `PRIMARY` ON t"),
+            Statement::Ddl {
+                kind: "alter",
+                tables: vec![t(None, "t")],
+                renamed_to: vec![]
+            }
+        );
+    }
+}

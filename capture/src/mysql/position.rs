@@ -1,0 +1,170 @@
+//! Where in the binlog to start, and the checkpoint the capture stores in Kafka.
+
+use serde::{Deserialize, Serialize};
+
+/// A binlog coordinate: file and byte offset.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BinlogPos {
+    pub file: String,
+    pub pos: u64,
+}
+
+impl std::fmt::Display for BinlogPos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file, self.pos)
+    }
+}
+
+/// `[mysql] start`: where a capture without a checkpoint begins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// The end of the binlog now: only changes from now on.
+    End,
+    /// The oldest binlog file the server still has.
+    Earliest,
+    /// A file and offset, `mysql-bin.000042:1234`.
+    At(BinlogPos),
+    /// A GTID set: MySQL `uuid:1-100,...`, MariaDB `0-1-100,...`; the capture starts after it.
+    Gtid(String),
+    /// The first transaction committed at or after this time (seconds since the epoch).
+    Timestamp(u64),
+}
+
+impl Start {
+    /// Parse `end`, `earliest`, `file:pos`, `gtid:SET`, `time:SECONDS` or `time:RFC3339`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        match s {
+            "end" => return Ok(Start::End),
+            "earliest" => return Ok(Start::Earliest),
+            _ => {}
+        }
+        if let Some(set) = s.strip_prefix("gtid:") {
+            if set.trim().is_empty() {
+                return Err("gtid: needs a GTID set".into());
+            }
+            return Ok(Start::Gtid(set.trim().to_string()));
+        }
+        if let Some(t) = s.strip_prefix("time:") {
+            return parse_time(t.trim()).map(Start::Timestamp);
+        }
+        if let Some((file, pos)) = s.rsplit_once(':') {
+            let pos: u64 = pos
+                .parse()
+                .map_err(|_| format!("{pos:?} is not a binlog offset"))?;
+            if file.is_empty() || pos < 4 {
+                return Err("expected FILE:POS with POS >= 4".into());
+            }
+            sluice_proto::binlog_file_seq(file).map_err(|e| e.to_string())?;
+            return Ok(Start::At(BinlogPos {
+                file: file.to_string(),
+                pos,
+            }));
+        }
+        Err(format!(
+            "{s:?}: expected end, earliest, FILE:POS, gtid:SET or time:SECONDS|RFC3339"
+        ))
+    }
+}
+
+/// Seconds since the epoch, or `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+fn parse_time(t: &str) -> Result<u64, String> {
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(secs);
+    }
+    let bad = || format!("{t:?} is neither seconds since the epoch nor YYYY-MM-DDTHH:MM:SSZ");
+    let t = t.strip_suffix('Z').ok_or_else(bad)?;
+    let (date, time) = t.split_once('T').ok_or_else(bad)?;
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|p| p.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let tm: Vec<i64> = time
+        .split(':')
+        .map(|p| p.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    if d.len() != 3 || tm.len() != 3 {
+        return Err(bad());
+    }
+    let days = days_from_civil(d[0], d[1], d[2]);
+    let secs = days * 86_400 + tm[0] * 3600 + tm[1] * 60 + tm[2];
+    u64::try_from(secs).map_err(|_| bad())
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// What the capture stores in Kafka (checkpoint topic, key = connector name) after every event
+/// up to `next` was acknowledged: the place to resume from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The first byte after the last fully published transaction.
+    pub next: BinlogPos,
+    /// The GTID of that transaction, if the server writes GTIDs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_gtid: String,
+    /// The source's server_id and server_uuid (MySQL) when the checkpoint was written: resuming
+    /// from another server's binlog coordinates would be wrong.
+    pub server_id: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub server_uuid: String,
+    /// Wall-clock time of the write, seconds since the epoch.
+    pub written_at: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_parse() {
+        assert_eq!(Start::parse("end"), Ok(Start::End));
+        assert_eq!(Start::parse("earliest"), Ok(Start::Earliest));
+        assert_eq!(
+            Start::parse("mysql-bin.000042:1234"),
+            Ok(Start::At(BinlogPos {
+                file: "mysql-bin.000042".into(),
+                pos: 1234
+            }))
+        );
+        assert_eq!(
+            Start::parse("gtid:0-1-100"),
+            Ok(Start::Gtid("0-1-100".into()))
+        );
+        assert_eq!(Start::parse("time:86400"), Ok(Start::Timestamp(86400)));
+        assert_eq!(
+            Start::parse("time:2024-02-29T12:00:00Z"),
+            Ok(Start::Timestamp(1_709_208_000))
+        );
+        assert!(Start::parse("mysql-bin:12").is_err());
+        assert!(Start::parse("bin.000001:2").is_err());
+        assert!(Start::parse("gtid:").is_err());
+        assert!(Start::parse("yesterday").is_err());
+        assert!(Start::parse("time:2024-02-29 12:00").is_err());
+    }
+
+    #[test]
+    fn checkpoint_json_round_trip() {
+        let c = Checkpoint {
+            next: BinlogPos {
+                file: "mysql-bin.000001".into(),
+                pos: 4,
+            },
+            last_gtid: "0-1-5".into(),
+            server_id: 1,
+            server_uuid: String::new(),
+            written_at: 1,
+        };
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(!text.contains("server_uuid"));
+        assert_eq!(serde_json::from_str::<Checkpoint>(&text).unwrap(), c);
+    }
+}
