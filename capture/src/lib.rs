@@ -5,3 +5,4 @@
 
 pub mod mongo;
 pub mod mysql;
+pub mod publish;

@@ -48,6 +48,7 @@ pub fn init(config: &LogConfig) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(true);
     let _ = match config.format {
         LogFormat::Text => builder.try_init(),

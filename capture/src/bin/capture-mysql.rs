@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice_capture::mysql::{preflight, Config};
+use sluice_capture::mysql::{preflight, stream::Capture, Config};
 use sluice_common::{app, preflight::require, CommonArgs, Context};
 
 /// Capture MySQL/MariaDB row changes from the binlog and publish them to Kafka.
@@ -26,9 +26,7 @@ fn main() -> ExitCode {
 
 async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     require(&preflight(&ctx.config).await)?;
-    tracing::warn!(
-        "binlog streaming is not built yet: this build checks the source and serves metrics only"
-    );
-    ctx.shutdown.wait().await;
+    let capture = Capture::start(ctx.config, &ctx.registry).await?;
+    capture.run(ctx.shutdown).await?;
     Ok(())
 }

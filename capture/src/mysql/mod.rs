@@ -5,12 +5,15 @@ pub mod ddl;
 pub mod decode;
 pub mod position;
 pub mod schema;
+pub mod stream;
 
 use mysql_async::prelude::Queryable;
 use serde::{Deserialize, Serialize};
 use sluice_common::{
     AppConfig, Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate,
 };
+
+use crate::publish::PublishConfig;
 
 /// The whole configuration of `capture-mysql`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -26,6 +29,10 @@ pub struct Config {
     pub kafka: KafkaConfig,
     #[serde(default)]
     pub topics: TopicsConfig,
+    #[serde(default)]
+    pub filter: FilterConfig,
+    #[serde(default)]
+    pub publish: PublishConfig,
     #[serde(default = "default_metrics")]
     pub metrics: MetricsConfig,
     #[serde(default)]
@@ -52,6 +59,24 @@ pub struct MysqlConfig {
     /// The server_id this capture presents as a replica; must differ from the source's and
     /// every other replica's. Default 5400.
     pub server_id: u32,
+    /// Where to begin when there is no checkpoint yet: `end` (changes from now on),
+    /// `earliest` (the oldest binlog the server has), `FILE:POS`, `gtid:SET` or
+    /// `time:SECONDS|YYYY-MM-DDTHH:MM:SSZ`. Ignored once a checkpoint exists. Default `end`.
+    pub start: String,
+    /// The heartbeat period asked of the server, in milliseconds; three missed heartbeats
+    /// mean a dead connection, which is re-opened. Default 5000.
+    pub heartbeat_ms: u64,
+}
+
+/// `[filter]`: which tables are captured, as regular expressions matched against the whole
+/// `database.table` (system databases are never captured).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterConfig {
+    /// Capture only tables matching one of these; empty captures all. Default empty.
+    pub include: Vec<String>,
+    /// Leave out tables matching one of these. Default empty.
+    pub exclude: Vec<String>,
 }
 
 impl Default for MysqlConfig {
@@ -59,6 +84,8 @@ impl Default for MysqlConfig {
         Self {
             url: "mysql://root@127.0.0.1:3306".into(),
             server_id: 5400,
+            start: "end".into(),
+            heartbeat_ms: 5000,
         }
     }
 }
@@ -76,8 +103,17 @@ impl Validate for Config {
                 "must be above 0 (0 is refused by the server for replicas)".into(),
             ));
         }
+        position::Start::parse(&self.mysql.start).map_err(|e| ("mysql.start".to_string(), e))?;
+        if !(100..=600_000).contains(&self.mysql.heartbeat_ms) {
+            return Err((
+                "mysql.heartbeat_ms".into(),
+                "must be between 100 and 600000".into(),
+            ));
+        }
+        stream::Filter::new(&self.filter.include, &self.filter.exclude)?;
         self.kafka.validate()?;
         self.topics.validate()?;
+        self.publish.validate()?;
         self.log.validate()
     }
 }

@@ -1,0 +1,1022 @@
+//! The binlog reader: from a start position to change events on Kafka, resumable.
+//!
+//! Progress and resumption:
+//! - At start the capture reads its checkpoint (`[publish] checkpoint_topic`, key = connector).
+//!   With one, it resumes at the checkpoint's binlog coordinate, after checking that the source
+//!   is the same server and still has that binlog file; without one it starts at `[mysql] start`.
+//! - Rows are published as they are read (a large transaction streams through in bounded
+//!   memory); at each commit (XID, COMMIT, or a DDL statement) the capture queues a mark with the
+//!   position after the commit. The publisher stores a mark's position only after Kafka
+//!   acknowledged every event before it.
+//! - A dropped connection is noticed by the server's heartbeats (`[mysql] heartbeat_ms`) going
+//!   silent and re-opened from the last commit: the rows of a transaction cut in half are
+//!   published again, with the same versions, which apply ignores.
+//! - Schemas come from `information_schema` when a table is first seen and after each DDL that
+//!   names it; every schema is published to the schema topic before the first event using it.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use mysql_async::binlog::events::{Event, EventData, RowsEventData};
+use mysql_async::prelude::Queryable;
+use mysql_async::{BinlogStreamRequest, Conn, Opts};
+use prometheus::{IntCounterVec, IntGauge, Opts as MOpts, Registry};
+use prost::Message;
+use sluice_common::Shutdown;
+use sluice_proto::v1::{self, Op, TableSchema};
+use sluice_proto::{event_key, mysql_version, schema_record_key, TopicTemplate, CONTRACT_VERSION};
+
+use super::ddl::{self, Statement, TxControl};
+use super::decode::TableDecoder;
+use super::position::{BinlogPos, Checkpoint, Start};
+use super::{schema, Config};
+use crate::publish::{read_checkpoint, PublishError, PublishMetrics, Publisher};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("MySQL: {0}")]
+    Mysql(#[from] mysql_async::Error),
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    #[error("{0}")]
+    Definite(String),
+    #[error("decoding {table} at {pos}: {reason}")]
+    Decode {
+        table: String,
+        pos: String,
+        reason: String,
+    },
+}
+
+impl CaptureError {
+    /// Worth reconnecting for: the network or the server went away. Everything else would fail
+    /// the same way again.
+    fn transient(&self) -> bool {
+        match self {
+            CaptureError::Mysql(mysql_async::Error::Io(_)) => true,
+            CaptureError::Mysql(mysql_async::Error::Driver(d)) => matches!(
+                d,
+                mysql_async::DriverError::ConnectionClosed
+                    | mysql_async::DriverError::PoolDisconnected
+            ),
+            // Server shutdown in progress, lost connection during query.
+            CaptureError::Mysql(mysql_async::Error::Server(e)) => {
+                matches!(e.code, 1053 | 2013 | 2006)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The capture's own metrics (the publisher has the event counters).
+struct StreamMetrics {
+    file_number: IntGauge,
+    offset: IntGauge,
+    lag_seconds: IntGauge,
+    reconnects: prometheus::IntCounter,
+    errors: IntCounterVec,
+}
+
+impl StreamMetrics {
+    fn new(r: &Registry) -> prometheus::Result<Self> {
+        let file_number = IntGauge::new(
+            "sluice_capture_binlog_file_number",
+            "Numeric suffix of the binlog file being read.",
+        )?;
+        let offset = IntGauge::new(
+            "sluice_capture_binlog_offset_bytes",
+            "Offset in the binlog file being read.",
+        )?;
+        let lag_seconds = IntGauge::new(
+            "sluice_capture_lag_seconds",
+            "Now minus the source timestamp of the last event read (0 when idle and caught up).",
+        )?;
+        let reconnects = prometheus::IntCounter::new(
+            "sluice_capture_reconnects_total",
+            "Binlog connections re-opened after a transient failure.",
+        )?;
+        let errors = IntCounterVec::new(
+            MOpts::new("sluice_capture_errors_total", "Errors by type."),
+            &["error_type"],
+        )?;
+        r.register(Box::new(file_number.clone()))?;
+        r.register(Box::new(offset.clone()))?;
+        r.register(Box::new(lag_seconds.clone()))?;
+        r.register(Box::new(reconnects.clone()))?;
+        r.register(Box::new(errors.clone()))?;
+        Ok(Self {
+            file_number,
+            offset,
+            lag_seconds,
+            reconnects,
+            errors,
+        })
+    }
+}
+
+/// Which tables are captured: `[filter]` include/exclude patterns on `database.table`.
+pub struct Filter {
+    include: Vec<regex::Regex>,
+    exclude: Vec<regex::Regex>,
+}
+
+const SYSTEM_DATABASES: [&str; 4] = ["mysql", "information_schema", "performance_schema", "sys"];
+
+impl Filter {
+    pub fn new(include: &[String], exclude: &[String]) -> Result<Self, (String, String)> {
+        let compile = |key: &str, pats: &[String]| {
+            pats.iter()
+                .map(|p| {
+                    regex::Regex::new(&format!("^(?:{p})$"))
+                        .map_err(|e| (format!("filter.{key}"), format!("{p:?}: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Self {
+            include: compile("include", include)?,
+            exclude: compile("exclude", exclude)?,
+        })
+    }
+
+    pub fn wants(&self, database: &str, table: &str) -> bool {
+        if SYSTEM_DATABASES.contains(&database) {
+            return false;
+        }
+        let name = format!("{database}.{table}");
+        (self.include.is_empty() || self.include.iter().any(|r| r.is_match(&name)))
+            && !self.exclude.iter().any(|r| r.is_match(&name))
+    }
+}
+
+struct TxState {
+    id: String,
+    gtid: String,
+    index: u64,
+    commit_time_micros: i64,
+}
+
+/// What the server says about itself.
+struct ServerInfo {
+    server_id: u32,
+    server_uuid: String,
+    mariadb: bool,
+    binlogs: Vec<String>,
+}
+
+pub struct Capture {
+    config: Config,
+    opts: Opts,
+    schema_conn: Conn,
+    server: ServerInfo,
+    filter: Filter,
+    topics: TopicTemplate,
+    publisher: Publisher<Checkpoint>,
+    metrics: StreamMetrics,
+    publish_metrics: PublishMetrics,
+    schemas: HashMap<(String, String), TableSchema>,
+    /// table id -> (database, table, decoder), rebuilt at each table map whose schema changed.
+    decoders: HashMap<u64, (String, String, u64, TableDecoder)>,
+    published_schemas: HashSet<u64>,
+    /// Current binlog file and the position to resume from after the last commit.
+    file: String,
+    resume: BinlogPos,
+    last_gtid: String,
+    tx: Option<TxState>,
+    /// While starting from a timestamp: skip transactions that began before it.
+    skip_until: Option<u64>,
+    source: v1::Source,
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+async fn server_info(conn: &mut Conn) -> Result<ServerInfo, CaptureError> {
+    let (server_id, version): (u32, String) = conn
+        .query_first("SELECT @@server_id, @@version")
+        .await?
+        .unwrap_or_default();
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let server_uuid: String = if mariadb {
+        String::new()
+    } else {
+        conn.query_first("SELECT @@server_uuid")
+            .await?
+            .unwrap_or_default()
+    };
+    let binlogs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await?;
+    let binlogs = binlogs
+        .into_iter()
+        .filter_map(|r| r.get::<String, _>(0))
+        .collect();
+    Ok(ServerInfo {
+        server_id,
+        server_uuid,
+        mariadb,
+        binlogs,
+    })
+}
+
+impl Capture {
+    pub async fn start(config: Config, registry: &Registry) -> Result<Self, CaptureError> {
+        let opts = Opts::from_url(&config.mysql.url).expect("validated at load");
+        let mut schema_conn = Conn::new(opts.clone()).await?;
+        let server = server_info(&mut schema_conn).await?;
+        let filter = Filter::new(&config.filter.include, &config.filter.exclude)
+            .map_err(|(k, m)| CaptureError::Definite(format!("{k}: {m}")))?;
+        let topics = config
+            .topics
+            .template()
+            .map_err(|e| CaptureError::Definite(e.to_string()))?;
+        let publish_metrics = PublishMetrics::new(registry).expect("metrics register once");
+        let metrics = StreamMetrics::new(registry).expect("metrics register once");
+        let checkpoint: Option<Checkpoint> = read_checkpoint(
+            &config.kafka,
+            &config.publish.checkpoint_topic,
+            &config.connector,
+            "capture-mysql",
+        )
+        .await?;
+        let publisher = Publisher::start(
+            &config.kafka,
+            &config.publish,
+            "capture-mysql",
+            &config.connector,
+            publish_metrics.clone(),
+        )
+        .await?;
+        let source = v1::Source {
+            kind: if server.mariadb {
+                v1::SourceKind::Mariadb
+            } else {
+                v1::SourceKind::Mysql
+            } as i32,
+            connector: config.connector.clone(),
+            server_id: server.server_id,
+            server_uuid_or_replica_set: server.server_uuid.clone(),
+        };
+        let mut capture = Self {
+            opts,
+            schema_conn,
+            filter,
+            topics,
+            publisher,
+            metrics,
+            publish_metrics,
+            schemas: HashMap::new(),
+            decoders: HashMap::new(),
+            published_schemas: HashSet::new(),
+            file: String::new(),
+            resume: BinlogPos {
+                file: String::new(),
+                pos: 4,
+            },
+            last_gtid: String::new(),
+            tx: None,
+            skip_until: None,
+            source,
+            server,
+            config,
+        };
+        capture.resume = capture.start_position(checkpoint).await?;
+        capture.file = capture.resume.file.clone();
+        Ok(capture)
+    }
+
+    /// Where to begin: the checkpoint, or `[mysql] start`.
+    async fn start_position(
+        &mut self,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<BinlogPos, CaptureError> {
+        if let Some(c) = checkpoint {
+            if c.server_id != self.server.server_id
+                || (!c.server_uuid.is_empty() && c.server_uuid != self.server.server_uuid)
+            {
+                return Err(CaptureError::Definite(format!(
+                    "the checkpoint of connector {:?} was written reading server_id {} ({}), \
+                     but the source is server_id {} ({}): binlog coordinates of another server \
+                     mean nothing here. Use a new connector name (and re-snapshot) for a new \
+                     source.",
+                    self.config.connector,
+                    c.server_id,
+                    c.server_uuid,
+                    self.server.server_id,
+                    self.server.server_uuid
+                )));
+            }
+            self.check_not_purged(&c.next.file, "the stored checkpoint")?;
+            tracing::info!(resume = %c.next, gtid = %c.last_gtid, "resuming from the checkpoint");
+            self.last_gtid = c.last_gtid;
+            return Ok(c.next);
+        }
+        let start = Start::parse(&self.config.mysql.start).map_err(CaptureError::Definite)?;
+        let pos = match start {
+            Start::End => {
+                let row: Option<mysql_async::Row> =
+                    self.schema_conn.query_first("SHOW MASTER STATUS").await?;
+                let row = row.ok_or_else(|| {
+                    CaptureError::Definite(
+                        "SHOW MASTER STATUS is empty: binary logging is off".into(),
+                    )
+                })?;
+                BinlogPos {
+                    file: row.get(0).unwrap_or_default(),
+                    pos: row.get(1).unwrap_or(4),
+                }
+            }
+            Start::Earliest | Start::Timestamp(_) => {
+                if let Start::Timestamp(t) = start {
+                    self.skip_until = Some(t);
+                }
+                BinlogPos {
+                    file: self.server.binlogs.first().cloned().ok_or_else(|| {
+                        CaptureError::Definite("the server lists no binary logs".into())
+                    })?,
+                    pos: 4,
+                }
+            }
+            Start::At(p) => {
+                self.check_not_purged(&p.file, "mysql.start")?;
+                p
+            }
+            Start::Gtid(set) => {
+                // Resolved by the server at dump time; the file comes with the first rotate.
+                self.last_gtid = set;
+                BinlogPos {
+                    file: String::new(),
+                    pos: 4,
+                }
+            }
+        };
+        tracing::info!(start = %pos, mode = %self.config.mysql.start, "starting without a checkpoint");
+        Ok(pos)
+    }
+
+    fn check_not_purged(&self, file: &str, what: &str) -> Result<(), CaptureError> {
+        if self.server.binlogs.iter().any(|f| f == file) {
+            return Ok(());
+        }
+        Err(CaptureError::Definite(format!(
+            "{what} points into binlog file {file}, which the server no longer has (it was purged; \
+             the oldest is {}). Changes since then are lost to the binlog: re-snapshot the tables \
+             and start again from `end`, e.g. with a new connector name.",
+            self.server.binlogs.first().map(String::as_str).unwrap_or("none")
+        )))
+    }
+
+    /// Read until shutdown. Transient failures reconnect from the last commit.
+    pub async fn run(mut self, shutdown: Shutdown) -> Result<(), CaptureError> {
+        let mut backoff = Duration::from_millis(500);
+        let result = loop {
+            match self.read_binlog(&shutdown).await {
+                Ok(()) => break Ok(()),
+                Err(e) if e.transient() && !shutdown.is_triggered() => {
+                    self.metrics.errors.with_label_values(&["connection"]).inc();
+                    self.metrics.reconnects.inc();
+                    tracing::warn!(error = %e, resume = %self.resume, retry_in = ?backoff, "binlog connection lost; reconnecting");
+                    tokio::select! {
+                        _ = shutdown.wait() => break Ok(()),
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    // The schema connection may be gone too.
+                    if let Ok(c) = Conn::new(self.opts.clone()).await {
+                        self.schema_conn = c;
+                    }
+                }
+                Err(e) => {
+                    self.metrics
+                        .errors
+                        .with_label_values(&[error_type(&e)])
+                        .inc();
+                    break Err(e);
+                }
+            }
+        };
+        let last = self.publisher.finish().await;
+        match (&result, last) {
+            (_, Ok(Some(c))) => tracing::info!(checkpoint = %c.next, "last checkpoint stored"),
+            (_, Ok(None)) => {}
+            (Ok(()), Err(e)) => return Err(e.into()),
+            (Err(_), Err(e)) => tracing::error!(error = %e, "storing the last checkpoint failed"),
+        }
+        result
+    }
+
+    async fn read_binlog(&mut self, shutdown: &Shutdown) -> Result<(), CaptureError> {
+        let mut conn = Conn::new(self.opts.clone()).await?;
+        let heartbeat = Duration::from_millis(self.config.mysql.heartbeat_ms);
+        conn.query_drop(format!(
+            "SET @master_heartbeat_period = {}",
+            heartbeat.as_nanos()
+        ))
+        .await?;
+        let gtid_start = self.resume.file.is_empty();
+        if self.server.mariadb {
+            // Without this MariaDB rewrites its GTID events into dummy query events.
+            conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+            if gtid_start {
+                conn.exec_drop("SET @slave_connect_state = ?", (self.last_gtid.clone(),))
+                    .await?;
+                conn.query_drop("SET @slave_gtid_strict_mode = 1").await?;
+            }
+        }
+        self.tx = None;
+        let file = self.resume.file.clone();
+        let mut request = BinlogStreamRequest::new(self.config.mysql.server_id)
+            .with_filename(file.as_bytes())
+            .with_pos(self.resume.pos);
+        if gtid_start && !self.server.mariadb {
+            let set = parse_mysql_gtid_set(&self.last_gtid).map_err(CaptureError::Definite)?;
+            request = request.with_gtid().with_gtid_set(set);
+        }
+        let mut stream = conn.get_binlog_stream(request).await?;
+        tracing::info!(from = %self.resume, gtid = %self.last_gtid, "reading the binlog");
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.wait() => return Ok(()),
+                _ = async {
+                    // A broken delivery ends the capture; check between events.
+                    loop {
+                        if self.publisher.failed() { break; }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                } => return Ok(()),
+                n = tokio::time::timeout(heartbeat * 3, stream.next()) => n,
+            };
+            let event = match next {
+                Err(_) => {
+                    return Err(CaptureError::Mysql(mysql_async::Error::Io(
+                        mysql_async::IoError::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no binlog event nor heartbeat for {:?}", heartbeat * 3),
+                        )),
+                    )))
+                }
+                Ok(None) => {
+                    return Err(CaptureError::Mysql(mysql_async::Error::Driver(
+                        mysql_async::DriverError::ConnectionClosed,
+                    )))
+                }
+                Ok(Some(Err(mysql_async::Error::Server(e)))) if e.code == 1236 => {
+                    return Err(CaptureError::Definite(format!(
+                        "the server cannot send the binlog from {} (error 1236: {}). If the file \
+                         was purged, re-snapshot and start from `end`.",
+                        self.resume, e.message
+                    )))
+                }
+                Ok(Some(r)) => r?,
+            };
+            let tables = stream_tables(&stream, &event);
+            self.handle(&event, tables).await?;
+        }
+    }
+
+    async fn handle(
+        &mut self,
+        event: &Event,
+        table_map: Option<TableMapInfo>,
+    ) -> Result<(), CaptureError> {
+        let header = event.header();
+        let end = u64::from(header.log_pos());
+        let start = end.saturating_sub(u64::from(header.event_size()));
+        let ts = header.timestamp();
+        if ts != 0 {
+            let lag = (now_micros() / 1_000_000 - i64::from(ts)).max(0);
+            self.metrics.lag_seconds.set(lag);
+        }
+        if end != 0 {
+            self.metrics.offset.set(end as i64);
+        }
+        match header.event_type_raw() {
+            // MariaDB GTID: seq_no u64, domain u32, flags u8 (MariaDB-specific, raw bytes).
+            0xa2 => {
+                let d = event.data();
+                if d.len() >= 13 {
+                    let seq = u64::from_le_bytes(d[0..8].try_into().expect("8 bytes"));
+                    let domain = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
+                    let gtid = format!("{domain}-{}-{seq}", header.server_id());
+                    self.begin(gtid.clone(), gtid, i64::from(ts) * 1_000_000);
+                }
+                return Ok(());
+            }
+            0xa0 | 0xa1 | 0xa3 => return Ok(()),
+            _ => {}
+        }
+        let data = match event.read_data() {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                return Err(CaptureError::Definite(format!(
+                    "cannot parse binlog event type {} at {}:{start}: {e}",
+                    header.event_type_raw(),
+                    self.file
+                )))
+            }
+        };
+        match data {
+            EventData::RotateEvent(r) => {
+                let mut name = r.name().to_string();
+                if !self.server.binlogs.contains(&name) && name.len() > 4 {
+                    // The fake rotate's name may carry the checksum bytes at its end.
+                    let trimmed = String::from_utf8_lossy(&r.name_raw()[..r.name_raw().len() - 4])
+                        .to_string();
+                    if self.server.binlogs.contains(&trimmed)
+                        || sluice_proto::binlog_file_seq(&name).is_err()
+                    {
+                        name = trimmed;
+                    }
+                }
+                if !self.server.binlogs.contains(&name) {
+                    self.server.binlogs.push(name.clone());
+                }
+                if let Ok(seq) = sluice_proto::binlog_file_seq(&name) {
+                    self.metrics.file_number.set(seq as i64);
+                }
+                self.file = name;
+                if self.tx.is_none() {
+                    self.resume = BinlogPos {
+                        file: self.file.clone(),
+                        pos: r.position().max(4),
+                    };
+                }
+            }
+            EventData::GtidEvent(g) => {
+                let gtid = format!("{}:{}", uuid_text(&g.sid()), g.gno());
+                let commit = g.immediate_commit_timestamp();
+                let micros = if commit > 0 {
+                    commit as i64
+                } else {
+                    i64::from(ts) * 1_000_000
+                };
+                self.begin(gtid.clone(), gtid, micros);
+            }
+            EventData::AnonymousGtidEvent(_) => {
+                self.begin(
+                    format!("{}:{start}", self.file),
+                    String::new(),
+                    i64::from(ts) * 1_000_000,
+                );
+            }
+            EventData::QueryEvent(q) => {
+                let sql = q.query().to_string();
+                let default_db = q.schema().to_string();
+                match ddl::classify(&sql) {
+                    Statement::Transaction(TxControl::Begin) => {
+                        if self.tx.is_none() {
+                            self.begin(
+                                format!("{}:{start}", self.file),
+                                String::new(),
+                                i64::from(ts) * 1_000_000,
+                            );
+                        }
+                    }
+                    Statement::Transaction(TxControl::Commit | TxControl::Rollback) => {
+                        self.commit(end).await?
+                    }
+                    Statement::Transaction(TxControl::Other) => {}
+                    Statement::Ddl {
+                        kind,
+                        tables,
+                        renamed_to,
+                    } => {
+                        if self.skip_until.is_none() {
+                            self.apply_ddl(kind, &sql, &default_db, tables, renamed_to, start, ts)
+                                .await?;
+                        }
+                        self.commit(end).await?;
+                    }
+                    Statement::Database { kind, name } => {
+                        tracing::info!(kind, database = %name, "database statement");
+                        self.schemas.retain(|(db, _), _| db != &name);
+                        self.commit(end).await?;
+                    }
+                    Statement::Other => {
+                        if self.tx.is_none() {
+                            self.commit(end).await?;
+                        }
+                    }
+                }
+            }
+            EventData::XidEvent(_) => self.commit(end).await?,
+            EventData::TableMapEvent(_) => {
+                if let Some(info) = table_map {
+                    self.on_table_map(info).await?;
+                }
+            }
+            EventData::RowsEvent(rows) => {
+                if self.skip_until.is_none() {
+                    self.on_rows(&rows, start, ts).await?;
+                }
+            }
+            EventData::HeartbeatEvent => {
+                if self.tx.is_none() {
+                    self.metrics.lag_seconds.set(0);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self, id: String, gtid: String, commit_time_micros: i64) {
+        if let Some(t) = self.skip_until {
+            if commit_time_micros / 1_000_000 >= t as i64 {
+                tracing::info!(from = %id, "reached the start time");
+                self.skip_until = None;
+            }
+        }
+        self.tx = Some(TxState {
+            id,
+            gtid,
+            index: 0,
+            commit_time_micros,
+        });
+    }
+
+    async fn commit(&mut self, end: u64) -> Result<(), CaptureError> {
+        let tx = self.tx.take();
+        if let Some(tx) = &tx {
+            if !tx.gtid.is_empty() {
+                self.last_gtid = tx.gtid.clone();
+            }
+        }
+        self.resume = BinlogPos {
+            file: self.file.clone(),
+            pos: end,
+        };
+        let checkpoint = Checkpoint {
+            next: self.resume.clone(),
+            last_gtid: self.last_gtid.clone(),
+            server_id: self.server.server_id,
+            server_uuid: self.server.server_uuid.clone(),
+            written_at: (now_micros() / 1_000_000) as u64,
+        };
+        self.publisher.mark(checkpoint).await?;
+        Ok(())
+    }
+
+    async fn schema_of(
+        &mut self,
+        db: &str,
+        table: &str,
+    ) -> Result<Option<TableSchema>, CaptureError> {
+        let key = (db.to_string(), table.to_string());
+        if let Some(s) = self.schemas.get(&key) {
+            return Ok(Some(s.clone()));
+        }
+        let loaded = schema::load(&mut self.schema_conn, db, table).await?;
+        if let Some(s) = &loaded {
+            self.publish_schema(s).await?;
+            self.schemas.insert(key, s.clone());
+        }
+        Ok(loaded)
+    }
+
+    async fn publish_schema(&mut self, s: &TableSchema) -> Result<(), CaptureError> {
+        if !self.published_schemas.insert(s.schema_id) {
+            return Ok(());
+        }
+        let record = v1::SchemaRecord {
+            schema: Some(s.clone()),
+            position: Some(self.position(self.resume.pos, 0)),
+        };
+        self.publisher
+            .send_and_wait(
+                &self.config.publish.schema_topic,
+                schema_record_key(s.schema_id).as_bytes(),
+                &record.encode_to_vec(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn on_table_map(&mut self, info: TableMapInfo) -> Result<(), CaptureError> {
+        let TableMapInfo {
+            table_id,
+            database,
+            table,
+            decoder_input,
+        } = info;
+        if !self.filter.wants(&database, &table) {
+            self.decoders.remove(&table_id);
+            return Ok(());
+        }
+        let Some(schema) = self.schema_of(&database, &table).await? else {
+            return Err(CaptureError::Definite(format!(
+                "{database}.{table} is in the binlog at {}:{} but not in information_schema \
+                 (dropped since?): its rows cannot be decoded without its schema",
+                self.file, self.resume.pos
+            )));
+        };
+        if let Some((_, _, id, _)) = self.decoders.get(&table_id) {
+            if *id == schema.schema_id {
+                return Ok(());
+            }
+        }
+        let decoder = decoder_input(&schema).map_err(|e| CaptureError::Decode {
+            table: format!("{database}.{table}"),
+            pos: format!("{}:{}", self.file, self.resume.pos),
+            reason: e.to_string(),
+        })?;
+        self.decoders
+            .insert(table_id, (database, table, schema.schema_id, decoder));
+        Ok(())
+    }
+
+    fn position(&self, pos: u64, row: u32) -> v1::Position {
+        v1::Position {
+            kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
+                file: self.file.clone(),
+                pos,
+                commit_pos: 0,
+                gtid: self.tx.as_ref().map(|t| t.gtid.clone()).unwrap_or_default(),
+                gtid_set: String::new(),
+                row,
+            })),
+        }
+    }
+
+    async fn on_rows(
+        &mut self,
+        rows: &RowsEventData<'_>,
+        start: u64,
+        ts: u32,
+    ) -> Result<(), CaptureError> {
+        let Some((db, table, schema_id, decoder)) = self.decoders.get(&rows.table_id()) else {
+            return Ok(()); // a table the filter leaves out
+        };
+        let (db, table, schema_id) = (db.clone(), table.clone(), *schema_id);
+        let changes = decoder
+            .decode_event(rows)
+            .map_err(|e| CaptureError::Decode {
+                table: format!("{db}.{table}"),
+                pos: format!("{}:{start}", self.file),
+                reason: e.to_string(),
+            })?;
+        let schema = self
+            .schemas
+            .get(&(db.clone(), table.clone()))
+            .cloned()
+            .expect("a decoder implies a schema");
+        let topic = self
+            .topics
+            .topic(&db, &table)
+            .map_err(|e| CaptureError::Definite(e.to_string()))?;
+        self.publisher.ensure_topic(&topic, false).await?;
+        let capture_time = now_micros();
+        let commit_time = self
+            .tx
+            .as_ref()
+            .map(|t| t.commit_time_micros)
+            .unwrap_or(i64::from(ts) * 1_000_000);
+        for (row, (before, after)) in changes.into_iter().enumerate() {
+            let row = row as u32;
+            let version = mysql_version(&self.file, start, row)
+                .map_err(|e| CaptureError::Definite(e.to_string()))?;
+            let key_of = |r: &Option<v1::Row>| -> Vec<v1::Value> {
+                r.as_ref()
+                    .map(|r| {
+                        schema
+                            .primary_key
+                            .iter()
+                            .map(|i| r.values[*i as usize].clone())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let mut out: Vec<(Op, Vec<v1::Value>, Option<v1::Row>, Option<v1::Row>)> = Vec::new();
+            match (&before, &after) {
+                (None, Some(_)) => out.push((Op::Insert, key_of(&after), None, after)),
+                (Some(_), None) => out.push((Op::Delete, key_of(&before), before, None)),
+                (Some(_), Some(_)) => {
+                    let (old, new) = (key_of(&before), key_of(&after));
+                    if old != new && !schema.primary_key.is_empty() {
+                        // A moved row: delete the old key, insert the new one, each on its
+                        // own key's partition.
+                        out.push((Op::Delete, old, before.clone(), None));
+                        out.push((Op::Insert, new, None, after));
+                    } else {
+                        out.push((Op::Update, new, before, after));
+                    }
+                }
+                (None, None) => {}
+            }
+            for (op, key, before, after) in out {
+                let index = match self.tx.as_mut() {
+                    Some(t) => {
+                        t.index += 1;
+                        t.index - 1
+                    }
+                    None => 0,
+                };
+                let event = v1::ChangeEvent {
+                    contract: CONTRACT_VERSION,
+                    source: Some(self.source.clone()),
+                    op: op as i32,
+                    database: db.clone(),
+                    table: table.clone(),
+                    version,
+                    position: Some(self.position(start, row)),
+                    commit_time_micros: commit_time,
+                    capture_time_micros: capture_time,
+                    transaction: self.tx.as_ref().map(|t| v1::Transaction {
+                        id: t.id.clone(),
+                        index,
+                        last: false,
+                    }),
+                    schema_id,
+                    schema: None,
+                    key: Some(v1::Row {
+                        values: key.clone(),
+                    }),
+                    before,
+                    after,
+                    ddl: None,
+                    mongo: None,
+                };
+                let payload = event.encode_to_vec();
+                let op_name = op_label(op);
+                self.publish_metrics
+                    .events
+                    .with_label_values(&[&db, &table, op_name])
+                    .inc();
+                self.publish_metrics
+                    .bytes
+                    .with_label_values(&[&db, &table])
+                    .inc_by(payload.len() as u64);
+                self.publisher
+                    .send(&topic, &event_key(&db, &table, &key), &payload, None)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn apply_ddl(
+        &mut self,
+        kind: &'static str,
+        sql: &str,
+        default_db: &str,
+        tables: Vec<ddl::TableRef>,
+        renamed_to: Vec<ddl::TableRef>,
+        start: u64,
+        ts: u32,
+    ) -> Result<(), CaptureError> {
+        let resolve = |t: &ddl::TableRef| {
+            (
+                t.database.clone().unwrap_or_else(|| default_db.to_string()),
+                t.table.clone(),
+            )
+        };
+        for (i, t) in tables.iter().enumerate() {
+            let (db, table) = resolve(t);
+            let new_name = renamed_to.get(i).map(resolve);
+            self.schemas.remove(&(db.clone(), table.clone()));
+            self.decoders
+                .retain(|_, (d, t, _, _)| !(d == &db && t == &table));
+            if !self.filter.wants(&db, &table) {
+                continue;
+            }
+            // The schema after the statement: of the new name for renames, none for drops.
+            let after = match (&new_name, kind) {
+                (_, "drop") => None,
+                (Some((ndb, nt)), _) => {
+                    self.schemas.remove(&(ndb.clone(), nt.clone()));
+                    self.schema_of(ndb, nt).await?
+                }
+                (None, _) => self.schema_of(&db, &table).await?,
+            };
+            let op = if kind == "truncate" {
+                Op::Truncate
+            } else {
+                Op::Ddl
+            };
+            let event = v1::ChangeEvent {
+                contract: CONTRACT_VERSION,
+                source: Some(self.source.clone()),
+                op: op as i32,
+                database: db.clone(),
+                table: table.clone(),
+                version: mysql_version(&self.file, start, 0)
+                    .map_err(|e| CaptureError::Definite(e.to_string()))?,
+                position: Some(self.position(start, 0)),
+                commit_time_micros: i64::from(ts) * 1_000_000,
+                capture_time_micros: now_micros(),
+                transaction: self.tx.as_ref().map(|t| v1::Transaction {
+                    id: t.id.clone(),
+                    index: 0,
+                    last: true,
+                }),
+                schema_id: after.as_ref().map(|s| s.schema_id).unwrap_or(0),
+                schema: after.clone(),
+                key: None,
+                before: None,
+                after: None,
+                ddl: Some(v1::Ddl {
+                    statement: sql.to_string(),
+                    schema: after.clone(),
+                    new_database: new_name.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
+                    new_table: new_name.as_ref().map(|n| n.1.clone()).unwrap_or_default(),
+                    kind: kind.to_string(),
+                }),
+                mongo: None,
+            };
+            let topic = self
+                .topics
+                .topic(&db, &table)
+                .map_err(|e| CaptureError::Definite(e.to_string()))?;
+            let partitions = self.publisher.ensure_topic(&topic, false).await?;
+            let payload = event.encode_to_vec();
+            let key = event_key(&db, &table, &[]);
+            // Every partition gets the DDL, so each apply instance sees it in order with the
+            // rows of its partitions.
+            for p in 0..partitions {
+                self.publisher.send(&topic, &key, &payload, Some(p)).await?;
+            }
+            self.publish_metrics
+                .events
+                .with_label_values(&[&db, &table, op_label(op)])
+                .inc();
+            tracing::info!(database = %db, table = %table, kind, "DDL published");
+        }
+        Ok(())
+    }
+}
+
+fn op_label(op: Op) -> &'static str {
+    match op {
+        Op::Insert => "insert",
+        Op::Update => "update",
+        Op::Delete => "delete",
+        Op::SnapshotRead => "snapshot_read",
+        Op::Ddl => "ddl",
+        Op::Truncate => "truncate",
+        _ => "other",
+    }
+}
+
+fn error_type(e: &CaptureError) -> &'static str {
+    match e {
+        CaptureError::Mysql(_) => "mysql",
+        CaptureError::Publish(_) => "kafka",
+        CaptureError::Definite(_) => "definite",
+        CaptureError::Decode { .. } => "decode",
+    }
+}
+
+/// What a table map needs from the stream (which owns the parsed table map).
+struct TableMapInfo {
+    table_id: u64,
+    database: String,
+    table: String,
+    decoder_input:
+        Box<dyn FnOnce(&TableSchema) -> Result<TableDecoder, super::decode::DecodeError> + Send>,
+}
+
+fn stream_tables(stream: &mysql_async::BinlogStream, event: &Event) -> Option<TableMapInfo> {
+    if event.header().event_type_raw() != 19 {
+        return None; // not TABLE_MAP_EVENT
+    }
+    let Ok(Some(EventData::TableMapEvent(tme))) = event.read_data() else {
+        return None;
+    };
+    let table_id = tme.table_id();
+    let owned = stream.get_tme(table_id)?.clone();
+    Some(TableMapInfo {
+        table_id,
+        database: owned.database_name().to_string(),
+        table: owned.table_name().to_string(),
+        decoder_input: Box::new(move |schema| TableDecoder::new(&owned, schema)),
+    })
+}
+
+fn uuid_text(sid: &[u8; 16]) -> String {
+    let h: String = sid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// A MySQL GTID set `uuid:1-5:7,uuid2:1-3` for COM_BINLOG_DUMP_GTID.
+fn parse_mysql_gtid_set(set: &str) -> Result<Vec<mysql_async::Sid<'static>>, String> {
+    let mut out = Vec::new();
+    for part in set.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let sid: mysql_async::Sid<'static> = part
+            .parse()
+            .map_err(|e| format!("GTID set {part:?}: {e:?}"))?;
+        out.push(sid);
+    }
+    Ok(out)
+}
