@@ -19,8 +19,9 @@ services=()
 started=()
 if [ ${#services[@]} -gt 0 ]; then
   # Remember which were already running: those are left alone at the end.
+  status=$(deploy/testbed.sh status)
   for s in "${services[@]}"; do
-    deploy/testbed.sh status | grep -q "^$s *running" || started+=("$s")
+    grep -q "^$s *running" <<<"$status" || started+=("$s")
   done
   deploy/testbed.sh start "${services[@]}"
 fi

@@ -94,4 +94,5 @@ pub fn free_port() -> u16 {
 pub fn kafka_section() -> String {
     format!("[kafka]\nbrokers = \"{}\"\n", kafka_brokers())
 }
+pub mod capture;
 pub mod edge;

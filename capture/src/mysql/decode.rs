@@ -142,6 +142,19 @@ impl TableDecoder {
             };
             let raw = raw.ok_or_else(|| unsupported(0))?;
             let layout = layout(raw, meta, col).ok_or_else(|| unsupported(raw as u8))?;
+            if !compatible(&layout, col.r#type()) {
+                return Err(DecodeError::Bad {
+                    table: table.clone(),
+                    column: col.name.clone(),
+                    reason: format!(
+                        "the binlog stores it as {layout:?}, the schema says {:?} ({}): the \
+                         table changed after these rows were written. With \
+                         binlog_row_metadata=FULL the binlog carries its own column metadata",
+                        col.r#type(),
+                        col.sql_type
+                    ),
+                });
+            }
             columns.push(ColumnDecoder {
                 name: col.name.clone(),
                 layout,
@@ -302,6 +315,33 @@ fn layout(raw: My, meta: &[u8], col: &Column) -> Option<Layout> {
         },
         _ => return None,
     })
+}
+
+/// Whether a binlog storage layout can be a column of schema type `ty`: a guard against
+/// decoding rows with a schema of another time.
+fn compatible(layout: &Layout, ty: ColumnType) -> bool {
+    use ColumnType as T;
+    match layout {
+        Layout::Int { bytes: 1, .. } => ty == T::Tinyint,
+        Layout::Int { bytes: 2, .. } => ty == T::Smallint,
+        Layout::Int { bytes: 3, .. } => ty == T::Mediumint,
+        Layout::Int { bytes: 4, .. } => ty == T::Int,
+        Layout::Int { .. } => ty == T::Bigint,
+        Layout::Year => ty == T::Year,
+        Layout::Float => ty == T::Float,
+        Layout::Double => ty == T::Double,
+        Layout::Decimal { .. } => ty == T::Decimal,
+        Layout::Bit { .. } => ty == T::Bit,
+        Layout::Enum { .. } => ty == T::Enum,
+        Layout::Set { .. } => ty == T::Set,
+        Layout::Date => ty == T::Date,
+        Layout::OldTime | Layout::Time2 { .. } => ty == T::Time,
+        Layout::OldDatetime | Layout::Datetime2 { .. } => ty == T::Datetime,
+        Layout::OldTimestamp | Layout::Timestamp2 { .. } => ty == T::Timestamp,
+        Layout::Fixed { .. } => matches!(ty, T::Char | T::Binary),
+        Layout::Var { .. } => matches!(ty, T::Varchar | T::Varbinary),
+        Layout::Blob { .. } => matches!(ty, T::Text | T::Blob | T::Json | T::Geometry),
+    }
 }
 
 /// Failure inside one column: too few bytes, or bytes that mean nothing.

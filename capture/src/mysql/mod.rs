@@ -179,7 +179,8 @@ async fn server_checks(
     let vars: Vec<(String, String)> = conn
         .query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
-             ('log_bin', 'binlog_format', 'binlog_row_image')",
+             ('log_bin', 'binlog_format', 'binlog_row_image', 'binlog_row_metadata', \
+             'binlog_row_value_options')",
         )
         .await?;
     for (name, want) in [
@@ -201,6 +202,39 @@ async fn server_checks(
                     "{name} is {value:?}, must be {want}: set `{name}={want}` in the \
                      server's configuration and restart it"
                 ),
+            ));
+        }
+    }
+    let var = |name: &str| {
+        vars.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.to_ascii_uppercase())
+    };
+    match var("binlog_row_metadata") {
+        Some(v) if v == "FULL" => checks.push(Check::pass(
+            "binlog_row_metadata",
+            "binlog_row_metadata = FULL: rows decode with the columns of their own time",
+        )),
+        Some(v) => checks.push(Check::warn(
+            "binlog_row_metadata",
+            format!(
+                "binlog_row_metadata is {v}: schemas come from information_schema, so a schema \
+                 change while the capture is behind stops it with an error; set \
+                 binlog_row_metadata=FULL"
+            ),
+        )),
+        None => checks.push(Check::warn(
+            "binlog_row_metadata",
+            "the server has no binlog_row_metadata (MySQL < 8.0, MariaDB < 10.5): schemas come \
+             from information_schema, so a schema change while the capture is behind stops it",
+        )),
+    }
+    if let Some(v) = var("binlog_row_value_options") {
+        if v.contains("PARTIAL_JSON") {
+            checks.push(Check::fail(
+                "binlog_row_value_options",
+                "PARTIAL_JSON logs JSON updates as diffs, which the capture does not apply: \
+                 set binlog_row_value_options=''",
             ));
         }
     }

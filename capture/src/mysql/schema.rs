@@ -223,3 +223,296 @@ mod tests {
         assert_eq!(column_type("something"), ColumnType::Unspecified);
     }
 }
+
+/// The schema a table map carries when the server logs `binlog_row_metadata=FULL` (MySQL 8,
+/// MariaDB 10.5+): names, signedness, charsets, ENUM/SET members and the primary key, exactly
+/// as they were when the rows were written. `None` without column names (MINIMAL/NO_LOG).
+///
+/// `current` (from information_schema, if the table still has the same columns) contributes
+/// the declared SQL types and any charset the binlog names by an id this build does not know.
+pub fn from_table_map(
+    tme: &mysql_async::binlog::events::TableMapEvent<'_>,
+    current: Option<&TableSchema>,
+) -> Option<TableSchema> {
+    use mysql_async::binlog::events::OptionalMetadataField as F;
+    use mysql_async::consts::ColumnType as My;
+
+    let n = tme.columns_count() as usize;
+    let mut names: Option<Vec<String>> = None;
+    let mut unsigned_bits: Vec<bool> = Vec::new();
+    let mut char_charsets: Vec<u16> = Vec::new();
+    let mut enum_set_charsets: Vec<u16> = Vec::new();
+    let mut enums: Vec<Vec<String>> = Vec::new();
+    let mut sets: Vec<Vec<String>> = Vec::new();
+    let mut pk: Vec<u32> = Vec::new();
+    // Charsets come as a default plus exceptions, or as one per column; expand both.
+    let count_of = |pred: &dyn Fn(My) -> bool| {
+        (0..n)
+            .filter(|i| {
+                tme.get_column_type(*i)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|t| pred(t))
+            })
+            .count()
+    };
+    let n_char = count_of(&|t: My| t.is_character_type());
+    let n_enum_set = count_of(&|t: My| t.is_enum_or_set_type());
+    for field in tme.iter_optional_meta() {
+        match field.ok()? {
+            F::ColumnName(c) => {
+                names = Some(
+                    c.iter_names()
+                        .map(|n| n.map(|n| n.name().to_string()))
+                        .collect::<Result<_, _>>()
+                        .ok()?,
+                )
+            }
+            F::Signedness(bits) => unsigned_bits = bits.iter().by_vals().collect(),
+            F::DefaultCharset(d) => {
+                char_charsets = vec![d.default_charset(); n_char];
+                for nd in d.iter_non_default() {
+                    let nd = nd.ok()?;
+                    if let Some(c) = char_charsets.get_mut(nd.column_index() as usize) {
+                        *c = nd.charset();
+                    }
+                }
+            }
+            F::ColumnCharset(c) => {
+                char_charsets = c.iter_charsets().collect::<Result<_, _>>().ok()?
+            }
+            F::EnumAndSetDefaultCharset(d) => {
+                enum_set_charsets = vec![d.default_charset(); n_enum_set];
+            }
+            F::EnumAndSetColumnCharset(c) => {
+                enum_set_charsets = c.iter_charsets().collect::<Result<_, _>>().ok()?
+            }
+            F::EnumStrValue(v) => {
+                for e in v.iter_values() {
+                    let e = e.ok()?;
+                    enums.push(e.values().iter().map(|s| s.value().to_string()).collect());
+                }
+            }
+            F::SetStrValue(v) => {
+                for s in v.iter_values() {
+                    let s = s.ok()?;
+                    sets.push(s.values().iter().map(|s| s.value().to_string()).collect());
+                }
+            }
+            F::SimplePrimaryKey(k) => {
+                pk = k
+                    .iter_indexes()
+                    .map(|i| i.map(|i| i as u32))
+                    .collect::<Result<_, _>>()
+                    .ok()?
+            }
+            F::PrimaryKeyWithPrefix(k) => {
+                pk = k
+                    .iter_keys()
+                    .map(|i| i.map(|k| k.column_index() as u32))
+                    .collect::<Result<_, _>>()
+                    .ok()?
+            }
+            _ => {}
+        }
+    }
+    let names = names?;
+    if names.len() != n {
+        return None;
+    }
+    let _ = enum_set_charsets;
+    let current = current.filter(|c| {
+        c.columns.len() == n && c.columns.iter().zip(&names).all(|(c, n)| &c.name == n)
+    });
+    let nulls = tme.null_bitmask();
+    let (mut num_i, mut char_i, mut enum_i, mut set_i) = (0, 0, 0, 0);
+    let mut columns = Vec::with_capacity(n);
+    for (i, name) in names.into_iter().enumerate() {
+        let real = tme.get_column_type(i).ok().flatten()?;
+        let meta = tme.get_column_metadata(i).unwrap_or(&[]);
+        let m = |k: usize| u32::from(meta.get(k).copied().unwrap_or(0));
+        let unsigned = if real.is_numeric_type() {
+            num_i += 1;
+            unsigned_bits.get(num_i - 1).copied().unwrap_or(false)
+        } else {
+            false
+        };
+        let mut charset = if real.is_character_type() {
+            char_i += 1;
+            let id = char_charsets.get(char_i - 1).copied().unwrap_or(0);
+            charset_name(id)
+        } else {
+            String::new()
+        };
+        let now = current.map(|c| &c.columns[i]);
+        if charset == "?" {
+            charset = now.map(|c| c.charset.clone()).unwrap_or_default();
+        }
+        let binary = charset == "binary";
+        let (ty, length, scale, fsp) = match real {
+            My::MYSQL_TYPE_TINY => (ColumnType::Tinyint, 0, 0, 0),
+            My::MYSQL_TYPE_SHORT => (ColumnType::Smallint, 0, 0, 0),
+            My::MYSQL_TYPE_INT24 => (ColumnType::Mediumint, 0, 0, 0),
+            My::MYSQL_TYPE_LONG => (ColumnType::Int, 0, 0, 0),
+            My::MYSQL_TYPE_LONGLONG => (ColumnType::Bigint, 0, 0, 0),
+            My::MYSQL_TYPE_NEWDECIMAL | My::MYSQL_TYPE_DECIMAL => {
+                (ColumnType::Decimal, m(0), m(1), 0)
+            }
+            My::MYSQL_TYPE_FLOAT => (ColumnType::Float, 0, 0, 0),
+            My::MYSQL_TYPE_DOUBLE => (ColumnType::Double, 0, 0, 0),
+            My::MYSQL_TYPE_BIT => (ColumnType::Bit, m(1) * 8 + m(0), 0, 0),
+            My::MYSQL_TYPE_ENUM => (ColumnType::Enum, 0, 0, 0),
+            My::MYSQL_TYPE_SET => (ColumnType::Set, 0, 0, 0),
+            My::MYSQL_TYPE_DATE | My::MYSQL_TYPE_NEWDATE => (ColumnType::Date, 0, 0, 0),
+            My::MYSQL_TYPE_TIME | My::MYSQL_TYPE_TIME2 => (ColumnType::Time, 0, 0, m(0)),
+            My::MYSQL_TYPE_DATETIME | My::MYSQL_TYPE_DATETIME2 => {
+                (ColumnType::Datetime, 0, 0, m(0))
+            }
+            My::MYSQL_TYPE_TIMESTAMP | My::MYSQL_TYPE_TIMESTAMP2 => {
+                (ColumnType::Timestamp, 0, 0, m(0))
+            }
+            My::MYSQL_TYPE_YEAR => (ColumnType::Year, 0, 0, 0),
+            My::MYSQL_TYPE_STRING => {
+                let (b0, b1) = (m(0), m(1));
+                let max = if b0 & 0x30 != 0x30 {
+                    b1 | (((b0 & 0x30) ^ 0x30) << 4)
+                } else {
+                    b1
+                };
+                let ty = if binary {
+                    ColumnType::Binary
+                } else {
+                    ColumnType::Char
+                };
+                (ty, max, 0, 0)
+            }
+            My::MYSQL_TYPE_VARCHAR | My::MYSQL_TYPE_VAR_STRING => {
+                let ty = if binary {
+                    ColumnType::Varbinary
+                } else {
+                    ColumnType::Varchar
+                };
+                (ty, m(0) | (m(1) << 8), 0, 0)
+            }
+            My::MYSQL_TYPE_BLOB
+            | My::MYSQL_TYPE_TINY_BLOB
+            | My::MYSQL_TYPE_MEDIUM_BLOB
+            | My::MYSQL_TYPE_LONG_BLOB => {
+                let ty = if binary {
+                    ColumnType::Blob
+                } else {
+                    ColumnType::Text
+                };
+                (ty, 0, 0, 0)
+            }
+            My::MYSQL_TYPE_JSON => (ColumnType::Json, 0, 0, 0),
+            My::MYSQL_TYPE_GEOMETRY => (ColumnType::Geometry, 0, 0, 0),
+            _ => (ColumnType::Unspecified, 0, 0, 0),
+        };
+        let members = match ty {
+            ColumnType::Enum => {
+                enum_i += 1;
+                enums.get(enum_i - 1).cloned().unwrap_or_default()
+            }
+            ColumnType::Set => {
+                set_i += 1;
+                sets.get(set_i - 1).cloned().unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        // The declared type text comes from information_schema when it still describes the
+        // same column; otherwise a rendering of what the binlog says.
+        let sql_type = match now {
+            Some(c) if c.r#type() == ty => c.sql_type.clone(),
+            _ => render_sql_type(ty, length, scale, fsp, unsigned, &members),
+        };
+        columns.push(Column {
+            name,
+            r#type: ty as i32,
+            sql_type,
+            nullable: nulls.get(i).map(|b| *b).unwrap_or(true),
+            unsigned,
+            length: match now {
+                Some(c) if c.r#type() == ty && ty != ColumnType::Binary => c.length,
+                _ => length,
+            },
+            scale,
+            fsp,
+            charset,
+            members,
+        });
+    }
+    let database = tme.database_name().to_string();
+    let table = tme.table_name().to_string();
+    let mut schema = TableSchema {
+        database,
+        table,
+        columns,
+        primary_key: pk,
+        schema_id: 0,
+    };
+    schema.schema_id = sluice_proto::schema_id(&schema);
+    Some(schema)
+}
+
+/// Charset name of a collation id; "?" when this build does not know the id.
+fn charset_name(id: u16) -> String {
+    use mysql_common::collations::{Collation, CollationId};
+    let cid = CollationId::from(id);
+    if cid == CollationId::UNKNOWN_COLLATION_ID {
+        return "?".into();
+    }
+    Collation::from(cid).charset().to_string()
+}
+
+fn render_sql_type(
+    ty: ColumnType,
+    length: u32,
+    scale: u32,
+    fsp: u32,
+    unsigned: bool,
+    members: &[String],
+) -> String {
+    let u = if unsigned { " unsigned" } else { "" };
+    let list = || {
+        members
+            .iter()
+            .map(|m| format!("'{}'", m.replace('\'', "''")))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let frac = |base: &str| {
+        if fsp > 0 {
+            format!("{base}({fsp})")
+        } else {
+            base.to_string()
+        }
+    };
+    match ty {
+        ColumnType::Tinyint => format!("tinyint{u}"),
+        ColumnType::Smallint => format!("smallint{u}"),
+        ColumnType::Mediumint => format!("mediumint{u}"),
+        ColumnType::Int => format!("int{u}"),
+        ColumnType::Bigint => format!("bigint{u}"),
+        ColumnType::Decimal => format!("decimal({length},{scale}){u}"),
+        ColumnType::Float => format!("float{u}"),
+        ColumnType::Double => format!("double{u}"),
+        ColumnType::Bit => format!("bit({length})"),
+        ColumnType::Enum => format!("enum({})", list()),
+        ColumnType::Set => format!("set({})", list()),
+        ColumnType::Date => "date".into(),
+        ColumnType::Time => frac("time"),
+        ColumnType::Datetime => frac("datetime"),
+        ColumnType::Timestamp => frac("timestamp"),
+        ColumnType::Year => "year".into(),
+        ColumnType::Char => format!("char({length} bytes)"),
+        ColumnType::Varchar => format!("varchar({length} bytes)"),
+        ColumnType::Text => "text".into(),
+        ColumnType::Binary => format!("binary({length})"),
+        ColumnType::Varbinary => format!("varbinary({length})"),
+        ColumnType::Blob => "blob".into(),
+        ColumnType::Json => "json".into(),
+        ColumnType::Geometry => "geometry".into(),
+        _ => "unknown".into(),
+    }
+}

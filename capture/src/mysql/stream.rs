@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use mysql_async::binlog::events::{Event, EventData, RowsEventData};
+use mysql_async::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStreamRequest, Conn, Opts};
 use prometheus::{IntCounterVec, IntGauge, Opts as MOpts, Registry};
@@ -149,6 +149,13 @@ impl Filter {
     }
 }
 
+struct DecoderEntry {
+    database: String,
+    table: String,
+    schema: TableSchema,
+    decoder: TableDecoder,
+}
+
 struct TxState {
     id: String,
     gtid: String,
@@ -175,8 +182,8 @@ pub struct Capture {
     metrics: StreamMetrics,
     publish_metrics: PublishMetrics,
     schemas: HashMap<(String, String), TableSchema>,
-    /// table id -> (database, table, decoder), rebuilt at each table map whose schema changed.
-    decoders: HashMap<u64, (String, String, u64, TableDecoder)>,
+    /// table id -> decoder, rebuilt at each table map whose schema changed.
+    decoders: HashMap<u64, DecoderEntry>,
     published_schemas: HashSet<u64>,
     /// Current binlog file and the position to resume from after the last commit.
     file: String,
@@ -480,7 +487,7 @@ impl Capture {
     async fn handle(
         &mut self,
         event: &Event,
-        table_map: Option<TableMapInfo>,
+        table_map: Option<TableMapEvent<'static>>,
     ) -> Result<(), CaptureError> {
         let header = event.header();
         let end = u64::from(header.log_pos());
@@ -605,8 +612,8 @@ impl Capture {
             }
             EventData::XidEvent(_) => self.commit(end).await?,
             EventData::TableMapEvent(_) => {
-                if let Some(info) = table_map {
-                    self.on_table_map(info).await?;
+                if let Some(tme) = table_map {
+                    self.on_table_map(tme).await?;
                 }
             }
             EventData::RowsEvent(rows) => {
@@ -696,36 +703,52 @@ impl Capture {
         Ok(())
     }
 
-    async fn on_table_map(&mut self, info: TableMapInfo) -> Result<(), CaptureError> {
-        let TableMapInfo {
-            table_id,
-            database,
-            table,
-            decoder_input,
-        } = info;
+    async fn on_table_map(&mut self, tme: TableMapEvent<'static>) -> Result<(), CaptureError> {
+        let table_id = tme.table_id();
+        let (database, table) = (
+            tme.database_name().to_string(),
+            tme.table_name().to_string(),
+        );
         if !self.filter.wants(&database, &table) {
             self.decoders.remove(&table_id);
             return Ok(());
         }
-        let Some(schema) = self.schema_of(&database, &table).await? else {
-            return Err(CaptureError::Definite(format!(
-                "{database}.{table} is in the binlog at {}:{} but not in information_schema \
-                 (dropped since?): its rows cannot be decoded without its schema",
-                self.file, self.resume.pos
-            )));
+        let current = self.schema_of(&database, &table).await?;
+        // With binlog_row_metadata=FULL the table map says what the columns were when the rows
+        // were written; information_schema says what they are now.
+        let schema = match schema::from_table_map(&tme, current.as_ref()) {
+            Some(s) => {
+                self.publish_schema(&s).await?;
+                s
+            }
+            None => current.ok_or_else(|| {
+                CaptureError::Definite(format!(
+                    "{database}.{table} is in the binlog at {}:{} but not in information_schema \
+                     (dropped since?), and the binlog carries no column metadata \
+                     (binlog_row_metadata is not FULL): its rows cannot be decoded",
+                    self.file, self.resume.pos
+                ))
+            })?,
         };
-        if let Some((_, _, id, _)) = self.decoders.get(&table_id) {
-            if *id == schema.schema_id {
+        if let Some(d) = self.decoders.get(&table_id) {
+            if d.schema.schema_id == schema.schema_id {
                 return Ok(());
             }
         }
-        let decoder = decoder_input(&schema).map_err(|e| CaptureError::Decode {
+        let decoder = TableDecoder::new(&tme, &schema).map_err(|e| CaptureError::Decode {
             table: format!("{database}.{table}"),
             pos: format!("{}:{}", self.file, self.resume.pos),
             reason: e.to_string(),
         })?;
-        self.decoders
-            .insert(table_id, (database, table, schema.schema_id, decoder));
+        self.decoders.insert(
+            table_id,
+            DecoderEntry {
+                database,
+                table,
+                schema,
+                decoder,
+            },
+        );
         Ok(())
     }
 
@@ -748,22 +771,20 @@ impl Capture {
         start: u64,
         ts: u32,
     ) -> Result<(), CaptureError> {
-        let Some((db, table, schema_id, decoder)) = self.decoders.get(&rows.table_id()) else {
+        let Some(entry) = self.decoders.get(&rows.table_id()) else {
             return Ok(()); // a table the filter leaves out
         };
-        let (db, table, schema_id) = (db.clone(), table.clone(), *schema_id);
-        let changes = decoder
+        let (db, table) = (entry.database.clone(), entry.table.clone());
+        let changes = entry
+            .decoder
             .decode_event(rows)
             .map_err(|e| CaptureError::Decode {
                 table: format!("{db}.{table}"),
                 pos: format!("{}:{start}", self.file),
                 reason: e.to_string(),
             })?;
-        let schema = self
-            .schemas
-            .get(&(db.clone(), table.clone()))
-            .cloned()
-            .expect("a decoder implies a schema");
+        let schema = entry.schema.clone();
+        let schema_id = schema.schema_id;
         let topic = self
             .topics
             .topic(&db, &table)
@@ -880,7 +901,7 @@ impl Capture {
             let new_name = renamed_to.get(i).map(resolve);
             self.schemas.remove(&(db.clone(), table.clone()));
             self.decoders
-                .retain(|_, (d, t, _, _)| !(d == &db && t == &table));
+                .retain(|_, d| !(d.database == db && d.table == table));
             if !self.filter.wants(&db, &table) {
                 continue;
             }
@@ -971,30 +992,18 @@ fn error_type(e: &CaptureError) -> &'static str {
     }
 }
 
-/// What a table map needs from the stream (which owns the parsed table map).
-struct TableMapInfo {
-    table_id: u64,
-    database: String,
-    table: String,
-    decoder_input:
-        Box<dyn FnOnce(&TableSchema) -> Result<TableDecoder, super::decode::DecodeError> + Send>,
-}
-
-fn stream_tables(stream: &mysql_async::BinlogStream, event: &Event) -> Option<TableMapInfo> {
+/// The parsed table map of a TABLE_MAP event, owned (the stream keeps its own copy).
+fn stream_tables(
+    stream: &mysql_async::BinlogStream,
+    event: &Event,
+) -> Option<TableMapEvent<'static>> {
     if event.header().event_type_raw() != 19 {
         return None; // not TABLE_MAP_EVENT
     }
     let Ok(Some(EventData::TableMapEvent(tme))) = event.read_data() else {
         return None;
     };
-    let table_id = tme.table_id();
-    let owned = stream.get_tme(table_id)?.clone();
-    Some(TableMapInfo {
-        table_id,
-        database: owned.database_name().to_string(),
-        table: owned.table_name().to_string(),
-        decoder_input: Box::new(move |schema| TableDecoder::new(&owned, schema)),
-    })
+    stream.get_tme(tme.table_id()).cloned()
 }
 
 fn uuid_text(sid: &[u8; 16]) -> String {

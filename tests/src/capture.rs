@@ -1,0 +1,207 @@
+//! Running `capture-mysql` as a process, and reading what it published.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use prost::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Message as _, Offset, TopicPartitionList};
+use sluice_proto::ChangeEvent;
+
+use crate::{bin, free_port, kafka_brokers, mysql_url, unique};
+
+/// A capture-mysql process with its own connector name, topic prefix and metrics port.
+pub struct CaptureProcess {
+    pub child: Child,
+    pub connector: String,
+    pub prefix: String,
+    pub metrics_port: u16,
+    config: tempfile::NamedTempFile,
+}
+
+/// The binlog coordinate where the server is now, as `FILE:POS` for `[mysql] start`.
+pub async fn binlog_end() -> String {
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    let row: mysql_async::Row = c.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
+    let (file, pos): (String, u64) = (row.get(0).unwrap(), row.get(1).unwrap());
+    format!("{file}:{pos}")
+}
+
+impl CaptureProcess {
+    /// Config for a capture of database `db` from `start`, with `extra` TOML appended.
+    pub fn config(db: &str, start: &str, extra: &str) -> (String, String, String) {
+        let connector = unique("conn");
+        let prefix = unique("cdc");
+        let text = format!(
+            "connector = \"{connector}\"\n\
+             [mysql]\nurl = \"{}\"\nstart = \"{start}\"\nserver_id = {}\nheartbeat_ms = 1000\n\
+             [filter]\ninclude = [\"{db}\\\\..*\"]\n\
+             [topics]\nprefix = \"{prefix}\"\n\
+             [publish]\npartitions = 3\nreplication_factor = 1\ncheckpoint_interval_ms = 100\n\
+             [kafka]\nbrokers = \"{}\"\n{extra}\n",
+            mysql_url(),
+            10_000 + rand_u32() % 1_000_000,
+            kafka_brokers()
+        );
+        (text, connector, prefix)
+    }
+
+    /// Start with a config made by [`CaptureProcess::config`].
+    pub fn spawn(config: (String, String, String)) -> Self {
+        let (text, connector, prefix) = config;
+        let metrics_port = free_port();
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            file.path(),
+            format!("{text}\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"),
+        )
+        .unwrap();
+        let child = Command::new(bin("capture-mysql"))
+            .args(["-c", file.path().to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            connector,
+            prefix,
+            metrics_port,
+            config: file,
+        }
+    }
+
+    /// The same capture (connector, prefix, config) started again, after the last one exited
+    /// or was killed.
+    pub fn restart(&mut self) {
+        self.child = Command::new(bin("capture-mysql"))
+            .args(["-c", self.config.path().to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    }
+
+    pub fn topic(&self, db: &str, table: &str) -> String {
+        format!("{}.{db}.{table}", self.prefix)
+    }
+
+    /// SIGTERM, then wait; returns the exit code and stderr.
+    pub fn stop(&mut self) -> (Option<i32>, String) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.wait(Duration::from_secs(30))
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Wait for exit: the exit code and everything it logged.
+    pub fn wait(&mut self, limit: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                panic!("capture-mysql did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        if let Some(mut s) = self.child.stderr.take() {
+            s.read_to_string(&mut err).unwrap();
+        }
+        (status.code(), err)
+    }
+}
+
+impl Drop for CaptureProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id() as u64);
+    h.finish() as u32
+}
+
+/// Every event on `topic` (all partitions), waiting until `until` says the collection is
+/// complete or `limit` passes. Events come grouped by partition, each partition in order.
+pub fn read_events(
+    topic: &str,
+    limit: Duration,
+    until: impl Fn(&BTreeMap<i32, Vec<ChangeEvent>>) -> bool,
+) -> BTreeMap<i32, Vec<ChangeEvent>> {
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut by_partition: BTreeMap<i32, Vec<ChangeEvent>> = BTreeMap::new();
+    let deadline = Instant::now() + limit;
+    // Wait for the topic to exist.
+    let partitions = loop {
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .unwrap();
+        let t = &md.topics()[0];
+        if t.error().is_none() && !t.partitions().is_empty() {
+            break t.partitions().len() as i32;
+        }
+        if Instant::now() > deadline {
+            return by_partition;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    while !until(&by_partition) && Instant::now() < deadline {
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m.unwrap();
+            let ev = ChangeEvent::decode(m.payload().unwrap()).expect("a ChangeEvent");
+            by_partition.entry(m.partition()).or_default().push(ev);
+        }
+    }
+    by_partition
+}
+
+/// The row events (no DDL) of a collection, as one list.
+pub fn row_events(by_partition: &BTreeMap<i32, Vec<ChangeEvent>>) -> Vec<ChangeEvent> {
+    let mut all: Vec<ChangeEvent> = by_partition
+        .values()
+        .flatten()
+        .filter(|e| e.key.is_some())
+        .cloned()
+        .collect();
+    all.sort_by_key(|e| (e.version, e.transaction.as_ref().map(|t| t.index)));
+    all
+}
+
+pub fn count_rows(by_partition: &BTreeMap<i32, Vec<ChangeEvent>>) -> usize {
+    by_partition
+        .values()
+        .flatten()
+        .filter(|e| e.key.is_some())
+        .count()
+}

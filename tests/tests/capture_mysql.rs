@@ -1,0 +1,473 @@
+//! capture-mysql end to end, as a user runs it: SQL on the real server, the binary capturing,
+//! and the events read back from the real Kafka broker.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use prost::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use sluice_proto::v1::{value::Kind, Op, SchemaRecord};
+use sluice_proto::{value, ChangeEvent};
+use sluice_tests::capture::{binlog_end, count_rows, read_events, row_events, CaptureProcess};
+use sluice_tests::{edge, kafka_brokers, mysql_url, unique};
+
+async fn sql(statements: &[String]) {
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    for s in statements {
+        c.query_drop(s).await.unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+}
+
+async fn events_of(
+    topic: String,
+    until: impl Fn(&BTreeMap<i32, Vec<ChangeEvent>>) -> bool + Send + 'static,
+) -> BTreeMap<i32, Vec<ChangeEvent>> {
+    tokio::task::spawn_blocking(move || read_events(&topic, Duration::from_secs(60), until))
+        .await
+        .unwrap()
+}
+
+fn int_key(e: &ChangeEvent) -> i64 {
+    match e.key.as_ref().unwrap().values[0].kind {
+        Some(Kind::Int(i)) => i,
+        ref other => panic!("key {other:?}"),
+    }
+}
+
+fn op(e: &ChangeEvent) -> Op {
+    e.op()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_type_arrives_in_kafka_exactly() {
+    let db = unique("sluice_t_cap_edge");
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        edge::create_table(&db),
+        edge::SESSION.to_string(),
+        edge::insert_rows(&db),
+    ])
+    .await;
+    // (The session settings only matter on the connection that inserts.)
+    let events = events_of(cap.topic(&db, "edge"), |m| count_rows(m) >= 4).await;
+    let rows = row_events(&events);
+    let expected = edge::expected_rows();
+    assert_eq!(rows.len(), expected.len(), "{rows:#?}");
+    for (e, want) in rows.iter().zip(&expected) {
+        assert_eq!(op(e), Op::Insert);
+        assert_eq!(e.database, db);
+        assert_eq!(e.table, "edge");
+        assert_eq!(e.key.as_ref().unwrap().values, vec![want[0].clone()]);
+        let got = &e.after.as_ref().unwrap().values;
+        for (c, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g, w, "id {} column {c}", int_key(e));
+        }
+        assert!(e.before.is_none());
+        assert_ne!(e.schema_id, 0);
+        assert!(e.commit_time_micros > 0);
+    }
+    // Versions grow with the binlog, rows of one statement included.
+    assert!(rows.windows(2).all(|w| w[0].version < w[1].version));
+
+    // The schema the events point at is on the schema topic.
+    let schema_id = rows[0].schema_id;
+    let schema_topic = "_sluice_schemas".to_string();
+    let key = sluice_proto::schema_record_key(schema_id);
+    let found = tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::Message as _;
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .set("group.id", unique("schemas"))
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        c.subscribe(&[&schema_topic]).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+                if m.key() == Some(key.as_bytes()) {
+                    return Some(SchemaRecord::decode(m.payload().unwrap()).unwrap());
+                }
+            }
+        }
+        None
+    })
+    .await
+    .unwrap()
+    .expect("schema record published");
+    let schema = found.schema.unwrap();
+    assert_eq!(schema.schema_id, schema_id);
+    assert_eq!(schema.columns.len(), 36);
+    assert_eq!(schema.columns[2].name, "tiu");
+    assert!(schema.columns[2].unsigned);
+    assert_eq!(schema.primary_key, vec![0]);
+
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transactions_key_changes_and_alters_in_order() {
+    let db = unique("sluice_t_cap_ops");
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let t = format!("`{db}`.ops");
+    // Multi-statement transactions need one connection.
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    for s in [
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE {t} (id INT PRIMARY KEY, v VARCHAR(20)) ENGINE=InnoDB"),
+        format!("INSERT INTO {t} VALUES (1,'a'),(2,'b'),(3,'c')"),
+        "BEGIN".into(),
+        format!("UPDATE {t} SET v='a2' WHERE id=1"),
+        format!("DELETE FROM {t} WHERE id=3"),
+        format!("INSERT INTO {t} VALUES (4,'d')"),
+        "COMMIT".into(),
+        "BEGIN".into(),
+        format!("INSERT INTO {t} VALUES (99,'never')"),
+        "ROLLBACK".into(),
+        format!("UPDATE {t} SET id=20 WHERE id=2"),
+        format!("ALTER TABLE {t} ADD COLUMN n INT DEFAULT 7"),
+        format!("INSERT INTO {t} VALUES (5,'e',8)"),
+        format!("UPDATE {t} SET n=9 WHERE id=1"),
+        format!("ALTER TABLE {t} DROP COLUMN v"),
+        format!("INSERT INTO {t} VALUES (6,10)"),
+    ] {
+        c.query_drop(&s)
+            .await
+            .unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    // 11 row changes, and 3 DDL statements on each of the 3 partitions.
+    let events = events_of(cap.topic(&db, "ops"), |m| {
+        count_rows(m) >= 11 && m.values().flatten().filter(|e| e.op() == Op::Ddl).count() >= 9
+    })
+    .await;
+    let rows = row_events(&events);
+    let summary: Vec<(Op, i64)> = rows.iter().map(|e| (op(e), int_key(e))).collect();
+    assert_eq!(
+        summary,
+        vec![
+            (Op::Insert, 1),
+            (Op::Insert, 2),
+            (Op::Insert, 3),
+            (Op::Update, 1),
+            (Op::Delete, 3),
+            (Op::Insert, 4),
+            (Op::Delete, 2),  // the key change: old key deleted ...
+            (Op::Insert, 20), // ... new key inserted
+            (Op::Insert, 5),
+            (Op::Update, 1),
+            (Op::Insert, 6),
+        ]
+    );
+    // The three statements of one transaction share its id, numbered in order.
+    let tx: Vec<_> = rows[3..6]
+        .iter()
+        .map(|e| e.transaction.clone().unwrap())
+        .collect();
+    assert!(tx.iter().all(|t| t.id == tx[0].id && !t.id.is_empty()));
+    assert_eq!(
+        tx.iter().map(|t| t.index).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    // Images follow the schema of their time.
+    assert_eq!(rows[3].before.as_ref().unwrap().values[1], value::text("a"));
+    assert_eq!(rows[3].after.as_ref().unwrap().values[1], value::text("a2"));
+    assert_eq!(rows[7].after.as_ref().unwrap().values[1], value::text("b"));
+    assert_eq!(
+        rows[8].after.as_ref().unwrap().values,
+        vec![value::int(5), value::text("e"), value::int(8)]
+    );
+    assert_eq!(rows[9].before.as_ref().unwrap().values[2], value::int(7));
+    assert_eq!(rows[9].after.as_ref().unwrap().values[2], value::int(9));
+    assert_eq!(
+        rows[10].after.as_ref().unwrap().values,
+        vec![value::int(6), value::int(10)]
+    );
+    // Each ALTER reached every partition, with the schema after it, before the rows that need it.
+    for (p, evs) in &events {
+        let ddl: Vec<&ChangeEvent> = evs.iter().filter(|e| op(e) == Op::Ddl).collect();
+        // (The schema a DDL event carries is read when the capture meets the statement, so it
+        // can be a later one; rows carry the exact schema of their own time in schema_id.)
+        let kinds: Vec<&str> = ddl
+            .iter()
+            .map(|e| e.ddl.as_ref().unwrap().kind.as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            vec!["create", "alter", "alter"],
+            "partition {p}: {ddl:#?}"
+        );
+        for w in evs.windows(2) {
+            assert!(w[0].version <= w[1].version, "partition {p} out of order");
+        }
+    }
+    assert_ne!(rows[8].schema_id, rows[0].schema_id);
+    assert_ne!(rows[10].schema_id, rows[8].schema_id);
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn w1_table_load() {
+    let db = unique("sluice_t_cap_w1");
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let ddl = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/workloads/w1.mysql.sql"
+    ))
+    .unwrap()
+    .replace(
+        "`binlog_field_test_1`",
+        &format!("`{db}`.`binlog_field_test_1`"),
+    );
+    sql(&[format!("CREATE DATABASE `{db}`"), ddl]).await;
+    // Ten batches of 100 rows, as the reference load generator writes them.
+    let mut statements = Vec::new();
+    for b in 0..10 {
+        let values: Vec<String> = (0..100)
+            .map(|i| {
+                let n = b * 100 + i;
+                format!(
+                    "('v{n}','c','en2','set1,set3','11:22:33','2024-01-02',2024,'2024-01-02 03:04:05',\
+                     '2024-01-02 03:04:05',1.25,2.5,{n}.25,'text {n}','blob',b'101',1,'m','l','t',\
+                     {},{n},{n},{n},{n})",
+                    n % 256
+                )
+            })
+            .collect();
+        statements.push(format!(
+            "INSERT INTO `{db}`.binlog_field_test_1 (testvarchar,testchar,testenum,testset,testtime,\
+             testdate,testyear,testtimestamp,testdatetime,testfloat,testdouble,testdecimal,testtext,\
+             testblob,testbit,testbool,testmediumblob,testlongblob,testtinyblob,test_unsinged_tinyint,\
+             test_unsinged_smallint,test_unsinged_mediumint,test_unsinged_int,test_unsinged_bigint) \
+             VALUES {}",
+            values.join(",")
+        ));
+    }
+    sql(&statements).await;
+    let events = events_of(cap.topic(&db, "binlog_field_test_1"), |m| {
+        count_rows(m) >= 1000
+    })
+    .await;
+    let rows = row_events(&events);
+    assert_eq!(rows.len(), 1000);
+    let ids: std::collections::BTreeSet<u64> = rows
+        .iter()
+        .map(|e| match e.key.as_ref().unwrap().values[0].kind {
+            Some(Kind::Uint(id)) => id,
+            ref k => panic!("{k:?}"),
+        })
+        .collect();
+    assert_eq!(ids.len(), 1000);
+    let last = rows.last().unwrap().after.as_ref().unwrap();
+    assert_eq!(last.values.len(), 30);
+    assert_eq!(last.values[17], value::decimal("999.25"));
+    assert_eq!(
+        last.values[9],
+        value::of(Kind::SetValue(sluice_proto::v1::SetValue {
+            bits: 0b101,
+            members: vec!["set1".into(), "set3".into()]
+        }))
+    );
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+/// Events the capture has handed to Kafka, from its metrics endpoint.
+async fn published(port: u16) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return 0;
+    };
+    if s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.is_err() {
+        return 0;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body).await;
+    body.lines()
+        .filter(|l| l.starts_with("sluice_capture_events_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_and_restart_loses_nothing() {
+    let db = unique("sluice_t_cap_crash");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY, n INT) ENGINE=InnoDB"),
+    ])
+    .await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    const N: i64 = 3000;
+    let writer_db = db.clone();
+    let writer = tokio::spawn(async move {
+        let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+            .await
+            .unwrap();
+        for i in 0..N {
+            c.query_drop(format!("INSERT INTO `{writer_db}`.t VALUES ({i}, 0)"))
+                .await
+                .unwrap();
+            // A steady writer, not a burst: the capture must die mid-stream.
+            if i % 50 == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Every 10th row is updated, so keys carry several versions.
+            if i % 10 == 0 {
+                c.query_drop(format!("UPDATE `{writer_db}`.t SET n = 1 WHERE id = {i}"))
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    // Kill once the capture is well into the stream.
+    let port = cap.metrics_port;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while published(port).await < 500 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "capture published nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !writer.is_finished(),
+        "the writer should still be writing when the capture dies"
+    );
+    cap.kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cap.restart();
+    writer.await.unwrap();
+    let expected_changes = N as usize + (N as usize).div_ceil(10);
+    let events = events_of(cap.topic(&db, "t"), move |m| {
+        let mut seen = std::collections::HashSet::new();
+        for e in m.values().flatten() {
+            seen.insert((e.version, e.op));
+        }
+        seen.len() >= expected_changes
+    })
+    .await;
+    // Distinct changes: every one arrived; repeats (the tail before the kill) carry the
+    // version of the original, so apply drops them.
+    let mut distinct: HashMap<(i64, u64), ChangeEvent> = HashMap::new();
+    for e in row_events(&events) {
+        if let Some(prev) = distinct.insert((int_key(&e), e.version), e.clone()) {
+            assert_eq!(
+                prev,
+                ChangeEvent {
+                    capture_time_micros: prev.capture_time_micros,
+                    ..e
+                }
+            );
+        }
+    }
+    assert_eq!(distinct.len(), expected_changes);
+    let keys: std::collections::BTreeSet<i64> = distinct.keys().map(|k| k.0).collect();
+    assert_eq!(keys.len(), N as usize);
+    // Per key, versions never go backwards within its partition.
+    for (p, evs) in &events {
+        let mut last: HashMap<i64, u64> = HashMap::new();
+        for e in evs.iter().filter(|e| e.key.is_some()) {
+            let k = int_key(e);
+            if let Some(v) = last.get(&k) {
+                // A replayed tail starts over: allow equal-or-lower only as an exact repeat.
+                if e.version < *v {
+                    assert!(distinct.contains_key(&(k, e.version)), "partition {p}");
+                }
+            }
+            last.insert(k, e.version);
+        }
+    }
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_password_is_named() {
+    let (text, c, p) = CaptureProcess::config("x", "end", "");
+    let url = mysql_url();
+    let bad = url.replacen("sluice:sluice@", "sluice:wrong@", 1);
+    assert_ne!(
+        bad, url,
+        "test expects the test bed's credentials in SLUICE_MYSQL_URL"
+    );
+    let mut cap = CaptureProcess::spawn((text.replace(&url, &bad), c, p));
+    let (code, log) = cap.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("Access denied"), "{log}");
+}
+
+async fn write_checkpoint(connector: &str, json: String) {
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    producer
+        .send(
+            FutureRecord::to("_sluice_checkpoints")
+                .key(connector)
+                .payload(&json),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purged_checkpoint_stops_with_what_to_do() {
+    // Make sure the checkpoint topic exists (a capture creates it), then plant a checkpoint
+    // pointing into a binlog file the server does not have.
+    let db = unique("sluice_t_cap_purged");
+    let mut first = CaptureProcess::spawn(CaptureProcess::config(&db, "end", ""));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.stop();
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    let server_id: u32 = c.query_first("SELECT @@server_id").await.unwrap().unwrap();
+    let config = CaptureProcess::config(&db, "end", "");
+    write_checkpoint(
+        &config.1,
+        format!(
+            r#"{{"next":{{"file":"mysql-bin.999999","pos":4}},"server_id":{server_id},"written_at":0}}"#
+        ),
+    )
+    .await;
+    let mut cap = CaptureProcess::spawn(config);
+    let (code, log) = cap.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("mysql-bin.999999"), "{log}");
+    assert!(log.contains("no longer has"), "{log}");
+    assert!(log.contains("re-snapshot"), "{log}");
+
+    // A checkpoint of another server is refused too.
+    let config = CaptureProcess::config(&db, "end", "");
+    write_checkpoint(
+        &config.1,
+        format!(
+            r#"{{"next":{{"file":"mysql-bin.000001","pos":4}},"server_id":{},"written_at":0}}"#,
+            server_id + 1
+        ),
+    )
+    .await;
+    let mut cap = CaptureProcess::spawn(config);
+    let (code, log) = cap.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("another server") || log.contains("server_id"),
+        "{log}"
+    );
+}
