@@ -471,3 +471,125 @@ async fn a_purged_checkpoint_stops_with_what_to_do() {
         "{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn starts_from_a_gtid_or_a_time() {
+    let db = unique("sluice_t_cap_start");
+    let t = format!("`{db}`.t");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE {t} (id INT PRIMARY KEY) ENGINE=InnoDB"),
+        format!("INSERT INTO {t} VALUES (1)"),
+    ])
+    .await;
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    let version: String = c.query_first("SELECT @@version").await.unwrap().unwrap();
+    let gtid: Option<String> = if version.to_lowercase().contains("mariadb") {
+        c.query_first("SELECT @@gtid_binlog_pos").await.unwrap()
+    } else {
+        c.query_first("SELECT @@gtid_executed").await.unwrap()
+    };
+    // The next whole second: rows from then on are "after the time".
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let next_second = now.as_secs() + 1;
+    tokio::time::sleep(Duration::from_millis(1000 - u64::from(now.subsec_millis()) + 50)).await;
+    sql(&[format!("INSERT INTO {t} VALUES (2), (3)")]).await;
+
+    let keys = |events: &BTreeMap<i32, Vec<ChangeEvent>>| -> Vec<i64> {
+        row_events(events).iter().map(int_key).collect()
+    };
+    if let Some(gtid) = gtid.filter(|g| !g.is_empty()) {
+        let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &format!("gtid:{gtid}"), ""));
+        let events = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 2).await;
+        assert_eq!(keys(&events), vec![2, 3], "from GTID {gtid}");
+        assert_eq!(cap.stop().0, Some(0));
+    }
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(
+        &db,
+        &format!("time:{next_second}"),
+        "",
+    ));
+    let events = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 2).await;
+    assert_eq!(keys(&events), vec![2, 3], "from time {next_second}");
+    assert_eq!(cap.stop().0, Some(0));
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_binlog_connection_is_reopened() {
+    // Its own replication user, so that killing its connections touches no other test.
+    let user = unique("rep");
+    let db = unique("sluice_t_cap_reconnect");
+    sql(&[
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"),
+        format!("GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{user}'@'%'"),
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY) ENGINE=InnoDB"),
+    ])
+    .await;
+    let (text, c, p) = CaptureProcess::config(&db, &binlog_end().await, "");
+    let url = mysql_url();
+    let own = url.replacen("sluice:sluice@", &format!("{user}:pw@"), 1);
+    let mut cap = CaptureProcess::spawn((text.replace(&url, &own), c, p));
+    sql(&[format!("INSERT INTO `{db}`.t VALUES (1)")]).await;
+    let topic = cap.topic(&db, "t");
+    let events = events_of(topic.clone(), |m| count_rows(m) >= 1).await;
+    assert_eq!(count_rows(&events), 1);
+    // Kill the capture's binlog dump on the server side.
+    let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    let ids: Vec<u64> = conn
+        .exec(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = ? AND COMMAND LIKE 'Binlog Dump%'",
+            (user.clone(),),
+        )
+        .await
+        .unwrap();
+    assert!(!ids.is_empty(), "no binlog dump thread of {user}");
+    for id in ids {
+        conn.query_drop(format!("KILL {id}")).await.unwrap();
+    }
+    sql(&[format!("INSERT INTO `{db}`.t VALUES (2), (3)")]).await;
+    let events = events_of(topic, |m| count_rows(m) >= 3).await;
+    let keys: std::collections::BTreeSet<i64> = row_events(&events).iter().map(int_key).collect();
+    assert_eq!(keys.into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("reconnecting"), "{log}");
+    sql(&[
+        format!("DROP DATABASE `{db}`"),
+        format!("DROP USER '{user}'@'%'"),
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tables_without_a_primary_key_keep_one_partition() {
+    let db = unique("sluice_t_cap_nopk");
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.log (msg VARCHAR(20)) ENGINE=InnoDB"),
+        format!("INSERT INTO `{db}`.log VALUES ('a'), ('b'), ('c'), ('d')"),
+        format!("UPDATE `{db}`.log SET msg = 'z' WHERE msg = 'a'"),
+    ])
+    .await;
+    let events = events_of(cap.topic(&db, "log"), |m| count_rows(m) >= 5).await;
+    let partitions_with_rows: Vec<i32> = events
+        .iter()
+        .filter(|(_, evs)| evs.iter().any(|e| e.key.is_some() && e.op() != Op::Ddl))
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(partitions_with_rows.len(), 1, "{partitions_with_rows:?}");
+    let rows = row_events(&events);
+    assert!(rows.iter().all(|e| e.key.as_ref().unwrap().values.is_empty()));
+    assert_eq!(rows[4].op(), Op::Update);
+    assert_eq!(rows[4].after.as_ref().unwrap().values, vec![value::text("z")]);
+    assert_eq!(cap.stop().0, Some(0));
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
