@@ -35,9 +35,49 @@ check capture-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_SOURCE_URL"
 check apply-clickhouse SLUICE__CLICKHOUSE__URL="$SLUICE_CLICKHOUSE_URL"
 check apply-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_TARGET_URL"
 
+say "capture-mysql: rows written in MariaDB arrive in Kafka"
+mysql_port=${SLUICE_MYSQL_URL##*:}
+sqlq() { mariadb --no-defaults -h127.0.0.1 -P"$mysql_port" -usluice -psluice -e "$1"; }
+run=$(date +%s)
+db=demo_$run
+demo_config=$(mktemp)
+cat >"$demo_config" <<TOML
+connector = "demo-$run"
+[mysql]
+url = "$SLUICE_MYSQL_URL"
+start = "end"
+[filter]
+include = ["$db\\..*"]
+[topics]
+prefix = "demo"
+[publish]
+partitions = 3
+replication_factor = 1
+[kafka]
+brokers = "$SLUICE_KAFKA_BROKERS"
+[metrics]
+listen = "127.0.0.1:0"
+TOML
+"$bin/capture-mysql" -c "$demo_config" 2>"$demo_config.log" &
+capture_pid=$!
+trap 'kill $capture_pid 2>/dev/null || true; rm -f "$demo_config" "$demo_config.log"' EXIT
+for _ in $(seq 1 100); do grep -q "reading the binlog" "$demo_config.log" && break; sleep 0.1; done
+sqlq "CREATE DATABASE $db;
+      CREATE TABLE $db.orders (id BIGINT UNSIGNED PRIMARY KEY, item VARCHAR(40),
+        price DECIMAL(10,2), placed DATETIME(6));
+      INSERT INTO $db.orders VALUES (1, 'tea 🍵', 3.50, NOW(6)), (2, 'cake', 12.00, NOW(6));
+      UPDATE $db.orders SET price = 3.75 WHERE id = 1;
+      DELETE FROM $db.orders WHERE id = 2;"
+echo "(4 row changes and a CREATE TABLE in $db.orders; the events on topic demo.$db.orders:)"
+sleep 1
+"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --count 8
+kill -TERM $capture_pid
+wait $capture_pid || true
+sqlq "DROP DATABASE $db"
+
 say "Stages"
 cat <<'TXT'
-capture-mysql     checks its source; binlog streaming not built yet
+capture-mysql     built: MariaDB/MySQL binlog -> Kafka (shown above)
 capture-mongo     checks its source; change stream capture not built yet
 apply-clickhouse  checks its target; applying not built yet
 apply-mongo       checks its target; applying not built yet

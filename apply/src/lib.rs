@@ -8,3 +8,4 @@
 pub mod clickhouse;
 pub mod consumer;
 pub mod mongo;
+pub mod schemas;

@@ -2,9 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use sluice_common::mongo::{check_uri, describe_server};
-use sluice_common::{
-    AppConfig, Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate,
-};
+use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate};
 
 /// The whole configuration of `capture-mongo`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -65,24 +63,10 @@ impl Validate for Config {
     }
 }
 
-impl AppConfig for Config {
-    fn log(&self) -> &LogConfig {
-        &self.log
-    }
-    fn metrics(&self) -> &MetricsConfig {
-        &self.metrics
-    }
-}
+sluice_common::app_config!(Config);
 
 pub async fn preflight(config: &Config) -> Vec<Check> {
-    let mut checks = vec![Check::from_result(
-        "kafka",
-        config
-            .kafka
-            .check_reachable("capture-mongo")
-            .await
-            .map(|n| format!("{} reachable ({n} broker(s))", config.kafka.brokers)),
-    )];
+    let mut checks = vec![config.kafka.check("capture-mongo").await];
     match describe_server(&config.mongodb.uri).await {
         Ok((desc, hello)) => {
             checks.push(Check::pass("mongodb", desc));

@@ -15,8 +15,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
@@ -167,7 +165,8 @@ enum Pending<C> {
 /// Hands records to Kafka in order and marks safe resume points. See the module docs.
 pub struct Publisher<C> {
     producer: FutureProducer,
-    admin: AdminClient<DefaultClientContext>,
+    kafka: KafkaConfig,
+    client_id: String,
     config: PublishConfig,
     /// Topics known to exist, with their partition counts.
     topics: HashMap<String, i32>,
@@ -192,7 +191,6 @@ where
         let mut producer_config = kafka.producer_config(client_id);
         producer_config.set("message.timeout.ms", config.delivery_timeout_ms.to_string());
         let producer: FutureProducer = producer_config.create()?;
-        let admin: AdminClient<DefaultClientContext> = kafka.client_config(client_id).create()?;
         let (tx, rx) = mpsc::channel(config.max_in_flight);
         let acker = tokio::spawn(ack_loop(
             rx,
@@ -204,7 +202,8 @@ where
         ));
         let mut p = Self {
             producer,
-            admin,
+            kafka: kafka.clone(),
+            client_id: client_id.to_string(),
             config: config.clone(),
             topics: HashMap::new(),
             queue: tx,
@@ -227,27 +226,22 @@ where
             return Ok(*n);
         }
         let partitions = if compacted { 1 } else { self.config.partitions };
-        let mut new = NewTopic::new(
-            topic,
-            partitions,
-            TopicReplication::Fixed(self.config.replication_factor),
-        );
-        if compacted {
-            new = new.set("cleanup.policy", "compact");
-        }
-        let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
-        let results = self.admin.create_topics([&new], &opts).await?;
-        for r in results {
-            match r {
-                Ok(_) => tracing::info!(topic, partitions, compacted, "created topic"),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => {
-                    return Err(PublishError::CreateTopic {
-                        topic: topic.to_string(),
-                        reason: code.to_string(),
-                    })
-                }
-            }
+        let created = self
+            .kafka
+            .ensure_topic(
+                &self.client_id,
+                topic,
+                partitions,
+                self.config.replication_factor,
+                compacted,
+            )
+            .await
+            .map_err(|reason| PublishError::CreateTopic {
+                topic: topic.to_string(),
+                reason,
+            })?;
+        if created {
+            tracing::info!(topic, partitions, compacted, "created topic");
         }
         let n = self.partition_count(topic).await?;
         self.topics.insert(topic.to_string(), n);

@@ -54,6 +54,22 @@ pub trait AppConfig: DeserializeOwned + Serialize + Validate {
     fn metrics(&self) -> &MetricsConfig;
 }
 
+/// Implement [`AppConfig`] for a config struct with `log: LogConfig` and
+/// `metrics: MetricsConfig` fields.
+#[macro_export]
+macro_rules! app_config {
+    ($t:ty) => {
+        impl $crate::AppConfig for $t {
+            fn log(&self) -> &$crate::LogConfig {
+                &self.log
+            }
+            fn metrics(&self) -> &$crate::MetricsConfig {
+                &self.metrics
+            }
+        }
+    };
+}
+
 /// What the body of a binary gets.
 pub struct Context<C> {
     pub config: C,

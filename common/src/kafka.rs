@@ -129,6 +129,9 @@ impl KafkaConfig {
         c.set("auto.offset.reset", "earliest");
         c.set("enable.auto.commit", "true");
         c.set("auto.commit.interval.ms", "1000");
+        // Topics matching a subscribed pattern are found at metadata refreshes: a new table's
+        // topic should be picked up within seconds, not librdkafka's default 5 minutes.
+        c.set("topic.metadata.refresh.interval.ms", "3000");
         for (k, v) in self.client_config(default_client_id).config_map() {
             c.set(k, v);
         }
@@ -137,6 +140,53 @@ impl KafkaConfig {
             c.set(*k, *v);
         }
         c
+    }
+
+    /// The preflight check of the cluster: reachable, with how many brokers.
+    pub async fn check(&self, client_id: &str) -> crate::Check {
+        crate::Check::from_result(
+            "kafka",
+            self.check_reachable(client_id)
+                .await
+                .map(|n| format!("{} reachable ({n} broker(s))", self.brokers)),
+        )
+    }
+
+    /// Create a topic unless it exists. `partitions`/`replication` of -1 take the broker's
+    /// defaults; `compacted` sets `cleanup.policy=compact`.
+    pub async fn ensure_topic(
+        &self,
+        client_id: &str,
+        topic: &str,
+        partitions: i32,
+        replication: i32,
+        compacted: bool,
+    ) -> Result<bool, String> {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        use rdkafka::client::DefaultClientContext;
+        use rdkafka::types::RDKafkaErrorCode;
+        let admin: AdminClient<DefaultClientContext> = self
+            .client_config(client_id)
+            .create()
+            .map_err(|e| e.to_string())?;
+        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+        if compacted {
+            new = new.set("cleanup.policy", "compact");
+        }
+        let opts = AdminOptions::new().operation_timeout(Some(self.request_timeout()));
+        let results = admin
+            .create_topics([&new], &opts)
+            .await
+            .map_err(|e| format!("topic {topic}: {e}"))?;
+        let mut created = false;
+        for r in results {
+            match r {
+                Ok(_) => created = true,
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => return Err(format!("topic {topic}: cannot create it: {code}")),
+            }
+        }
+        Ok(created)
     }
 
     /// Ask the cluster for its metadata: the number of brokers, or why it could not be had.

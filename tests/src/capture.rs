@@ -1,4 +1,5 @@
-//! Running `capture-mysql` as a process, and reading what it published.
+//! Running the stages (`capture-mysql`, `apply-clickhouse`) as processes, and reading what the
+//! capture published.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -13,9 +14,11 @@ use sluice_proto::ChangeEvent;
 
 use crate::{bin, free_port, kafka_brokers, mysql_url, unique};
 
-/// A capture-mysql process with its own connector name, topic prefix and metrics port.
+/// A stage process with its config file and metrics port; for captures, its own connector name
+/// and topic prefix.
 pub struct CaptureProcess {
     pub child: Child,
+    binary: &'static str,
     pub connector: String,
     pub prefix: String,
     pub metrics_port: u16,
@@ -51,8 +54,13 @@ impl CaptureProcess {
         (text, connector, prefix)
     }
 
-    /// Start with a config made by [`CaptureProcess::config`].
+    /// Start capture-mysql with a config made by [`CaptureProcess::config`].
     pub fn spawn(config: (String, String, String)) -> Self {
+        Self::spawn_binary("capture-mysql", config)
+    }
+
+    /// Start `binary` with config text (a `[metrics]` section is added).
+    pub fn spawn_binary(binary: &'static str, config: (String, String, String)) -> Self {
         let (text, connector, prefix) = config;
         let metrics_port = free_port();
         let file = tempfile::NamedTempFile::new().unwrap();
@@ -61,7 +69,7 @@ impl CaptureProcess {
             format!("{text}\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"),
         )
         .unwrap();
-        let child = Command::new(bin("capture-mysql"))
+        let child = Command::new(bin(binary))
             .args(["-c", file.path().to_str().unwrap()])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -70,6 +78,7 @@ impl CaptureProcess {
             .unwrap();
         Self {
             child,
+            binary,
             connector,
             prefix,
             metrics_port,
@@ -80,7 +89,7 @@ impl CaptureProcess {
     /// The same capture (connector, prefix, config) started again, after the last one exited
     /// or was killed.
     pub fn restart(&mut self) {
-        self.child = Command::new(bin("capture-mysql"))
+        self.child = Command::new(bin(self.binary))
             .args(["-c", self.config.path().to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -115,7 +124,7 @@ impl CaptureProcess {
             }
             if Instant::now() > deadline {
                 self.kill();
-                panic!("capture-mysql did not exit within {limit:?}");
+                panic!("{} did not exit within {limit:?}", self.binary);
             }
             std::thread::sleep(Duration::from_millis(50));
         };

@@ -496,14 +496,18 @@ async fn starts_from_a_gtid_or_a_time() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
     let next_second = now.as_secs() + 1;
-    tokio::time::sleep(Duration::from_millis(1000 - u64::from(now.subsec_millis()) + 50)).await;
+    tokio::time::sleep(Duration::from_millis(
+        1000 - u64::from(now.subsec_millis()) + 50,
+    ))
+    .await;
     sql(&[format!("INSERT INTO {t} VALUES (2), (3)")]).await;
 
     let keys = |events: &BTreeMap<i32, Vec<ChangeEvent>>| -> Vec<i64> {
         row_events(events).iter().map(int_key).collect()
     };
     if let Some(gtid) = gtid.filter(|g| !g.is_empty()) {
-        let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &format!("gtid:{gtid}"), ""));
+        let mut cap =
+            CaptureProcess::spawn(CaptureProcess::config(&db, &format!("gtid:{gtid}"), ""));
         let events = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 2).await;
         assert_eq!(keys(&events), vec![2, 3], "from GTID {gtid}");
         assert_eq!(cap.stop().0, Some(0));
@@ -587,9 +591,14 @@ async fn tables_without_a_primary_key_keep_one_partition() {
         .collect();
     assert_eq!(partitions_with_rows.len(), 1, "{partitions_with_rows:?}");
     let rows = row_events(&events);
-    assert!(rows.iter().all(|e| e.key.as_ref().unwrap().values.is_empty()));
+    assert!(rows
+        .iter()
+        .all(|e| e.key.as_ref().unwrap().values.is_empty()));
     assert_eq!(rows[4].op(), Op::Update);
-    assert_eq!(rows[4].after.as_ref().unwrap().values, vec![value::text("z")]);
+    assert_eq!(
+        rows[4].after.as_ref().unwrap().values,
+        vec![value::text("z")]
+    );
     assert_eq!(cap.stop().0, Some(0));
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }

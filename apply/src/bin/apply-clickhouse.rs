@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice_apply::clickhouse::{preflight, Config};
+use sluice_apply::clickhouse::{preflight, sink::Sink, Config};
 use sluice_common::{app, preflight::require, CommonArgs, Context};
 
 /// Apply change events from Kafka to ClickHouse tables.
@@ -26,9 +26,7 @@ fn main() -> ExitCode {
 
 async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     require(&preflight(&ctx.config).await)?;
-    tracing::warn!(
-        "applying is not built yet: this build checks the target and serves metrics only"
-    );
-    ctx.shutdown.wait().await;
+    let sink = Sink::start(ctx.config, &ctx.registry).await?;
+    sink.run(ctx.shutdown).await?;
     Ok(())
 }

@@ -9,9 +9,7 @@ pub mod stream;
 
 use mysql_async::prelude::Queryable;
 use serde::{Deserialize, Serialize};
-use sluice_common::{
-    AppConfig, Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate,
-};
+use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate};
 
 use crate::publish::PublishConfig;
 
@@ -118,25 +116,11 @@ impl Validate for Config {
     }
 }
 
-impl AppConfig for Config {
-    fn log(&self) -> &LogConfig {
-        &self.log
-    }
-    fn metrics(&self) -> &MetricsConfig {
-        &self.metrics
-    }
-}
+sluice_common::app_config!(Config);
 
 /// What the binlog reader needs from the server, checked one by one.
 pub async fn preflight(config: &Config) -> Vec<Check> {
-    let mut checks = vec![Check::from_result(
-        "kafka",
-        config
-            .kafka
-            .check_reachable("capture-mysql")
-            .await
-            .map(|n| format!("{} reachable ({n} broker(s))", config.kafka.brokers)),
-    )];
+    let mut checks = vec![config.kafka.check("capture-mysql").await];
     let opts = mysql_async::Opts::from_url(&config.mysql.url).expect("validated at load");
     let mut conn = match mysql_async::Conn::new(opts).await {
         Ok(c) => c,

@@ -513,6 +513,15 @@ impl Capture {
                 return Ok(());
             }
             0xa0 | 0xa1 | 0xa3 => return Ok(()),
+            // MariaDB's compressed query and rows events: never skip rows silently.
+            0xa4..=0xa9 => {
+                return Err(CaptureError::Definite(format!(
+                    "{}:{start}: a compressed MariaDB binlog event (type {:#x}); binlog \
+                     compression is not supported: set log_bin_compress=OFF on the source",
+                    self.file,
+                    header.event_type_raw()
+                )))
+            }
             _ => {}
         }
         let data = match event.read_data() {

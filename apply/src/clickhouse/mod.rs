@@ -1,0 +1,273 @@
+//! apply-clickhouse: configuration and preflight checks against the target server.
+
+pub mod sink;
+pub mod types;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, Validate};
+
+use crate::consumer::ConsumerConfig;
+
+/// The whole configuration of `apply-clickhouse`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub clickhouse: ClickhouseConfig,
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    #[serde(default = "default_consumer")]
+    pub consumer: ConsumerConfig,
+    #[serde(default)]
+    pub batch: BatchConfig,
+    #[serde(default)]
+    pub tables: TablesConfig,
+    #[serde(default)]
+    pub errors: ErrorsConfig,
+    /// The compacted topic of schema records the capture writes. Default `_sluice_schemas`.
+    #[serde(default = "default_schema_topic")]
+    pub schema_topic: String,
+    #[serde(default = "default_metrics")]
+    pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+fn default_schema_topic() -> String {
+    "_sluice_schemas".into()
+}
+
+/// `[batch]`: when a batch closes. Whichever comes first.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    /// Rows (all tables together). Default 100000.
+    pub max_rows: usize,
+    /// RowBinary bytes (all tables together). Default 67108864 (64 MiB).
+    pub max_bytes: usize,
+    /// Milliseconds after the batch's first event. Default 1000.
+    pub max_wait_ms: u64,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_rows: 100_000,
+            max_bytes: 64 << 20,
+            max_wait_ms: 1000,
+        }
+    }
+}
+
+/// How a source table is kept in ClickHouse.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The current state: ReplacingMergeTree(version) over the primary key, with a deleted flag.
+    Mirror,
+    /// Every change appended, with its operation and version.
+    Changelog,
+}
+
+/// `[tables]`: target tables.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TablesConfig {
+    /// Target table name; placeholders `{db}`, `{table}`. Default `{table}`.
+    pub name: String,
+    /// The mode of tables not named in `modes`. Default `mirror`.
+    pub mode: Mode,
+    /// Per source table (`database.table`) modes, e.g. `"shop.orders" = "changelog"`.
+    pub modes: BTreeMap<String, Mode>,
+    /// Create missing target tables (and add new source columns). Default true.
+    pub create: bool,
+    /// The event version column. Default `_version`.
+    pub version_column: String,
+    /// The deleted flag of mirror tables. Default `_deleted`.
+    pub deleted_column: String,
+    /// The operation column of change-log tables. Default `_op`.
+    pub op_column: String,
+}
+
+impl Default for TablesConfig {
+    fn default() -> Self {
+        Self {
+            name: "{table}".into(),
+            mode: Mode::Mirror,
+            modes: BTreeMap::new(),
+            create: true,
+            version_column: "_version".into(),
+            deleted_column: "_deleted".into(),
+            op_column: "_op".into(),
+        }
+    }
+}
+
+impl TablesConfig {
+    pub fn mode_of(&self, source: &str) -> Mode {
+        self.modes.get(source).copied().unwrap_or(self.mode)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadEvent {
+    /// Send it to the dead-letter topic and go on.
+    DeadLetter,
+    /// Stop the process (nothing after it is committed).
+    Stop,
+}
+
+/// `[errors]`: events that can never be written.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ErrorsConfig {
+    /// `dead_letter` or `stop`. Default `dead_letter`.
+    pub on_bad_event: OnBadEvent,
+    /// Default `_sluice_dead_letters`.
+    pub dead_letter_topic: String,
+}
+
+impl Default for ErrorsConfig {
+    fn default() -> Self {
+        Self {
+            on_bad_event: OnBadEvent::DeadLetter,
+            dead_letter_topic: "_sluice_dead_letters".into(),
+        }
+    }
+}
+
+fn default_consumer() -> ConsumerConfig {
+    ConsumerConfig::with_group("sluice-apply-clickhouse")
+}
+
+fn default_metrics() -> MetricsConfig {
+    MetricsConfig {
+        listen: "0.0.0.0:9103".parse().expect("valid address"),
+    }
+}
+
+/// `[clickhouse]`: the target server.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClickhouseConfig {
+    /// The HTTP interface, `http://host:8123`. Default `http://127.0.0.1:8123`.
+    pub url: String,
+    /// Default `default`.
+    pub user: String,
+    /// Default empty.
+    pub password: String,
+    /// The database target tables live in. Default `default`.
+    pub database: String,
+}
+
+impl Default for ClickhouseConfig {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:8123".into(),
+            user: "default".into(),
+            password: String::new(),
+            database: "default".into(),
+        }
+    }
+}
+
+impl ClickhouseConfig {
+    /// A client for this server. Row validation against `DESCRIBE` is off: ClickHouse before
+    /// 22.x knows neither the setting nor the format it needs.
+    pub fn client(&self) -> clickhouse::Client {
+        clickhouse::Client::default()
+            .with_url(&self.url)
+            .with_user(&self.user)
+            .with_password(&self.password)
+            .with_database(&self.database)
+            .with_validation(false)
+    }
+}
+
+impl Validate for Config {
+    fn validate(&self) -> Result<(), (String, String)> {
+        if !(self.clickhouse.url.starts_with("http://")
+            || self.clickhouse.url.starts_with("https://"))
+        {
+            return Err((
+                "clickhouse.url".into(),
+                format!(
+                    "expected http://host:port (the HTTP interface), got {:?}",
+                    self.clickhouse.url
+                ),
+            ));
+        }
+        if self.clickhouse.url.starts_with("https://") {
+            return Err((
+                "clickhouse.url".into(),
+                "https is not supported by this build; use http:// (or a TLS-terminating proxy)"
+                    .into(),
+            ));
+        }
+        if self.clickhouse.database.is_empty() {
+            return Err(("clickhouse.database".into(), "must not be empty".into()));
+        }
+        if self.batch.max_rows == 0 || self.batch.max_bytes == 0 || self.batch.max_wait_ms == 0 {
+            return Err((
+                "batch".into(),
+                "max_rows, max_bytes and max_wait_ms must be above 0".into(),
+            ));
+        }
+        if !self.tables.name.contains("{table}") {
+            return Err((
+                "tables.name".into(),
+                "must contain {table} (else every table writes into one)".into(),
+            ));
+        }
+        for k in self.tables.modes.keys() {
+            if k.split('.').count() != 2 {
+                return Err((
+                    format!("tables.modes.{k}"),
+                    "expected database.table".into(),
+                ));
+            }
+        }
+        self.kafka.validate()?;
+        self.consumer.validate()?;
+        self.log.validate()
+    }
+}
+
+sluice_common::app_config!(Config);
+
+pub async fn preflight(config: &Config) -> Vec<Check> {
+    let mut checks = vec![config.kafka.check("apply-clickhouse").await];
+    let client = config.clickhouse.client();
+    match client.query("SELECT version()").fetch_one::<String>().await {
+        Ok(v) => {
+            checks.push(Check::pass(
+                "clickhouse",
+                format!("ClickHouse {v} at {}", config.clickhouse.url),
+            ));
+            let exists = client
+                .query("SELECT count() FROM system.databases WHERE name = ?")
+                .bind(&config.clickhouse.database)
+                .fetch_one::<u64>()
+                .await;
+            checks.push(match exists {
+                Ok(1) => Check::pass("clickhouse.database", config.clickhouse.database.clone()),
+                Ok(_) => Check::fail(
+                    "clickhouse.database",
+                    format!(
+                        "database {:?} does not exist: CREATE DATABASE it first",
+                        config.clickhouse.database
+                    ),
+                ),
+                Err(e) => Check::fail("clickhouse.database", e.to_string()),
+            });
+        }
+        Err(e) => checks.push(Check::fail(
+            "clickhouse",
+            format!("cannot query {}: {e}", config.clickhouse.url),
+        )),
+    }
+    checks
+}

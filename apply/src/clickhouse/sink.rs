@@ -1,0 +1,864 @@
+//! apply-clickhouse: change topics to ClickHouse tables, in batches, offsets after the write.
+//!
+//! Progress and resumption:
+//! - Events are read from the consumer group's partitions and encoded straight into RowBinary,
+//!   one buffer per target table. A batch closes when it reaches `batch.max_rows` or
+//!   `batch.max_bytes`, or `batch.max_wait_ms` after its first event; then every table's buffer
+//!   is written with one INSERT each, and only when ClickHouse has acknowledged all of them are
+//!   the partitions' offsets stored (and committed by the consumer, every second and at stop).
+//! - A crash between the INSERT and the commit re-reads the batch. Replays are harmless: mirror
+//!   tables are ReplacingMergeTree on the primary key with the event version, change-log tables
+//!   are ReplacingMergeTree on (key, version); on servers with `insert_deduplication_token`
+//!   the repeated INSERT is also dropped at once.
+//! - ClickHouse unreachable or failing: the same batch is retried with backoff (0.5 s to 30 s)
+//!   while nothing more is read, so memory stays bounded by one batch.
+//! - An event that can never be written (not a change event, an unknown schema, a value the
+//!   column cannot hold) goes to the dead-letter topic with the reason (or stops the process,
+//!   with `errors.on_bad_event = "stop"`); the rest flows on.
+//! - A DDL event is applied in order with the rows of its partition: the batch so far is
+//!   written first. ADD and DROP COLUMN are applied to the target; a DDL that fails stops that
+//!   table (its later events are dead-lettered with the statement named), not the pipeline.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prost::Message as _;
+use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientContext, Message, Statistics};
+use sluice_common::Shutdown;
+use sluice_proto::v1::{Column, Op, TableSchema};
+use sluice_proto::ChangeEvent;
+
+use super::types::{encode, map_column, ChType, Features};
+use super::{Config, Mode, OnBadEvent};
+use crate::schemas::SchemaCache;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("Kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("ClickHouse: {0}")]
+    ClickHouse(String),
+    #[error("{0}")]
+    Definite(String),
+}
+
+struct Metrics {
+    rows: IntCounterVec,
+    batch_rows: Histogram,
+    batch_seconds: Histogram,
+    retries: prometheus::IntCounter,
+    dead_letters: IntCounterVec,
+    latency: Histogram,
+    lag: IntGaugeVec,
+}
+
+impl Metrics {
+    fn new(r: &Registry) -> prometheus::Result<Self> {
+        let rows = IntCounterVec::new(
+            Opts::new(
+                "sluice_apply_rows_total",
+                "Rows written to ClickHouse, by target table.",
+            ),
+            &["table"],
+        )?;
+        let batch_rows = Histogram::with_opts(
+            HistogramOpts::new("sluice_apply_batch_rows", "Rows per written batch.")
+                .buckets(vec![1.0, 10.0, 100.0, 1e3, 1e4, 5e4, 1e5, 2e5, 5e5, 1e6]),
+        )?;
+        let batch_seconds = Histogram::with_opts(HistogramOpts::new(
+            "sluice_apply_batch_duration_seconds",
+            "Time to write one batch (every table's INSERT), retries included.",
+        ))?;
+        let retries = prometheus::IntCounter::new(
+            "sluice_apply_retries_total",
+            "INSERTs retried after a ClickHouse failure.",
+        )?;
+        let dead_letters = IntCounterVec::new(
+            Opts::new(
+                "sluice_apply_dead_letters_total",
+                "Events sent to the dead-letter topic, by reason.",
+            ),
+            &["reason"],
+        )?;
+        let latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_apply_end_to_end_latency_seconds",
+                "Source commit to the batch acknowledged by ClickHouse.",
+            )
+            .buckets(vec![
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+        )?;
+        let lag = IntGaugeVec::new(
+            Opts::new(
+                "sluice_apply_consumer_lag_messages",
+                "Messages behind the partition's end, by topic and partition.",
+            ),
+            &["topic", "partition"],
+        )?;
+        r.register(Box::new(rows.clone()))?;
+        r.register(Box::new(batch_rows.clone()))?;
+        r.register(Box::new(batch_seconds.clone()))?;
+        r.register(Box::new(retries.clone()))?;
+        r.register(Box::new(dead_letters.clone()))?;
+        r.register(Box::new(latency.clone()))?;
+        r.register(Box::new(lag.clone()))?;
+        Ok(Self {
+            rows,
+            batch_rows,
+            batch_seconds,
+            retries,
+            dead_letters,
+            latency,
+            lag,
+        })
+    }
+}
+
+/// Consumer context: logs rebalances, publishes the consumer lag from librdkafka's statistics.
+struct Context {
+    lag: IntGaugeVec,
+}
+
+impl ClientContext for Context {
+    fn stats(&self, stats: Statistics) {
+        for (topic, t) in stats.topics {
+            for (p, part) in t.partitions {
+                if p >= 0 && part.consumer_lag >= 0 {
+                    self.lag
+                        .with_label_values(&[&topic, &p.to_string()])
+                        .set(part.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for Context {
+    fn pre_rebalance(
+        &self,
+        _: &rdkafka::consumer::BaseConsumer<Self>,
+        r: &rdkafka::consumer::Rebalance<'_>,
+    ) {
+        tracing::info!(rebalance = ?r, "rebalance");
+    }
+}
+
+/// What is known of a target table.
+#[derive(Clone)]
+struct Target {
+    name: String,
+    mode: Mode,
+    /// Column name -> ClickHouse type, as the server has them.
+    columns: BTreeMap<String, ChType>,
+    /// Why the table is stopped (a DDL failed), if it is.
+    stopped: Option<String>,
+}
+
+/// One table's part of a batch: the INSERT's column list and RowBinary rows.
+struct TableBatch {
+    columns: Vec<String>,
+    body: Vec<u8>,
+    rows: usize,
+}
+
+#[derive(Default)]
+struct Batch {
+    tables: BTreeMap<String, TableBatch>,
+    /// (topic, partition) -> next offset to consume, once this batch is written.
+    offsets: HashMap<(String, i32), i64>,
+    rows: usize,
+    bytes: usize,
+    started: Option<Instant>,
+    oldest_commit_micros: Option<i64>,
+}
+
+pub struct Sink {
+    config: Config,
+    client: clickhouse::Client,
+    features: Features,
+    consumer: StreamConsumer<Context>,
+    dead: FutureProducer,
+    schemas: SchemaCache,
+    targets: HashMap<String, Target>,
+    batch: Batch,
+    metrics: Metrics,
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+fn quote(name: &str) -> String {
+    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+impl Sink {
+    pub async fn start(config: Config, registry: &Registry) -> Result<Self, ApplyError> {
+        let metrics = Metrics::new(registry).expect("metrics register once");
+        let client = config.clickhouse.client();
+        let version: String = client
+            .query("SELECT version()")
+            .fetch_one()
+            .await
+            .map_err(|e| ApplyError::ClickHouse(e.to_string()))?;
+        let features = Features::of_version(&version);
+        tracing::info!(%version, ?features, "ClickHouse");
+        let mut cc = config
+            .kafka
+            .consumer_config("apply-clickhouse", &config.consumer.group_id);
+        cc.set("statistics.interval.ms", "5000");
+        let consumer: StreamConsumer<Context> = cc.create_with_context(Context {
+            lag: metrics.lag.clone(),
+        })?;
+        let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        let dead: FutureProducer = config.kafka.producer_config("apply-clickhouse").create()?;
+        config
+            .kafka
+            .ensure_topic(
+                "apply-clickhouse",
+                &config.errors.dead_letter_topic,
+                1,
+                -1,
+                false,
+            )
+            .await
+            .map_err(ApplyError::Definite)?;
+        let mut schemas = SchemaCache::new(&config.kafka, &config.schema_topic, "apply-clickhouse");
+        schemas.refresh().await?;
+        Ok(Self {
+            client,
+            features,
+            consumer,
+            dead,
+            schemas,
+            targets: HashMap::new(),
+            batch: Batch::default(),
+            metrics,
+            config,
+        })
+    }
+
+    /// Consume until shutdown; then write what is held, commit, and return.
+    pub async fn run(mut self, shutdown: Shutdown) -> Result<(), ApplyError> {
+        let max_wait = Duration::from_millis(self.config.batch.max_wait_ms);
+        let result = loop {
+            let deadline = self
+                .batch
+                .started
+                .map(|s| s + max_wait)
+                .unwrap_or_else(|| Instant::now() + max_wait);
+            let step = tokio::select! {
+                biased;
+                _ = shutdown.wait() => break Ok(()),
+                _ = tokio::time::sleep_until(deadline.into()) => None,
+                m = self.consumer.recv() => Some(m),
+            };
+            let r = match step {
+                None => self.flush(&shutdown).await,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "consumer error");
+                    Ok(())
+                }
+                Some(Ok(m)) => {
+                    let m = m.detach();
+                    match self.handle(&m, &shutdown).await {
+                        Ok(()) if self.full() => self.flush(&shutdown).await,
+                        other => other,
+                    }
+                }
+            };
+            if let Err(e) = r {
+                break Err(e);
+            }
+        };
+        if result.is_ok() {
+            // Drain: write what is held, then commit synchronously before leaving the group.
+            self.flush(&Shutdown::new()).await?;
+            if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
+                tracing::debug!(error = %e, "final commit (nothing to commit?)");
+            }
+        }
+        result
+    }
+
+    fn full(&self) -> bool {
+        self.batch.rows >= self.config.batch.max_rows
+            || self.batch.bytes >= self.config.batch.max_bytes
+    }
+
+    async fn handle(
+        &mut self,
+        m: &rdkafka::message::OwnedMessage,
+        shutdown: &Shutdown,
+    ) -> Result<(), ApplyError> {
+        let place = (m.topic().to_string(), m.partition());
+        self.batch.started.get_or_insert_with(Instant::now);
+        let outcome = self.apply_event(m, shutdown).await;
+        if let Err(reason) = outcome {
+            self.dead_letter(m, &reason).await?;
+        }
+        self.batch.offsets.insert(place, m.offset() + 1);
+        Ok(())
+    }
+
+    /// `Err(reason)` means: this event can never be written.
+    async fn apply_event(
+        &mut self,
+        m: &rdkafka::message::OwnedMessage,
+        shutdown: &Shutdown,
+    ) -> Result<(), String> {
+        let payload = m.payload().unwrap_or_default();
+        let event = ChangeEvent::decode(payload).map_err(|e| format!("not a change event: {e}"))?;
+        if event.contract > sluice_proto::CONTRACT_VERSION {
+            return Err(format!(
+                "contract version {} is newer than this build's {}",
+                event.contract,
+                sluice_proto::CONTRACT_VERSION
+            ));
+        }
+        match event.op() {
+            Op::Ddl | Op::Truncate => {
+                // Ordered with the rows of this partition: write what came before.
+                self.flush(shutdown).await.map_err(|e| e.to_string())?;
+                self.apply_ddl(&event).await;
+                Ok(())
+            }
+            Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => self.add_row(&event).await,
+            _ => Ok(()), // heartbeats and transaction markers carry no rows
+        }
+    }
+
+    async fn schema(&mut self, event: &ChangeEvent) -> Result<TableSchema, String> {
+        if let Some(s) = &event.schema {
+            self.schemas.remember(s);
+        }
+        match self.schemas.get(event.schema_id).await {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => Err(format!(
+                "schema {} of {}.{} is not on the schema topic {}",
+                sluice_proto::schema_record_key(event.schema_id),
+                event.database,
+                event.table,
+                self.config.schema_topic
+            )),
+            Err(e) => Err(format!("reading the schema topic: {e}")),
+        }
+    }
+
+    fn target_name(&self, db: &str, table: &str) -> String {
+        self.config
+            .tables
+            .name
+            .replace("{db}", db)
+            .replace("{table}", table)
+    }
+
+    /// The target of a source table: known, read from the server, or created.
+    async fn target(&mut self, schema: &TableSchema) -> Result<Target, String> {
+        let name = self.target_name(&schema.database, &schema.table);
+        if let Some(t) = self.targets.get(&name) {
+            return Ok(t.clone());
+        }
+        let source = format!("{}.{}", schema.database, schema.table);
+        let mut mode = self.config.tables.mode_of(&source);
+        if mode == Mode::Mirror && schema.primary_key.is_empty() {
+            tracing::warn!(table = %source, "no primary key: mirror mode impossible, writing a change log");
+            mode = Mode::Changelog;
+        }
+        let mut columns = self.describe(&name).await?;
+        if columns.is_empty() {
+            if !self.config.tables.create {
+                return Err(format!(
+                    "target table {}.{name} does not exist and tables.create is off",
+                    self.config.clickhouse.database
+                ));
+            }
+            self.create(&name, mode, schema).await?;
+            columns = self.describe(&name).await?;
+        }
+        let t = Target {
+            name: name.clone(),
+            mode,
+            columns,
+            stopped: None,
+        };
+        self.targets.insert(name, t.clone());
+        Ok(t)
+    }
+
+    async fn describe(&self, name: &str) -> Result<BTreeMap<String, ChType>, String> {
+        #[derive(clickhouse::Row, serde::Deserialize)]
+        struct Col {
+            name: String,
+            r#type: String,
+        }
+        let cols = self
+            .client
+            .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
+            .bind(&self.config.clickhouse.database)
+            .bind(name)
+            .fetch_all::<Col>()
+            .await
+            .map_err(|e| format!("reading the columns of {name}: {e}"))?;
+        let mut out = BTreeMap::new();
+        for c in cols {
+            // Columns of types this stage cannot write are simply not written (defaults).
+            if let Ok(t) = ChType::parse(&c.r#type) {
+                out.insert(c.name, t);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn create(&mut self, name: &str, mode: Mode, s: &TableSchema) -> Result<(), String> {
+        let m = &self.config.tables;
+        let mut cols: Vec<String> = s
+            .columns
+            .iter()
+            .map(|c| format!("{} {}", quote(&c.name), map_column(c, self.features).sql()))
+            .collect();
+        let key: Vec<String> = s
+            .primary_key
+            .iter()
+            .map(|i| quote(&s.columns[*i as usize].name))
+            .collect();
+        let (engine, order) = match mode {
+            Mode::Mirror => {
+                cols.push(format!("{} UInt64", quote(&m.version_column)));
+                cols.push(format!("{} UInt8", quote(&m.deleted_column)));
+                (
+                    format!("ReplacingMergeTree({})", quote(&m.version_column)),
+                    key.join(", "),
+                )
+            }
+            Mode::Changelog => {
+                cols.push(format!("{} String", quote(&m.op_column)));
+                cols.push(format!("{} UInt64", quote(&m.version_column)));
+                let mut order = key.clone();
+                order.push(quote(&m.version_column));
+                order.push(quote(&m.op_column));
+                ("ReplacingMergeTree".to_string(), order.join(", "))
+            }
+        };
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {}.{} ({}) ENGINE = {engine} ORDER BY ({order})",
+            quote(&self.config.clickhouse.database),
+            quote(name),
+            cols.join(", ")
+        );
+        self.client
+            .query(&sql)
+            .execute()
+            .await
+            .map_err(|e| format!("{sql}: {e}"))?;
+        tracing::info!(table = name, ?mode, "created target table");
+        Ok(())
+    }
+
+    async fn add_row(&mut self, event: &ChangeEvent) -> Result<(), String> {
+        let schema = self.schema(event).await?;
+        let mut target = self.target(&schema).await?;
+        if let Some(why) = &target.stopped {
+            return Err(format!("table {} is stopped: {why}", target.name));
+        }
+        // New source columns: add them to the target first.
+        let missing: Vec<&Column> = schema
+            .columns
+            .iter()
+            .filter(|c| !target.columns.contains_key(&c.name))
+            .collect();
+        if !missing.is_empty() && self.config.tables.create {
+            self.flush_table(&target.name)
+                .await
+                .map_err(|e| e.to_string())?;
+            for c in missing {
+                let t = map_column(c, self.features);
+                let sql = format!(
+                    "ALTER TABLE {}.{} ADD COLUMN {} {}",
+                    quote(&self.config.clickhouse.database),
+                    quote(&target.name),
+                    quote(&c.name),
+                    t.sql()
+                );
+                match self.client.query(&sql).execute().await {
+                    Ok(()) => {
+                        tracing::info!(table = %target.name, column = %c.name, "added column")
+                    }
+                    Err(e) if e.to_string().contains("already exists") => {}
+                    Err(e) => return Err(format!("{sql}: {e}")),
+                }
+                target.columns.insert(c.name.clone(), t);
+            }
+            self.targets.insert(target.name.clone(), target.clone());
+        }
+        let op = event.op();
+        let image = match op {
+            Op::Delete => event.before.as_ref(),
+            _ => event.after.as_ref(),
+        }
+        .ok_or_else(|| format!("{op:?} event without its row image"))?;
+        if image.values.len() != schema.columns.len() {
+            return Err(format!(
+                "the row has {} values, its schema {} columns",
+                image.values.len(),
+                schema.columns.len()
+            ));
+        }
+        let m = &self.config.tables;
+        // The INSERT's columns: the source's that the target has, then the bookkeeping ones.
+        let mut columns: Vec<String> = Vec::new();
+        let mut row = Vec::with_capacity(256);
+        for (c, v) in schema.columns.iter().zip(&image.values) {
+            let Some(t) = target.columns.get(&c.name) else {
+                continue;
+            };
+            encode(v, c, t, &mut row).map_err(|e| {
+                format!("{}.{} column {}: {e}", event.database, event.table, c.name)
+            })?;
+            columns.push(c.name.clone());
+        }
+        let version_col = Column {
+            name: m.version_column.clone(),
+            ..Default::default()
+        };
+        let meta =
+            |name: &str, v: sluice_proto::Value, row: &mut Vec<u8>, cols: &mut Vec<String>| {
+                if let Some(t) = target.columns.get(name) {
+                    encode(&v, &version_col, t, row).map_err(|e| format!("column {name}: {e}"))?;
+                    cols.push(name.to_string());
+                }
+                Ok::<(), String>(())
+            };
+        meta(
+            &m.version_column,
+            sluice_proto::value::uint(event.version),
+            &mut row,
+            &mut columns,
+        )?;
+        match target.mode {
+            Mode::Mirror => meta(
+                &m.deleted_column,
+                sluice_proto::value::uint(u64::from(op == Op::Delete)),
+                &mut row,
+                &mut columns,
+            )?,
+            Mode::Changelog => meta(
+                &m.op_column,
+                sluice_proto::value::text(op_name(op)),
+                &mut row,
+                &mut columns,
+            )?,
+        }
+        // One INSERT per table per batch: a different column list (a schema change) closes
+        // this table's part first.
+        if self
+            .batch
+            .tables
+            .get(&target.name)
+            .is_some_and(|b| b.columns != columns)
+        {
+            self.flush_table(&target.name)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let tb = self
+            .batch
+            .tables
+            .entry(target.name.clone())
+            .or_insert_with(|| TableBatch {
+                columns,
+                body: Vec::with_capacity(1 << 16),
+                rows: 0,
+            });
+        tb.body.extend_from_slice(&row);
+        tb.rows += 1;
+        self.batch.rows += 1;
+        self.batch.bytes += row.len();
+        if event.commit_time_micros > 0 {
+            let o = self
+                .batch
+                .oldest_commit_micros
+                .get_or_insert(event.commit_time_micros);
+            *o = (*o).min(event.commit_time_micros);
+        }
+        Ok(())
+    }
+
+    async fn apply_ddl(&mut self, event: &ChangeEvent) {
+        let Some(ddl) = &event.ddl else { return };
+        let name = self.target_name(&event.database, &event.table);
+        let statement = ddl.statement.clone();
+        let result: Result<(), String> = async {
+            match ddl.kind.as_str() {
+                "alter" => {
+                    let Some(new) = &ddl.schema else { return Ok(()) };
+                    self.schemas.remember(new);
+                    let Some(target) = self.targets.get(&name).cloned() else {
+                        return Ok(()); // made from the schema when its first row arrives
+                    };
+                    let wanted: HashSet<&str> = new.columns.iter().map(|c| c.name.as_str()).collect();
+                    let m = &self.config.tables;
+                    let keep: HashSet<&str> = [
+                        m.version_column.as_str(),
+                        m.deleted_column.as_str(),
+                        m.op_column.as_str(),
+                    ]
+                    .into();
+                    let mut target = target;
+                    for col in target.columns.keys().cloned().collect::<Vec<_>>() {
+                        if wanted.contains(col.as_str()) || keep.contains(col.as_str()) {
+                            continue;
+                        }
+                        let sql = format!(
+                            "ALTER TABLE {}.{} DROP COLUMN {}",
+                            quote(&self.config.clickhouse.database),
+                            quote(&name),
+                            quote(&col)
+                        );
+                        match self.client.query(&sql).execute().await {
+                            Ok(()) => tracing::info!(table = %name, column = %col, "dropped column"),
+                            Err(e) if e.to_string().contains("no such column")
+                                || e.to_string().contains("Wrong column name") => {}
+                            Err(e) => return Err(format!("{sql}: {e}")),
+                        }
+                        target.columns.remove(&col);
+                    }
+                    // Added columns are added when the first row that has them arrives.
+                    self.targets.insert(name.clone(), target);
+                    Ok(())
+                }
+                "drop" | "truncate" | "rename" => {
+                    // Data in the target is kept; the operator decides what to do with it.
+                    tracing::warn!(table = %name, kind = %ddl.kind, statement = %statement, "source DDL not applied to the target");
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::error!(table = %name, statement = %statement, error = %e, "DDL failed: stopping this table");
+            let reason = format!("DDL {statement:?} failed: {e}");
+            if let Some(t) = self.targets.get_mut(&name) {
+                t.stopped = Some(reason);
+            }
+        }
+    }
+
+    /// Write one table's part of the batch now (before a schema change of that table).
+    async fn flush_table(&mut self, name: &str) -> Result<(), ApplyError> {
+        if let Some(tb) = self.batch.tables.remove(name) {
+            self.insert(name, tb, &Shutdown::new()).await?;
+        }
+        Ok(())
+    }
+
+    /// Write every table's part, then store the offsets.
+    async fn flush(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        let started = Instant::now();
+        let tables = std::mem::take(&mut self.batch.tables);
+        let rows = self.batch.rows;
+        for (name, tb) in tables {
+            self.insert(&name, tb, shutdown).await?;
+        }
+        for ((topic, partition), offset) in self.batch.offsets.drain() {
+            self.consumer
+                .store_offset(&topic, partition, offset)
+                .or_else(|e| match e {
+                    // Revoked meanwhile: the new owner re-reads; replays are harmless.
+                    rdkafka::error::KafkaError::StoreOffset(_) => Ok(()),
+                    e => Err(e),
+                })?;
+        }
+        if rows > 0 {
+            self.metrics.batch_rows.observe(rows as f64);
+            self.metrics
+                .batch_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        if let Some(c) = self.batch.oldest_commit_micros {
+            self.metrics
+                .latency
+                .observe((now_micros() - c).max(0) as f64 / 1e6);
+        }
+        self.batch = Batch::default();
+        Ok(())
+    }
+
+    async fn insert(
+        &self,
+        name: &str,
+        tb: TableBatch,
+        shutdown: &Shutdown,
+    ) -> Result<(), ApplyError> {
+        let sql = format!(
+            "INSERT INTO {}.{} ({}) FORMAT RowBinary",
+            quote(&self.config.clickhouse.database),
+            quote(name),
+            tb.columns
+                .iter()
+                .map(|c| quote(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let body = Bytes::from(tb.body);
+        let token = format!("{:016x}-{}", fnv(&body), body.len());
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let mut insert = self.client.insert_formatted_with(sql.clone());
+            if self.features.dedup_token {
+                insert = insert.with_setting("insert_deduplication_token", token.clone());
+            }
+            let r = async {
+                insert.send(body.clone()).await?;
+                insert.end().await
+            }
+            .await;
+            match r {
+                Ok(()) => {
+                    self.metrics
+                        .rows
+                        .with_label_values(&[name])
+                        .inc_by(tb.rows as u64);
+                    return Ok(());
+                }
+                Err(e) if is_definite(&e) => {
+                    return Err(ApplyError::ClickHouse(format!(
+                        "INSERT into {name} refused: {e}"
+                    )))
+                }
+                Err(e) => {
+                    self.metrics.retries.inc();
+                    tracing::warn!(table = name, error = %e, retry_in = ?backoff, "INSERT failed; retrying");
+                    if shutdown.is_triggered() {
+                        return Err(ApplyError::ClickHouse(format!(
+                            "stopping with an unwritten batch for {name} (it is read again on restart): {e}"
+                        )));
+                    }
+                    tokio::select! {
+                        _ = shutdown.wait() => {}
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+
+    async fn dead_letter(
+        &mut self,
+        m: &rdkafka::message::OwnedMessage,
+        reason: &str,
+    ) -> Result<(), ApplyError> {
+        let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
+        self.metrics
+            .dead_letters
+            .with_label_values(&[reason_label(reason)])
+            .inc();
+        if self.config.errors.on_bad_event == OnBadEvent::Stop {
+            return Err(ApplyError::Definite(format!(
+                "event at {where_} cannot be written: {reason}"
+            )));
+        }
+        tracing::warn!(at = %where_, reason, "dead-lettering an event");
+        let partition = m.partition().to_string();
+        let offset = m.offset().to_string();
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "sluice.reason",
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: "sluice.topic",
+                value: Some(m.topic()),
+            })
+            .insert(Header {
+                key: "sluice.partition",
+                value: Some(&partition),
+            })
+            .insert(Header {
+                key: "sluice.offset",
+                value: Some(&offset),
+            });
+        let mut record = FutureRecord::to(&self.config.errors.dead_letter_topic)
+            .payload(m.payload().unwrap_or_default())
+            .headers(headers);
+        if let Some(k) = m.key() {
+            record = record.key(k);
+        }
+        self.dead
+            .send(record, Duration::from_secs(60))
+            .await
+            .map_err(|(e, _)| {
+                ApplyError::Definite(format!(
+                    "could not write the dead letter for {where_} to {}: {e}",
+                    self.config.errors.dead_letter_topic
+                ))
+            })?;
+        Ok(())
+    }
+}
+
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Insert => "insert",
+        Op::Update => "update",
+        Op::Delete => "delete",
+        Op::SnapshotRead => "snapshot",
+        _ => "other",
+    }
+}
+
+fn reason_label(reason: &str) -> &'static str {
+    if reason.starts_with("not a change event") {
+        "undecodable"
+    } else if reason.contains("schema") && reason.contains("not on the schema topic") {
+        "unknown_schema"
+    } else if reason.contains("is stopped") {
+        "table_stopped"
+    } else if reason.contains("contract version") {
+        "contract"
+    } else {
+        "value"
+    }
+}
+
+/// ClickHouse refusing the data itself (bad type, missing table) will refuse it again.
+fn is_definite(e: &clickhouse::error::Error) -> bool {
+    match e {
+        clickhouse::error::Error::BadResponse(text) => {
+            // Server-side exceptions about the data or the schema; overload and timeouts are
+            // retried.
+            let retryable = [
+                "TOO_MANY_PARTS",
+                "Too many parts",
+                "TIMEOUT",
+                "MEMORY_LIMIT",
+                "Memory limit",
+            ]
+            .iter()
+            .any(|k| text.contains(k));
+            !retryable
+        }
+        _ => false,
+    }
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in b {
+        h ^= u64::from(*x);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}

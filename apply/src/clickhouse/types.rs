@@ -1,0 +1,735 @@
+//! ClickHouse column types, the mapping from source columns, and RowBinary encoding.
+//!
+//! Encoding is driven by the *target* column type, so the same code writes into tables the
+//! apply stage created and into tables the user made (such as the W1 change-log table, whose
+//! TIME and DECIMAL columns are Strings). A value the target type cannot hold exactly is an
+//! error naming the column and the reason, never a silent conversion: such an event goes to the
+//! dead-letter topic.
+
+use sluice_proto::v1::{value::Kind, Column, ColumnType, Value};
+
+/// A ClickHouse type, as far as the apply stage writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChType {
+    Int(u8),  // bits
+    UInt(u8), // bits
+    Float32,
+    Float64,
+    Decimal { precision: u8, scale: u8 },
+    String,
+    FixedString(usize),
+    Date,
+    DateTime,
+    DateTime64(u8),
+    Enum(Vec<(String, i16)>, u8), // members, storage bits
+    Nullable(Box<ChType>),
+}
+
+impl ChType {
+    /// Parse a type as `system.columns.type` shows it.
+    pub fn parse(t: &str) -> Result<ChType, String> {
+        let t = t.trim();
+        let inner = |prefix: &str| {
+            t.strip_prefix(prefix)
+                .and_then(|r| r.strip_suffix(')'))
+                .map(str::trim)
+        };
+        if let Some(i) = inner("Nullable(") {
+            return Ok(ChType::Nullable(Box::new(ChType::parse(i)?)));
+        }
+        if let Some(i) = inner("LowCardinality(") {
+            return ChType::parse(i); // same RowBinary as the inner type
+        }
+        if let Some(i) = inner("FixedString(") {
+            return i
+                .parse()
+                .map(ChType::FixedString)
+                .map_err(|_| format!("bad type {t}"));
+        }
+        if let Some(i) = inner("Decimal(") {
+            let (p, s) = i.split_once(',').ok_or_else(|| format!("bad type {t}"))?;
+            return Ok(ChType::Decimal {
+                precision: p.trim().parse().map_err(|_| format!("bad type {t}"))?,
+                scale: s.trim().parse().map_err(|_| format!("bad type {t}"))?,
+            });
+        }
+        for (prefix, precision) in [("Decimal32(", 9), ("Decimal64(", 18), ("Decimal128(", 38)] {
+            if let Some(i) = inner(prefix) {
+                return Ok(ChType::Decimal {
+                    precision,
+                    scale: i.parse().map_err(|_| format!("bad type {t}"))?,
+                });
+            }
+        }
+        if let Some(i) = inner("DateTime64(") {
+            let p = i.split(',').next().unwrap_or("3").trim();
+            return Ok(ChType::DateTime64(
+                p.parse().map_err(|_| format!("bad type {t}"))?,
+            ));
+        }
+        if t == "DateTime" || t.starts_with("DateTime(") {
+            return Ok(ChType::DateTime);
+        }
+        for (prefix, bits) in [("Enum8(", 8), ("Enum16(", 16)] {
+            if let Some(i) = inner(prefix) {
+                return Ok(ChType::Enum(parse_enum(i)?, bits));
+            }
+        }
+        Ok(match t {
+            "Int8" => ChType::Int(8),
+            "Int16" => ChType::Int(16),
+            "Int32" => ChType::Int(32),
+            "Int64" => ChType::Int(64),
+            "UInt8" | "Bool" => ChType::UInt(8),
+            "UInt16" => ChType::UInt(16),
+            "UInt32" => ChType::UInt(32),
+            "UInt64" => ChType::UInt(64),
+            "Float32" => ChType::Float32,
+            "Float64" => ChType::Float64,
+            "String" => ChType::String,
+            "Date" => ChType::Date,
+            other => return Err(format!("column type {other} is not supported as a target")),
+        })
+    }
+
+    /// The type as DDL text.
+    pub fn sql(&self) -> String {
+        match self {
+            ChType::Int(b) => format!("Int{b}"),
+            ChType::UInt(b) => format!("UInt{b}"),
+            ChType::Float32 => "Float32".into(),
+            ChType::Float64 => "Float64".into(),
+            ChType::Decimal { precision, scale } => format!("Decimal({precision}, {scale})"),
+            ChType::String => "String".into(),
+            ChType::FixedString(n) => format!("FixedString({n})"),
+            ChType::Date => "Date".into(),
+            ChType::DateTime => "DateTime('UTC')".into(),
+            ChType::DateTime64(p) => format!("DateTime64({p}, 'UTC')"),
+            ChType::Enum(members, bits) => format!(
+                "Enum{bits}({})",
+                members
+                    .iter()
+                    .map(|(m, v)| format!("'{}' = {v}", m.replace('\'', "\\'")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            ChType::Nullable(t) => format!("Nullable({})", t.sql()),
+        }
+    }
+}
+
+fn parse_enum(body: &str) -> Result<Vec<(String, i16)>, String> {
+    // 'a' = 1, 'b''c' = 2
+    let mut out = Vec::new();
+    let mut rest = body.trim();
+    while !rest.is_empty() {
+        rest = rest.strip_prefix('\'').ok_or("bad Enum")?;
+        let mut name = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next() {
+                Some((_, '\\')) => {
+                    if let Some((_, c)) = chars.next() {
+                        name.push(c);
+                    }
+                }
+                Some((i, '\'')) => break i,
+                Some((_, c)) => name.push(c),
+                None => return Err("bad Enum".into()),
+            }
+        };
+        rest = rest[end + 1..].trim_start();
+        rest = rest.strip_prefix('=').ok_or("bad Enum")?.trim_start();
+        let num_end = rest.find(',').unwrap_or(rest.len());
+        let v: i16 = rest[..num_end].trim().parse().map_err(|_| "bad Enum")?;
+        out.push((name, v));
+        rest = rest[num_end..].trim_start_matches(',').trim_start();
+    }
+    Ok(out)
+}
+
+/// What the server offers: the features newer than 18.16 the mapping may use.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Features {
+    /// DateTime64 (20.1+).
+    pub datetime64: bool,
+    /// `insert_deduplication_token` (22.2+).
+    pub dedup_token: bool,
+}
+
+impl Features {
+    pub fn of_version(version: &str) -> Self {
+        let mut parts = version.split('.').filter_map(|p| p.parse::<u32>().ok());
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        Self {
+            datetime64: (major, minor) >= (20, 1),
+            dedup_token: (major, minor) >= (22, 2),
+        }
+    }
+}
+
+/// The ClickHouse type a source column gets in tables the apply stage creates.
+pub fn map_column(c: &Column, f: Features) -> ChType {
+    use ColumnType as T;
+    let base = match c.r#type() {
+        T::Tinyint => int(8, c.unsigned),
+        T::Smallint => int(16, c.unsigned),
+        T::Mediumint | T::Int => int(32, c.unsigned),
+        T::Bigint => int(64, c.unsigned),
+        // ClickHouse decimals hold 38 digits: wider ones travel as exact text.
+        T::Decimal if c.length <= 38 => ChType::Decimal {
+            precision: c.length.max(1) as u8,
+            scale: c.scale as u8,
+        },
+        T::Decimal => ChType::String,
+        T::Float => ChType::Float32,
+        T::Double => ChType::Float64,
+        T::Bit => ChType::UInt(64),
+        T::Year => ChType::UInt(16),
+        T::Date => ChType::Date,
+        // Fractional seconds are kept: DateTime64 where the server has it, exact text otherwise.
+        T::Datetime | T::Timestamp if c.fsp == 0 => ChType::DateTime,
+        T::Datetime | T::Timestamp if f.datetime64 => ChType::DateTime64(c.fsp as u8),
+        T::Datetime | T::Timestamp => ChType::String,
+        // TIME spans -838..838 hours: text, as MySQL prints it.
+        T::Time => ChType::String,
+        _ => ChType::String,
+    };
+    if c.nullable {
+        ChType::Nullable(Box::new(base))
+    } else {
+        base
+    }
+}
+
+fn int(bits: u8, unsigned: bool) -> ChType {
+    if unsigned {
+        ChType::UInt(bits)
+    } else {
+        ChType::Int(bits)
+    }
+}
+
+/// Append `v` (of source column `c`) to `out` as RowBinary of `t`.
+pub fn encode(v: &Value, c: &Column, t: &ChType, out: &mut Vec<u8>) -> Result<(), String> {
+    let kind = v.kind.as_ref();
+    if let ChType::Nullable(inner) = t {
+        if matches!(kind, None | Some(Kind::Null(_))) {
+            out.push(1);
+            return Ok(());
+        }
+        out.push(0);
+        return encode(v, c, inner, out);
+    }
+    let Some(kind) = kind else {
+        return Err("no value in the row image (MINIMAL row image?)".into());
+    };
+    match (kind, t) {
+        (Kind::Null(_), _) => Err(format!("NULL into non-Nullable {}", t.sql())),
+        (Kind::Int(i), ChType::Int(b)) => put_int(*i as i128, *b, true, out),
+        (Kind::Int(i), ChType::UInt(b)) => put_int(*i as i128, *b, false, out),
+        (Kind::Uint(u), ChType::Int(b)) => put_int(*u as i128, *b, true, out),
+        (Kind::Uint(u), ChType::UInt(b)) => put_int(*u as i128, *b, false, out),
+        (Kind::Bits(u), ChType::Int(b)) => put_int(*u as i128, *b, true, out),
+        (Kind::Bits(u), ChType::UInt(b)) => put_int(*u as i128, *b, false, out),
+        (Kind::Int(i), ChType::Float64) => {
+            out.extend_from_slice(&(*i as f64).to_le_bytes());
+            Ok(())
+        }
+        (Kind::Float32(x), ChType::Float32) => {
+            out.extend_from_slice(&x.to_le_bytes());
+            Ok(())
+        }
+        (Kind::Float32(x), ChType::Float64) => {
+            out.extend_from_slice(&f64::from(*x).to_le_bytes());
+            Ok(())
+        }
+        (Kind::Float64(x), ChType::Float64) => {
+            out.extend_from_slice(&x.to_le_bytes());
+            Ok(())
+        }
+        (Kind::Decimal(d), ChType::Decimal { precision, scale }) => {
+            put_decimal(d, *precision, *scale, out)
+        }
+        (Kind::Int(_) | Kind::Uint(_), ChType::Decimal { precision, scale }) => {
+            put_decimal(&text(kind, c), *precision, *scale, out)
+        }
+        (Kind::EnumValue(e), ChType::Enum(members, bits)) => {
+            let v = members
+                .iter()
+                .find(|(m, _)| *m == e.label)
+                .map(|(_, v)| *v)
+                .ok_or_else(|| format!("{:?} is not a member of {}", e.label, t.sql()))?;
+            put_int(v as i128, *bits, true, out)
+        }
+        (Kind::EnumValue(e), ChType::UInt(b)) => put_int(e.index as i128, *b, false, out),
+        (Kind::SetValue(s), ChType::UInt(b)) => put_int(s.bits as i128, *b, false, out),
+        (Kind::Date(d), ChType::Date) => {
+            let days = if d.year == 0 && d.month == 0 && d.day == 0 {
+                0 // the zero date: ClickHouse's own zero, 1970-01-01
+            } else {
+                days_from_civil(d.year, d.month, d.day)?
+            };
+            if !(0..=u16::MAX as i64).contains(&days) {
+                return Err(format!(
+                    "{} is outside ClickHouse Date's range (1970-01-01 .. 2149-06-06)",
+                    text(kind, c)
+                ));
+            }
+            out.extend_from_slice(&(days as u16).to_le_bytes());
+            Ok(())
+        }
+        (Kind::Datetime(d), ChType::DateTime) => {
+            if d.micros != 0 {
+                return Err(format!(
+                    "{} has fractional seconds a DateTime column would drop",
+                    text(kind, c)
+                ));
+            }
+            let secs = datetime_seconds(d)?;
+            put_u32_seconds(secs, kind, c, out)
+        }
+        (Kind::TimestampMicros(us), ChType::DateTime) => {
+            if us % 1_000_000 != 0 {
+                return Err(format!(
+                    "{} has fractional seconds a DateTime column would drop",
+                    text(kind, c)
+                ));
+            }
+            put_u32_seconds(us / 1_000_000, kind, c, out)
+        }
+        (Kind::Datetime(d), ChType::DateTime64(p)) => {
+            let us = datetime_seconds(d)? * 1_000_000 + i64::from(d.micros);
+            put_dt64(us, *p, kind, c, out)
+        }
+        (Kind::TimestampMicros(us), ChType::DateTime64(p)) => put_dt64(*us, *p, kind, c, out),
+        (Kind::TimeMicros(us), ChType::Int(64)) => put_int(*us as i128, 64, true, out),
+        (_, ChType::String) => {
+            let bytes = match kind {
+                Kind::Bytes(b) | Kind::Bson(b) => b.clone(),
+                Kind::RawText(r) => r.data.clone(),
+                Kind::Geometry(g) => g.wkb.clone(),
+                _ => text(kind, c).into_bytes(),
+            };
+            put_varint(bytes.len() as u64, out);
+            out.extend_from_slice(&bytes);
+            Ok(())
+        }
+        (_, ChType::FixedString(n)) => {
+            let mut bytes = match kind {
+                Kind::Bytes(b) => b.clone(),
+                _ => text(kind, c).into_bytes(),
+            };
+            if bytes.len() > *n {
+                return Err(format!("{} bytes do not fit FixedString({n})", bytes.len()));
+            }
+            bytes.resize(*n, 0);
+            out.extend_from_slice(&bytes);
+            Ok(())
+        }
+        (k, t) => Err(format!(
+            "a {} value cannot be written to a {} column",
+            kind_name(k),
+            t.sql()
+        )),
+    }
+}
+
+fn kind_name(k: &Kind) -> &'static str {
+    match k {
+        Kind::Null(_) => "NULL",
+        Kind::Int(_) => "signed integer",
+        Kind::Uint(_) => "unsigned integer",
+        Kind::Float32(_) => "FLOAT",
+        Kind::Float64(_) => "DOUBLE",
+        Kind::Decimal(_) => "DECIMAL",
+        Kind::Text(_) => "text",
+        Kind::Bytes(_) => "binary",
+        Kind::Bits(_) => "BIT",
+        Kind::EnumValue(_) => "ENUM",
+        Kind::SetValue(_) => "SET",
+        Kind::Date(_) => "DATE",
+        Kind::TimeMicros(_) => "TIME",
+        Kind::Datetime(_) => "DATETIME",
+        Kind::TimestampMicros(_) => "TIMESTAMP",
+        Kind::Geometry(_) => "GEOMETRY",
+        Kind::Json(_) => "JSON",
+        Kind::Bson(_) => "BSON",
+        Kind::RawText(_) => "text in another charset",
+    }
+}
+
+/// A value as text, the way MySQL prints it (fractional seconds to the column's precision).
+pub fn text(k: &Kind, c: &Column) -> String {
+    let frac = |us: u32| {
+        if c.fsp == 0 {
+            String::new()
+        } else {
+            format!(".{:06}", us)[..1 + c.fsp as usize].to_string()
+        }
+    };
+    match k {
+        Kind::Null(_) => "NULL".into(),
+        Kind::Int(i) => i.to_string(),
+        Kind::Uint(u) | Kind::Bits(u) => u.to_string(),
+        Kind::Float32(f) => f.to_string(),
+        Kind::Float64(f) => f.to_string(),
+        Kind::Decimal(d) | Kind::Text(d) | Kind::Json(d) => d.clone(),
+        Kind::Bytes(b) | Kind::Bson(b) => String::from_utf8_lossy(b).into_owned(),
+        Kind::RawText(r) => String::from_utf8_lossy(&r.data).into_owned(),
+        Kind::EnumValue(e) => e.label.clone(),
+        Kind::SetValue(s) => s.members.join(","),
+        Kind::Date(d) => format!("{:04}-{:02}-{:02}", d.year, d.month, d.day),
+        Kind::TimeMicros(t) => {
+            let (sign, t) = if *t < 0 { ("-", -t) } else { ("", *t) };
+            let s = t / 1_000_000;
+            format!(
+                "{sign}{:02}:{:02}:{:02}{}",
+                s / 3600,
+                s / 60 % 60,
+                s % 60,
+                frac((t % 1_000_000) as u32)
+            )
+        }
+        Kind::Datetime(d) => format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}{}",
+            d.year,
+            d.month,
+            d.day,
+            d.hour,
+            d.minute,
+            d.second,
+            frac(d.micros)
+        ),
+        Kind::TimestampMicros(us) => {
+            if *us == 0 {
+                return format!("0000-00-00 00:00:00{}", frac(0));
+            }
+            let secs = us.div_euclid(1_000_000);
+            let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+            let rem = secs.rem_euclid(86_400);
+            format!(
+                "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}{}",
+                rem / 3600,
+                rem / 60 % 60,
+                rem % 60,
+                frac(us.rem_euclid(1_000_000) as u32)
+            )
+        }
+        Kind::Geometry(g) => format!("{} bytes of WKB", g.wkb.len()),
+    }
+}
+
+fn put_int(v: i128, bits: u8, signed: bool, out: &mut Vec<u8>) -> Result<(), String> {
+    let (min, max) = if signed {
+        (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+    } else {
+        (0, (1i128 << bits) - 1)
+    };
+    if v < min || v > max {
+        return Err(format!(
+            "{v} is out of range for {}{bits}",
+            if signed { "Int" } else { "UInt" }
+        ));
+    }
+    let bytes = v.to_le_bytes();
+    out.extend_from_slice(&bytes[..bits as usize / 8]);
+    Ok(())
+}
+
+/// Exact decimal text to ClickHouse's scaled integer of the width its precision needs.
+fn put_decimal(d: &str, precision: u8, scale: u8, out: &mut Vec<u8>) -> Result<(), String> {
+    let (neg, digits) = match d.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, d),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    if frac.len() > scale as usize && frac[scale as usize..].bytes().any(|b| b != b'0') {
+        return Err(format!("{d} has more than {scale} decimal places"));
+    }
+    let frac: String = format!("{frac:0<width$}", width = scale as usize)[..scale as usize].into();
+    let int = int.trim_start_matches('0');
+    if int.len() + scale as usize > precision as usize {
+        return Err(format!("{d} does not fit Decimal({precision}, {scale})"));
+    }
+    let all = format!("{int}{frac}");
+    let mut v: i128 = if all.is_empty() {
+        0
+    } else {
+        all.parse().map_err(|_| format!("{d} is not a decimal"))?
+    };
+    if neg {
+        v = -v;
+    }
+    let bytes = v.to_le_bytes();
+    let width = match precision {
+        0..=9 => 4,
+        10..=18 => 8,
+        _ => 16,
+    };
+    out.extend_from_slice(&bytes[..width]);
+    Ok(())
+}
+
+fn put_u32_seconds(secs: i64, k: &Kind, c: &Column, out: &mut Vec<u8>) -> Result<(), String> {
+    if !(0..=u32::MAX as i64).contains(&secs) {
+        return Err(format!(
+            "{} is outside ClickHouse DateTime's range (1970 .. 2106)",
+            text(k, c)
+        ));
+    }
+    out.extend_from_slice(&(secs as u32).to_le_bytes());
+    Ok(())
+}
+
+fn put_dt64(us: i64, p: u8, k: &Kind, c: &Column, out: &mut Vec<u8>) -> Result<(), String> {
+    let v = if p >= 6 {
+        us * 10i64.pow(u32::from(p) - 6)
+    } else {
+        let div = 10i64.pow(6 - u32::from(p));
+        if us % div != 0 {
+            return Err(format!(
+                "{} has more fractional digits than DateTime64({p})",
+                text(k, c)
+            ));
+        }
+        us / div
+    };
+    out.extend_from_slice(&v.to_le_bytes());
+    Ok(())
+}
+
+fn put_varint(mut v: u64, out: &mut Vec<u8>) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// Seconds since the epoch of a wall-clock DATETIME read as UTC; the zero datetime is 0.
+fn datetime_seconds(d: &sluice_proto::v1::DateTime) -> Result<i64, String> {
+    if d.year == 0 && d.month == 0 && d.day == 0 {
+        return Ok(0);
+    }
+    let days = days_from_civil(d.year, d.month, d.day)?;
+    Ok(days * 86_400 + i64::from(d.hour) * 3600 + i64::from(d.minute) * 60 + i64::from(d.second))
+}
+
+fn days_from_civil(y: i32, m: u32, d: u32) -> Result<i64, String> {
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return Err(format!(
+            "{y:04}-{m:02}-{d:02} is a partial date ClickHouse cannot hold"
+        ));
+    }
+    let (y, m, d) = (i64::from(y), i64::from(m), i64::from(d));
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Ok(era * 146_097 + doe - 719_468)
+}
+
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_proto::value;
+
+    fn col(ty: ColumnType) -> Column {
+        Column {
+            name: "c".into(),
+            r#type: ty as i32,
+            ..Default::default()
+        }
+    }
+
+    fn enc(v: Value, c: &Column, t: &ChType) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        encode(&v, c, t, &mut out).map(|_| out)
+    }
+
+    #[test]
+    fn types_parse_and_print() {
+        for t in [
+            "Int8",
+            "UInt64",
+            "Nullable(Decimal(65, 30))",
+            "String",
+            "FixedString(16)",
+            "Date",
+            "DateTime('UTC')",
+            "DateTime64(6, 'UTC')",
+        ] {
+            let parsed = ChType::parse(t).unwrap();
+            assert_eq!(ChType::parse(&parsed.sql()).unwrap(), parsed, "{t}");
+        }
+        assert_eq!(
+            ChType::parse("Enum8('a' = 1, 'b\\'c' = 2)").unwrap(),
+            ChType::Enum(vec![("a".into(), 1), ("b'c".into(), 2)], 8)
+        );
+        assert_eq!(
+            ChType::parse("Decimal64(4)").unwrap(),
+            ChType::Decimal {
+                precision: 18,
+                scale: 4
+            }
+        );
+        assert!(ChType::parse("Array(Int8)").is_err());
+    }
+
+    #[test]
+    fn integers_are_range_checked() {
+        let c = col(ColumnType::Bigint);
+        assert_eq!(
+            enc(value::uint(u64::MAX), &c, &ChType::UInt(64)).unwrap(),
+            vec![0xff; 8]
+        );
+        let e = enc(value::uint(u64::MAX), &c, &ChType::Int(64)).unwrap_err();
+        assert!(e.contains("out of range for Int64"), "{e}");
+        assert_eq!(
+            enc(value::int(-1), &c, &ChType::Int(8)).unwrap(),
+            vec![0xff]
+        );
+        assert!(enc(value::int(-1), &c, &ChType::UInt(8)).is_err());
+    }
+
+    #[test]
+    fn decimals_are_exact() {
+        let c = col(ColumnType::Decimal);
+        let t = ChType::Decimal {
+            precision: 10,
+            scale: 2,
+        };
+        assert_eq!(
+            enc(value::decimal("-12.50"), &c, &t).unwrap(),
+            (-1250i64).to_le_bytes().to_vec()
+        );
+        assert!(enc(value::decimal("1.005"), &c, &t)
+            .unwrap_err()
+            .contains("decimal places"));
+        assert!(enc(value::decimal("123456789.00"), &c, &t)
+            .unwrap_err()
+            .contains("does not fit"));
+        let wide = ChType::Decimal {
+            precision: 38,
+            scale: 30,
+        };
+        let v = enc(
+            value::decimal("-12345678.123456789012345678901234567890"),
+            &c,
+            &wide,
+        )
+        .unwrap();
+        assert_eq!(
+            i128::from_le_bytes(v.try_into().unwrap()),
+            -12345678_123456789012345678901234567890i128
+        );
+    }
+
+    #[test]
+    fn temporal_values_keep_or_refuse_their_precision() {
+        let mut c = col(ColumnType::Datetime);
+        c.fsp = 6;
+        let dt = |micros| {
+            value::of(Kind::Datetime(sluice_proto::v1::DateTime {
+                year: 2024,
+                month: 2,
+                day: 29,
+                hour: 12,
+                minute: 0,
+                second: 1,
+                micros,
+            }))
+        };
+        assert_eq!(
+            enc(dt(0), &c, &ChType::DateTime).unwrap(),
+            1_709_208_001u32.to_le_bytes().to_vec()
+        );
+        assert!(enc(dt(5), &c, &ChType::DateTime)
+            .unwrap_err()
+            .contains("fractional"));
+        assert_eq!(
+            enc(dt(5), &c, &ChType::DateTime64(6)).unwrap(),
+            1_709_208_001_000_005i64.to_le_bytes().to_vec()
+        );
+        let s = enc(dt(5), &c, &ChType::String).unwrap();
+        assert_eq!(&s[1..], b"2024-02-29 12:00:01.000005");
+        let old = value::of(Kind::Date(sluice_proto::v1::Date {
+            year: 1969,
+            month: 12,
+            day: 31,
+        }));
+        assert!(enc(old, &col(ColumnType::Date), &ChType::Date)
+            .unwrap_err()
+            .contains("range"));
+        let mut t = col(ColumnType::Time);
+        t.fsp = 2;
+        let s = enc(value::of(Kind::TimeMicros(-1_500_000)), &t, &ChType::String).unwrap();
+        assert_eq!(&s[1..], b"-00:00:01.50");
+    }
+
+    #[test]
+    fn nullable_and_strings() {
+        let c = col(ColumnType::Varchar);
+        let t = ChType::Nullable(Box::new(ChType::String));
+        assert_eq!(enc(value::null(), &c, &t).unwrap(), vec![1]);
+        assert_eq!(
+            enc(value::text("hé"), &c, &t).unwrap(),
+            vec![0, 3, b'h', 0xc3, 0xa9]
+        );
+        assert!(enc(value::null(), &c, &ChType::String)
+            .unwrap_err()
+            .contains("NULL"));
+        assert_eq!(
+            enc(value::bytes(vec![0, 255]), &c, &ChType::String).unwrap(),
+            vec![2, 0, 255]
+        );
+    }
+
+    #[test]
+    fn mapping_follows_the_server() {
+        let mut c = col(ColumnType::Timestamp);
+        c.fsp = 6;
+        assert_eq!(
+            map_column(&c, Features::of_version("18.16.1")),
+            ChType::String
+        );
+        assert_eq!(
+            map_column(&c, Features::of_version("24.8.1.1")),
+            ChType::DateTime64(6)
+        );
+        let mut d = col(ColumnType::Decimal);
+        d.length = 65;
+        d.scale = 30;
+        assert_eq!(map_column(&d, Features::default()), ChType::String);
+        d.length = 10;
+        d.scale = 2;
+        d.nullable = true;
+        assert_eq!(
+            map_column(&d, Features::default()),
+            ChType::Nullable(Box::new(ChType::Decimal {
+                precision: 10,
+                scale: 2
+            }))
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! The schema topic, as apply reads it: schema id -> table schema.
+//!
+//! The capture publishes every schema (and waits for Kafka's acknowledgement) before the first
+//! event that names it, so a miss here means the topic has grown since it was last read: it is
+//! read again, and an id still unknown after that is a definite error for that event.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message as _, Offset, TopicPartitionList};
+use sluice_common::KafkaConfig;
+use sluice_proto::v1::{SchemaRecord, TableSchema};
+
+pub struct SchemaCache {
+    kafka: KafkaConfig,
+    topic: String,
+    client_id: String,
+    schemas: HashMap<u64, TableSchema>,
+}
+
+impl SchemaCache {
+    pub fn new(kafka: &KafkaConfig, topic: &str, client_id: &str) -> Self {
+        Self {
+            kafka: kafka.clone(),
+            topic: topic.to_string(),
+            client_id: client_id.to_string(),
+            schemas: HashMap::new(),
+        }
+    }
+
+    /// The schema with this id, reading the topic again once if it is not known yet.
+    pub async fn get(&mut self, id: u64) -> Result<Option<TableSchema>, KafkaError> {
+        if let Some(s) = self.schemas.get(&id) {
+            return Ok(Some(s.clone()));
+        }
+        self.refresh().await?;
+        Ok(self.schemas.get(&id).cloned())
+    }
+
+    /// Add a schema met inline (DDL events carry theirs).
+    pub fn remember(&mut self, schema: &TableSchema) {
+        if schema.schema_id != 0 {
+            self.schemas.insert(schema.schema_id, schema.clone());
+        }
+    }
+
+    /// Read the whole topic (it is compacted: one record per schema).
+    pub async fn refresh(&mut self) -> Result<(), KafkaError> {
+        let mut config = self.kafka.client_config(&self.client_id);
+        config
+            .set("group.id", format!("{}-schema-reader", self.client_id))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "true");
+        let topic = self.topic.clone();
+        let timeout = self.kafka.request_timeout();
+        let found = tokio::task::spawn_blocking(move || -> Result<Vec<TableSchema>, KafkaError> {
+            let consumer: BaseConsumer = config.create()?;
+            let md = consumer.fetch_metadata(Some(&topic), timeout)?;
+            let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+                return Ok(Vec::new());
+            };
+            if t.error().is_some() {
+                return Ok(Vec::new());
+            }
+            let mut out = Vec::new();
+            let mut tpl = TopicPartitionList::new();
+            let mut live = 0;
+            for p in t.partitions() {
+                let (low, high) = consumer.fetch_watermarks(&topic, p.id(), timeout)?;
+                if high > low {
+                    tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)?;
+                    live += 1;
+                }
+            }
+            if live == 0 {
+                return Ok(out);
+            }
+            consumer.assign(&tpl)?;
+            let mut ended = 0;
+            let deadline = Instant::now() + timeout * 3;
+            while ended < live && Instant::now() < deadline {
+                match consumer.poll(Duration::from_millis(200)) {
+                    Some(Ok(m)) => {
+                        if let Some(Ok(r)) = m.payload().map(SchemaRecord::decode) {
+                            if let Some(s) = r.schema {
+                                out.push(s);
+                            }
+                        }
+                    }
+                    Some(Err(KafkaError::PartitionEOF(_))) => ended += 1,
+                    Some(Err(e)) => return Err(e),
+                    None => {}
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .expect("schema reader task")?;
+        for s in found {
+            self.schemas.insert(s.schema_id, s);
+        }
+        Ok(())
+    }
+}

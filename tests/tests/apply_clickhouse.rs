@@ -1,0 +1,419 @@
+//! MariaDB -> capture-mysql -> Kafka -> apply-clickhouse -> ClickHouse, end to end, with the
+//! real servers and the real binaries.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use serde::Deserialize;
+use sluice_tests::capture::{binlog_end, CaptureProcess};
+use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
+
+fn ch() -> clickhouse::Client {
+    clickhouse::Client::default()
+        .with_url(clickhouse_url())
+        .with_validation(false)
+}
+
+async fn mysql() -> mysql_async::Conn {
+    mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap()
+}
+
+/// An apply-clickhouse process reading the topics of `prefix` into ClickHouse database `ch_db`.
+fn apply(prefix: &str, ch_db: &str, mode: &str, group: &str, extra: &str) -> CaptureProcess {
+    let batch = if extra.contains("[batch]") {
+        ""
+    } else {
+        "[batch]\nmax_wait_ms = 200\n"
+    };
+    let text = format!(
+        "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
+         [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{}\\\\..*\"]\n\
+         {batch}[tables]\nmode = \"{mode}\"\n\
+         [kafka]\nbrokers = \"{}\"\n{extra}\n",
+        clickhouse_url(),
+        prefix.replace('.', "\\\\."),
+        kafka_brokers()
+    );
+    CaptureProcess::spawn_binary("apply-clickhouse", (text, String::new(), String::new()))
+}
+
+fn w1_ddl(db: &str) -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/workloads/w1.mysql.sql"
+    ))
+    .unwrap()
+    .replace(
+        "`binlog_field_test_1`",
+        &format!("`{db}`.`binlog_field_test_1`"),
+    )
+}
+
+fn w1_insert(db: &str, from: u64, n: u64) -> String {
+    let values: Vec<String> = (from..from + n)
+        .map(|k| {
+            format!(
+                "({k},'v{k}','c','en2','set1,set3','11:22:33','2024-01-02',2024,\
+                 '2024-01-02 03:04:05','2024-01-02 03:04:05',1.25,2.5,{}.25,'text {k}','blob',\
+                 b'101',1,'m','l','t',{},{},{},{},{k})",
+                k % 1000,
+                k % 256,
+                k % 65536,
+                k % 16_777_216,
+                k
+            )
+        })
+        .collect();
+    format!(
+        "INSERT INTO `{db}`.binlog_field_test_1 (id,testvarchar,testchar,testenum,testset,testtime,\
+         testdate,testyear,testtimestamp,testdatetime,testfloat,testdouble,testdecimal,testtext,\
+         testblob,testbit,testbool,testmediumblob,testlongblob,testtinyblob,test_unsinged_tinyint,\
+         test_unsinged_smallint,test_unsinged_mediumint,test_unsinged_int,test_unsinged_bigint) \
+         VALUES {}",
+        values.join(",")
+    )
+}
+
+/// The columns compared between source and target, as text.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Deserialize, clickhouse::Row)]
+struct Compared {
+    id: u64,
+    varchar: String,
+    int: i64,
+    ubig: u64,
+    en: String,
+    set: String,
+    dec: String,
+    time: String,
+    dt: String,
+}
+
+async fn source_rows(db: &str) -> Vec<Compared> {
+    let rows: Vec<mysql_async::Row> = mysql()
+        .await
+        .query(format!(
+            "SELECT id, testvarchar, testint, test_unsinged_bigint, CAST(testenum AS CHAR), \
+             CAST(testset AS CHAR), CAST(testdecimal AS CHAR), CAST(testtime AS CHAR), \
+             CAST(testdatetime AS CHAR) FROM `{db}`.binlog_field_test_1 ORDER BY id"
+        ))
+        .await
+        .unwrap();
+    rows.into_iter()
+        .map(|r| Compared {
+            id: r.get(0).unwrap(),
+            varchar: r.get(1).unwrap(),
+            int: r.get(2).unwrap(),
+            ubig: r.get(3).unwrap(),
+            en: r.get(4).unwrap(),
+            set: r.get(5).unwrap(),
+            dec: r.get(6).unwrap(),
+            time: r.get(7).unwrap(),
+            dt: r.get(8).unwrap(),
+        })
+        .collect()
+}
+
+async fn mirror_rows(ch_db: &str) -> Vec<Compared> {
+    ch().query(&format!(
+        "SELECT id, testvarchar, toInt64(testint), test_unsinged_bigint, testenum, testset, \
+         toString(testdecimal), testtime, toString(testdatetime) \
+         FROM {ch_db}.binlog_field_test_1 FINAL WHERE _deleted = 0 ORDER BY id"
+    ))
+    .fetch_all::<Compared>()
+    .await
+    .unwrap_or_default()
+}
+
+/// Wait until the mirror equals the source (or fail with the difference).
+async fn converge(db: &str, ch_db: &str, limit: Duration) {
+    let want = source_rows(db).await;
+    let deadline = Instant::now() + limit;
+    loop {
+        let got = mirror_rows(ch_db).await;
+        if got == want {
+            return;
+        }
+        if Instant::now() > deadline {
+            let g: BTreeMap<u64, &Compared> = got.iter().map(|r| (r.id, r)).collect();
+            let w: BTreeMap<u64, &Compared> = want.iter().map(|r| (r.id, r)).collect();
+            let missing: Vec<_> = w.keys().filter(|k| !g.contains_key(k)).take(5).collect();
+            let extra: Vec<_> = g.keys().filter(|k| !w.contains_key(k)).take(5).collect();
+            let differ: Vec<_> = w
+                .iter()
+                .filter(|(k, v)| g.get(k).is_some_and(|x| x != *v))
+                .take(3)
+                .collect();
+            panic!(
+                "mirror {ch_db} != source {db}: {} vs {} rows; missing {missing:?}, extra \
+                 {extra:?}, differing {differ:#?}",
+                got.len(),
+                want.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn ch_exec(sql: String) {
+    ch().query(&sql).execute().await.unwrap();
+}
+
+/// A mixed load: inserts, updates, deletes, key changes.
+async fn mixed_load(db: &str) -> usize {
+    let mut c = mysql().await;
+    for b in 0..3 {
+        c.query_drop(w1_insert(db, 1 + b * 100, 100)).await.unwrap();
+    }
+    let t = format!("`{db}`.binlog_field_test_1");
+    c.query_drop(format!(
+        "UPDATE {t} SET testvarchar = CONCAT('u', id), testint = -id WHERE id % 5 = 0"
+    ))
+    .await
+    .unwrap();
+    c.query_drop(format!("DELETE FROM {t} WHERE id % 10 = 3"))
+        .await
+        .unwrap();
+    c.query_drop(format!(
+        "UPDATE {t} SET id = id + 10000 WHERE id IN (1, 2, 4, 6, 7)"
+    ))
+    .await
+    .unwrap();
+    300 + 60 + 30 + 10
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mirror_equals_source_and_changelog_holds_every_change() {
+    let db = unique("sluice_t_apply");
+    let (m_db, c_db) = (format!("{db}_mirror"), format!("{db}_log"));
+    ch_exec(format!("CREATE DATABASE {m_db}")).await;
+    ch_exec(format!("CREATE DATABASE {c_db}")).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let prefix = cap.prefix.clone();
+    let mut mirror = apply(&prefix, &m_db, "mirror", &unique("g"), "");
+    let mut log = apply(&prefix, &c_db, "changelog", &unique("g"), "");
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(w1_ddl(&db)).await.unwrap();
+    let changes = mixed_load(&db).await;
+
+    converge(&db, &m_db, Duration::from_secs(90)).await;
+
+    // The change log: every change once, whatever was replayed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let counted = loop {
+        let n: u64 = ch()
+            .query(&format!(
+                "SELECT count() FROM {c_db}.binlog_field_test_1 FINAL"
+            ))
+            .fetch_one()
+            .await
+            .unwrap_or(0);
+        if n as usize >= changes || Instant::now() > deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(counted as usize, changes);
+    #[derive(Deserialize, clickhouse::Row, Debug, PartialEq)]
+    struct OpCount {
+        op: String,
+        n: u64,
+    }
+    let ops = ch()
+        .query(&format!(
+            "SELECT _op, count() FROM {c_db}.binlog_field_test_1 FINAL GROUP BY _op ORDER BY _op"
+        ))
+        .fetch_all::<OpCount>()
+        .await
+        .unwrap();
+    let ops: Vec<(String, u64)> = ops.into_iter().map(|o| (o.op, o.n)).collect();
+    assert_eq!(
+        ops,
+        vec![
+            ("delete".to_string(), 35),
+            ("insert".to_string(), 305),
+            ("update".to_string(), 60)
+        ]
+    );
+    for p in [&mut cap, &mut mirror, &mut log] {
+        let (code, out) = p.stop();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_of_apply_mid_batches_loses_nothing() {
+    let db = unique("sluice_t_apply_kill");
+    let m_db = format!("{db}_mirror");
+    ch_exec(format!("CREATE DATABASE {m_db}")).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let prefix = cap.prefix.clone();
+    let group = unique("g");
+    // Small batches, so the kill falls between some of them.
+    let extra = "[batch]\nmax_rows = 50\nmax_wait_ms = 50\n";
+    let mut mirror = apply(&prefix, &m_db, "mirror", &group, extra);
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(w1_ddl(&db)).await.unwrap();
+    for b in 0..20u64 {
+        c.query_drop(w1_insert(&db, 1 + b * 50, 50)).await.unwrap();
+        if b == 8 {
+            mirror.kill();
+        }
+        if b == 12 {
+            mirror.restart();
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    c.query_drop(format!(
+        "UPDATE `{db}`.binlog_field_test_1 SET testint = 7 WHERE id % 3 = 0"
+    ))
+    .await
+    .unwrap();
+    converge(&db, &m_db, Duration::from_secs(90)).await;
+    for p in [&mut cap, &mut mirror] {
+        let (code, out) = p.stop();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
+
+fn rows_written(port: u16) -> u64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return 0;
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.lines()
+        .filter(|l| l.starts_with("sluice_apply_rows_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_instances_share_the_partitions() {
+    let db = unique("sluice_t_apply_two");
+    let m_db = format!("{db}_mirror");
+    ch_exec(format!("CREATE DATABASE {m_db}")).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let prefix = cap.prefix.clone();
+    let group = unique("g");
+    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
+    let mut b = apply(&prefix, &m_db, "mirror", &group, "");
+    // Let the group settle with both members before the data arrives.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(w1_ddl(&db)).await.unwrap();
+    for i in 0..6u64 {
+        c.query_drop(w1_insert(&db, 1 + i * 100, 100))
+            .await
+            .unwrap();
+    }
+    converge(&db, &m_db, Duration::from_secs(90)).await;
+    let (ra, rb) = (rows_written(a.metrics_port), rows_written(b.metrics_port));
+    assert!(ra > 0 && rb > 0, "both instances write: {ra} + {rb}");
+    assert!(ra + rb >= 600, "{ra} + {rb}");
+    for p in [&mut cap, &mut a, &mut b] {
+        let (code, out) = p.stop();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Headers;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::Message;
+
+    let db = unique("sluice_t_apply_poison");
+    let m_db = format!("{db}_mirror");
+    ch_exec(format!("CREATE DATABASE {m_db}")).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let prefix = cap.prefix.clone();
+    let dlq = unique("dlq");
+    let mut mirror = apply(
+        &prefix,
+        &m_db,
+        "mirror",
+        &unique("g"),
+        &format!("[errors]\ndead_letter_topic = \"{dlq}\"\n"),
+    );
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(w1_ddl(&db)).await.unwrap();
+    c.query_drop(w1_insert(&db, 1, 10)).await.unwrap();
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    // Garbage on every partition of the table's topic, then more rows.
+    let topic = cap.topic(&db, "binlog_field_test_1");
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    for p in 0..3 {
+        producer
+            .send(
+                FutureRecord::to(&topic)
+                    .partition(p)
+                    .key("poison")
+                    .payload(&[0xffu8, 0xff, 0xff, 0x01][..]),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    c.query_drop(w1_insert(&db, 11, 10)).await.unwrap();
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    // The dead letters carry the original bytes and the reason.
+    let letters = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .set("group.id", unique("dlq-reader"))
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[&dlq]).unwrap();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while out.len() < 3 && Instant::now() < deadline {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                let reason = m
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == "sluice.reason"))
+                    .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+                    .unwrap_or_default();
+                out.push((m.payload().unwrap_or_default().to_vec(), reason));
+            }
+        }
+        out
+    })
+    .await
+    .unwrap();
+    assert_eq!(letters.len(), 3, "{letters:?}");
+    for (payload, reason) in &letters {
+        assert_eq!(payload, &vec![0xffu8, 0xff, 0xff, 0x01]);
+        assert!(reason.contains("not a change event"), "{reason}");
+    }
+    for p in [&mut cap, &mut mirror] {
+        let (code, out) = p.stop();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
