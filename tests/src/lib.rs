@@ -96,3 +96,4 @@ pub fn kafka_section() -> String {
 }
 pub mod capture;
 pub mod edge;
+pub mod private_clickhouse;

@@ -417,3 +417,77 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
     }
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clickhouse_down_then_up_loses_nothing() {
+    let Some(mut server) = sluice_tests::private_clickhouse::PrivateClickHouse::start() else {
+        eprintln!("no clickhouse-server binary here: this test needs one to stop and start");
+        return;
+    };
+    let private = clickhouse::Client::default()
+        .with_url(server.url())
+        .with_validation(false);
+    let db = unique("sluice_t_apply_down");
+    let m_db = format!("{db}_mirror");
+    private
+        .query(&format!("CREATE DATABASE {m_db}"))
+        .execute()
+        .await
+        .unwrap();
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let prefix = cap.prefix.clone();
+    let text = format!(
+        "[clickhouse]\nurl = \"{}\"\ndatabase = \"{m_db}\"\n\
+         [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{prefix}\\\\..*\"]\n\
+         [batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
+        server.url(),
+        unique("g"),
+        kafka_brokers()
+    );
+    let mut mirror =
+        CaptureProcess::spawn_binary("apply-clickhouse", (text, String::new(), String::new()));
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`")).await.unwrap();
+    c.query_drop(w1_ddl(&db)).await.unwrap();
+    c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
+    let count = |client: clickhouse::Client, m_db: String| async move {
+        client
+            .query(&format!(
+                "SELECT count() FROM {m_db}.binlog_field_test_1 FINAL WHERE _deleted = 0"
+            ))
+            .fetch_one::<u64>()
+            .await
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(private.clone(), m_db.clone()).await < 100 {
+        assert!(Instant::now() < deadline, "first rows never arrived");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The target goes away; the source keeps changing.
+    server.pause();
+    c.query_drop(w1_insert(&db, 101, 200)).await.unwrap();
+    c.query_drop(format!(
+        "DELETE FROM `{db}`.binlog_field_test_1 WHERE id <= 50"
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(mirror.child.try_wait().unwrap().is_none(), "apply must wait, not die");
+    server.resume();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let n = count(private.clone(), m_db.clone()).await;
+        if n == 250 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "caught up to {n} of 250 rows");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (code, out) = mirror.stop();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("retrying"), "the outage was retried: {out}");
+    let (code, out) = cap.stop();
+    assert_eq!(code, Some(0), "{out}");
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
