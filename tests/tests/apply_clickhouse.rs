@@ -491,3 +491,93 @@ async fn clickhouse_down_then_up_loses_nothing() {
     assert_eq!(code, Some(0), "{out}");
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reference_w1_changelog_table_is_written_by_column_name() {
+    let db = unique("sluice_t_apply_w1ref");
+    let c_db = format!("{db}_ref");
+    ch_exec(format!("CREATE DATABASE {c_db}")).await;
+    // The report's own ClickHouse table, as it is (MergeTree, its own bookkeeping columns).
+    let ddl = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/workloads/w1.clickhouse.sql"
+    ))
+    .unwrap();
+    let ddl: String = ddl
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("CREATE TABLE binlog_field_test_1", &format!("CREATE TABLE {c_db}.binlog_field_test_1"))
+        .trim_end()
+        .trim_end_matches(';')
+        .to_string();
+    ch_exec(ddl).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let prefix = cap.prefix.clone();
+    let mut log = apply(
+        &prefix,
+        &c_db,
+        "changelog",
+        &unique("g"),
+        "[tables]\ncreate = false\nop_column = \"binlog_event_type\"\n\
+         version_column = \"bifrost_data_version\"\n",
+    );
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`")).await.unwrap();
+    c.query_drop(w1_ddl(&db)).await.unwrap();
+    c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
+    c.query_drop(format!(
+        "UPDATE `{db}`.binlog_field_test_1 SET testvarchar = 'changed' WHERE id <= 10"
+    ))
+    .await
+    .unwrap();
+    c.query_drop(format!("DELETE FROM `{db}`.binlog_field_test_1 WHERE id > 95"))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n: u64 = ch()
+            .query(&format!("SELECT count() FROM {c_db}.binlog_field_test_1"))
+            .fetch_one()
+            .await
+            .unwrap_or(0);
+        if n >= 115 {
+            assert_eq!(n, 115);
+            break;
+        }
+        assert!(Instant::now() < deadline, "{n} of 115 changes");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    #[derive(Deserialize, clickhouse::Row, Debug)]
+    struct Last {
+        v: String,
+        t: String,
+        d: String,
+        e: String,
+        ts: String,
+        bit: i64,
+        version: i64,
+    }
+    let last = ch()
+        .query(&format!(
+            "SELECT testvarchar, testtime, testdecimal, binlog_event_type, toString(testtimestamp), \
+             testbit, bifrost_data_version FROM {c_db}.binlog_field_test_1 \
+             WHERE id = 7 ORDER BY bifrost_data_version DESC LIMIT 1"
+        ))
+        .fetch_one::<Last>()
+        .await
+        .unwrap();
+    assert_eq!(last.v, "changed");
+    assert_eq!(last.t, "11:22:33");
+    assert_eq!(last.d, "7.25");
+    assert_eq!(last.e, "update");
+    assert_eq!(last.ts, "2024-01-02 03:04:05");
+    assert_eq!(last.bit, 5);
+    assert!(last.version > 0);
+    for p in [&mut cap, &mut log] {
+        let (code, out) = p.stop();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
