@@ -35,7 +35,7 @@ check capture-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_SOURCE_URL"
 check apply-clickhouse SLUICE__CLICKHOUSE__URL="$SLUICE_CLICKHOUSE_URL"
 check apply-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_TARGET_URL"
 
-say "capture-mysql: rows written in MariaDB arrive in Kafka"
+say "The pipeline: rows written in MariaDB arrive in Kafka, then in ClickHouse"
 mysql_port=${SLUICE_MYSQL_URL##*:}
 sqlq() { mariadb --no-defaults -h127.0.0.1 -P"$mysql_port" -usluice -psluice -e "$1"; }
 run=$(date +%s)
@@ -60,7 +60,26 @@ listen = "127.0.0.1:0"
 TOML
 "$bin/capture-mysql" -c "$demo_config" 2>"$demo_config.log" &
 capture_pid=$!
-trap 'kill $capture_pid 2>/dev/null || true; rm -f "$demo_config" "$demo_config.log"' EXIT
+chq() { curl -fsS "$SLUICE_CLICKHOUSE_URL/" --data-binary "$1"; }
+chq "CREATE DATABASE IF NOT EXISTS demo"
+apply_config=$(mktemp)
+cat >"$apply_config" <<TOML
+[clickhouse]
+url = "$SLUICE_CLICKHOUSE_URL"
+database = "demo"
+[consumer]
+group_id = "demo-$run"
+topics = ["^demo\\\\.$db\\\\..*"]
+[batch]
+max_wait_ms = 200
+[kafka]
+brokers = "$SLUICE_KAFKA_BROKERS"
+[metrics]
+listen = "127.0.0.1:0"
+TOML
+"$bin/apply-clickhouse" -c "$apply_config" 2>"$apply_config.log" &
+apply_pid=$!
+trap 'kill $capture_pid $apply_pid 2>/dev/null || true; rm -f "$demo_config" "$demo_config.log" "$apply_config" "$apply_config.log"' EXIT
 for _ in $(seq 1 100); do grep -q "reading the binlog" "$demo_config.log" && break; sleep 0.1; done
 sqlq "CREATE DATABASE $db;
       CREATE TABLE $db.orders (id BIGINT UNSIGNED PRIMARY KEY, item VARCHAR(40),
@@ -71,15 +90,23 @@ sqlq "CREATE DATABASE $db;
 echo "(4 row changes and a CREATE TABLE in $db.orders; the events on topic demo.$db.orders:)"
 sleep 1
 "$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --count 8
-kill -TERM $capture_pid
-wait $capture_pid || true
+echo
+echo "(and the mirror table demo.orders in ClickHouse, SELECT ... FINAL WHERE _deleted = 0:)"
+for _ in $(seq 1 50); do
+  [ "$(chq "SELECT count() FROM demo.orders FINAL WHERE _deleted = 0" 2>/dev/null)" = "1" ] && break
+  sleep 0.2
+done
+chq "SELECT id, item, price, placed, _version FROM demo.orders FINAL WHERE _deleted = 0 FORMAT PrettyCompact"
+kill -TERM $capture_pid $apply_pid
+wait $capture_pid $apply_pid || true
 sqlq "DROP DATABASE $db"
+chq "DROP TABLE IF EXISTS demo.orders"
 
 say "Stages"
 cat <<'TXT'
 capture-mysql     built: MariaDB/MySQL binlog -> Kafka (shown above)
 capture-mongo     checks its source; change stream capture not built yet
-apply-clickhouse  checks its target; applying not built yet
+apply-clickhouse  built: Kafka -> ClickHouse mirror and change-log tables (shown above)
 apply-mongo       checks its target; applying not built yet
 TXT
 echo

@@ -156,7 +156,7 @@ impl PublishMetrics {
 enum Pending<C> {
     Delivery {
         fut: DeliveryFuture,
-        topic: String,
+        topic: std::sync::Arc<str>,
         sent: Instant,
     },
     Mark(C),
@@ -168,8 +168,8 @@ pub struct Publisher<C> {
     kafka: KafkaConfig,
     client_id: String,
     config: PublishConfig,
-    /// Topics known to exist, with their partition counts.
-    topics: HashMap<String, i32>,
+    /// Topics known to exist, with their partition counts (and a shared copy of the name).
+    topics: HashMap<String, (i32, std::sync::Arc<str>)>,
     queue: mpsc::Sender<Pending<C>>,
     acker: tokio::task::JoinHandle<Result<Option<C>, PublishError>>,
     timeout: Duration,
@@ -222,7 +222,7 @@ where
         topic: &str,
         compacted: bool,
     ) -> Result<i32, PublishError> {
-        if let Some(n) = self.topics.get(topic) {
+        if let Some((n, _)) = self.topics.get(topic) {
             return Ok(*n);
         }
         let partitions = if compacted { 1 } else { self.config.partitions };
@@ -244,7 +244,7 @@ where
             tracing::info!(topic, partitions, compacted, "created topic");
         }
         let n = self.partition_count(topic).await?;
-        self.topics.insert(topic.to_string(), n);
+        self.topics.insert(topic.to_string(), (n, topic.into()));
         Ok(n)
     }
 
@@ -292,10 +292,14 @@ where
                 Err((e, _)) => return Err(e.into()),
             }
         };
+        let topic = match self.topics.get(topic) {
+            Some((_, name)) => name.clone(),
+            None => topic.into(),
+        };
         self.queue
             .send(Pending::Delivery {
                 fut,
-                topic: topic.to_string(),
+                topic,
                 sent: Instant::now(),
             })
             .await
@@ -410,13 +414,13 @@ async fn ack_loop<C: Serialize + Clone>(
                     .observe(sent.elapsed().as_secs_f64()),
                 Ok(Err((e, _))) => {
                     return Err(PublishError::Delivery {
-                        topic,
+                        topic: topic.to_string(),
                         reason: e.to_string(),
                     })
                 }
                 Err(_) => {
                     return Err(PublishError::Delivery {
-                        topic,
+                        topic: topic.to_string(),
                         reason: "the producer dropped the record".into(),
                     })
                 }

@@ -132,6 +132,8 @@ impl KafkaConfig {
         // Topics matching a subscribed pattern are found at metadata refreshes: a new table's
         // topic should be picked up within seconds, not librdkafka's default 5 minutes.
         c.set("topic.metadata.refresh.interval.ms", "3000");
+        // librdkafka prefetches up to 64 MiB per consumer by default; a batch is held anyway.
+        c.set("queued.max.messages.kbytes", "16384");
         for (k, v) in self.client_config(default_client_id).config_map() {
             c.set(k, v);
         }

@@ -124,12 +124,29 @@ impl TopicTemplate {
 /// The Kafka record key of a change to one row: database, table and primary key values,
 /// protobuf-encoded (deterministic: equal keys give equal bytes, hence equal partitions).
 pub fn event_key(database: &str, table: &str, key: &[Value]) -> Vec<u8> {
+    // (append_event_key relies on this being the plain protobuf encoding of the fields in order.)
     EventKey {
         database: database.to_string(),
         table: table.to_string(),
         key: key.to_vec(),
     }
     .encode_to_vec()
+}
+
+/// The part of [`event_key`] that is the same for every row of a table: encode it once, then
+/// [`append_event_key`] per row.
+pub fn event_key_prefix(database: &str, table: &str) -> Vec<u8> {
+    event_key(database, table, &[])
+}
+
+/// `prefix` (from [`event_key_prefix`]) followed by the key values: the bytes of
+/// [`event_key`], without building an `EventKey` per row.
+pub fn append_event_key(prefix: &[u8], key: &[Value], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(prefix);
+    for v in key {
+        prost::encoding::message::encode(3, v, out);
+    }
 }
 
 /// The numeric suffix of a binlog file name ("mysql-bin.000042" -> 42).

@@ -79,7 +79,10 @@ impl PrivateClickHouse {
                     return;
                 }
             }
-            assert!(Instant::now() < deadline, "private ClickHouse did not start");
+            assert!(
+                Instant::now() < deadline,
+                "private ClickHouse did not start"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }

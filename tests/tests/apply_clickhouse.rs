@@ -263,30 +263,52 @@ async fn kill_9_of_apply_mid_batches_loses_nothing() {
     ch_exec(format!("CREATE DATABASE {m_db}")).await;
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let prefix = cap.prefix.clone();
-    let group = unique("g");
-    // Small batches, so the kill falls between some of them.
-    let extra = "[batch]\nmax_rows = 50\nmax_wait_ms = 50\n";
-    let mut mirror = apply(&prefix, &m_db, "mirror", &group, extra);
+    // A backlog first, so that apply commits offsets in the middle of the partitions.
     let mut c = mysql().await;
     c.query_drop(format!("CREATE DATABASE `{db}`"))
         .await
         .unwrap();
     c.query_drop(w1_ddl(&db)).await.unwrap();
-    for b in 0..20u64 {
+    for b in 0..40u64 {
         c.query_drop(w1_insert(&db, 1 + b * 50, 50)).await.unwrap();
-        if b == 8 {
-            mirror.kill();
-        }
-        if b == 12 {
-            mirror.restart();
-        }
-        tokio::time::sleep(Duration::from_millis(40)).await;
     }
+    let topic = cap.topic(&db, "binlog_field_test_1");
+    let backlog = tokio::task::spawn_blocking(move || {
+        sluice_tests::capture::read_events(&topic, Duration::from_secs(60), |m| {
+            sluice_tests::capture::count_rows(m) >= 2000
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(sluice_tests::capture::count_rows(&backlog), 2000);
+    // Small batches, slowly: the kill falls between committed batches.
+    let group = unique("g");
+    let extra = "[batch]\nmax_rows = 20\nmax_wait_ms = 50\n\
+                 [kafka.properties]\n\"auto.commit.interval.ms\" = \"100\"\n\
+                 \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n";
+    let mut mirror = apply(&prefix, &m_db, "mirror", &group, extra);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = rows_written(mirror.metrics_port);
+        if n >= 600 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "apply wrote only {n} rows");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past at least one offset commit (every 100 ms here).
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(
+        rows_written(mirror.metrics_port) < 2000,
+        "apply drained the backlog before it could be killed mid-way"
+    );
+    mirror.kill();
     c.query_drop(format!(
         "UPDATE `{db}`.binlog_field_test_1 SET testint = 7 WHERE id % 3 = 0"
     ))
     .await
     .unwrap();
+    mirror.restart();
     converge(&db, &m_db, Duration::from_secs(90)).await;
     for p in [&mut cap, &mut mirror] {
         let (code, out) = p.stop();
@@ -295,18 +317,32 @@ async fn kill_9_of_apply_mid_batches_loses_nothing() {
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
 }
 
-fn rows_written(port: u16) -> u64 {
+fn scrape(port: u16) -> String {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return 0;
+        return String::new();
     };
     let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
-    body.lines()
+    body
+}
+
+fn rows_written(port: u16) -> u64 {
+    scrape(port)
+        .lines()
         .filter(|l| l.starts_with("sluice_apply_rows_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// The instance holds partitions.
+fn assigned(port: u16) -> bool {
+    scrape(port).lines().any(|l| {
+        l.strip_prefix("sluice_apply_assigned_partitions ")
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .is_some_and(|n| n > 0)
+    })
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -316,25 +352,79 @@ async fn two_instances_share_the_partitions() {
     ch_exec(format!("CREATE DATABASE {m_db}")).await;
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let prefix = cap.prefix.clone();
-    let group = unique("g");
-    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
-    let mut b = apply(&prefix, &m_db, "mirror", &group, "");
-    // Let the group settle with both members before the data arrives.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The topic first (the capture creates it with the first row), then the two members.
     let mut c = mysql().await;
     c.query_drop(format!("CREATE DATABASE `{db}`"))
         .await
         .unwrap();
     c.query_drop(w1_ddl(&db)).await.unwrap();
+    c.query_drop(w1_insert(&db, 1, 1)).await.unwrap();
+    let group = unique("g");
+    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
+    let mut b = apply(&prefix, &m_db, "mirror", &group, "");
+    // Wait until both hold partitions.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(assigned(a.metrics_port) && assigned(b.metrics_port)) {
+        if Instant::now() > deadline {
+            let (_, la) = a.stop();
+            let (_, lb) = b.stop();
+            panic!("the group never gave both members partitions:\n{la}\n---\n{lb}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     for i in 0..6u64 {
-        c.query_drop(w1_insert(&db, 1 + i * 100, 100))
+        c.query_drop(w1_insert(&db, 2 + i * 100, 100))
             .await
             .unwrap();
     }
-    converge(&db, &m_db, Duration::from_secs(90)).await;
+    let want = source_rows(&db).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mirror_rows(&m_db).await != want {
+        if Instant::now() > deadline {
+            let (_, la) = a.stop();
+            let (_, lb) = b.stop();
+            #[derive(Deserialize, clickhouse::Row, Debug)]
+            #[allow(dead_code)]
+            struct Raw {
+                id: u64,
+                v: u64,
+                d: u8,
+            }
+            let raw = ch()
+                .query(&format!(
+                    "SELECT id, _version, _deleted FROM {m_db}.binlog_field_test_1 WHERE id < 6"
+                ))
+                .fetch_all::<Raw>()
+                .await
+                .unwrap();
+            let topic = cap.topic(&db, "binlog_field_test_1");
+            let events = tokio::task::spawn_blocking(move || {
+                sluice_tests::capture::read_events(&topic, Duration::from_secs(20), |m| {
+                    sluice_tests::capture::count_rows(m) >= 601
+                })
+            })
+            .await
+            .unwrap();
+            let mut summary: Vec<String> = Vec::new();
+            for (p, evs) in &events {
+                for (o, e) in evs.iter().enumerate() {
+                    let id = e
+                        .key
+                        .as_ref()
+                        .and_then(|k| k.values.first())
+                        .map(|v| format!("{:?}", v.kind));
+                    if o < 6 {
+                        summary.push(format!("p{p}@{o}={id:?}/{:?}", e.op()));
+                    }
+                }
+            }
+            panic!("mirror never converged: raw {raw:?}; topic {summary:?}\n{la}\n---\n{lb}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     let (ra, rb) = (rows_written(a.metrics_port), rows_written(b.metrics_port));
     assert!(ra > 0 && rb > 0, "both instances write: {ra} + {rb}");
-    assert!(ra + rb >= 600, "{ra} + {rb}");
+    assert!(ra + rb >= 601, "{ra} + {rb}");
     for p in [&mut cap, &mut a, &mut b] {
         let (code, out) = p.stop();
         assert_eq!(code, Some(0), "{out}");
@@ -456,7 +546,9 @@ async fn clickhouse_down_then_up_loses_nothing() {
     let mut mirror =
         CaptureProcess::spawn_binary("apply-clickhouse", (text, String::new(), String::new()));
     let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`")).await.unwrap();
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
     c.query_drop(w1_ddl(&db)).await.unwrap();
     c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
     let count = |client: clickhouse::Client, m_db: String| async move {
@@ -482,7 +574,10 @@ async fn clickhouse_down_then_up_loses_nothing() {
     .await
     .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(mirror.child.try_wait().unwrap().is_none(), "apply must wait, not die");
+    assert!(
+        mirror.child.try_wait().unwrap().is_none(),
+        "apply must wait, not die"
+    );
     server.resume();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -517,7 +612,10 @@ async fn the_reference_w1_changelog_table_is_written_by_column_name() {
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect::<Vec<_>>()
         .join("\n")
-        .replace("CREATE TABLE binlog_field_test_1", &format!("CREATE TABLE {c_db}.binlog_field_test_1"))
+        .replace(
+            "CREATE TABLE binlog_field_test_1",
+            &format!("CREATE TABLE {c_db}.binlog_field_test_1"),
+        )
         .trim_end()
         .trim_end_matches(';')
         .to_string();
@@ -533,7 +631,9 @@ async fn the_reference_w1_changelog_table_is_written_by_column_name() {
          version_column = \"bifrost_data_version\"\n",
     );
     let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`")).await.unwrap();
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
     c.query_drop(w1_ddl(&db)).await.unwrap();
     c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
     c.query_drop(format!(
@@ -541,9 +641,11 @@ async fn the_reference_w1_changelog_table_is_written_by_column_name() {
     ))
     .await
     .unwrap();
-    c.query_drop(format!("DELETE FROM `{db}`.binlog_field_test_1 WHERE id > 95"))
-        .await
-        .unwrap();
+    c.query_drop(format!(
+        "DELETE FROM `{db}`.binlog_field_test_1 WHERE id > 95"
+    ))
+    .await
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let n: u64 = ch()

@@ -2,6 +2,11 @@
 
 use std::process::ExitCode;
 
+// Many small allocations per event (decoded values, protobuf): mimalloc handles them far
+// better than the system allocator (measured in docs/BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use sluice_apply::clickhouse::{preflight, sink::Sink, Config};
 use sluice_common::{app, preflight::require, CommonArgs, Context};

@@ -55,6 +55,7 @@ struct Metrics {
     dead_letters: IntCounterVec,
     latency: Histogram,
     lag: IntGaugeVec,
+    assigned: prometheus::IntGauge,
 }
 
 impl Metrics {
@@ -107,7 +108,12 @@ impl Metrics {
         r.register(Box::new(retries.clone()))?;
         r.register(Box::new(dead_letters.clone()))?;
         r.register(Box::new(latency.clone()))?;
+        let assigned = prometheus::IntGauge::new(
+            "sluice_apply_assigned_partitions",
+            "Partitions this instance holds in its consumer group.",
+        )?;
         r.register(Box::new(lag.clone()))?;
+        r.register(Box::new(assigned.clone()))?;
         Ok(Self {
             rows,
             batch_rows,
@@ -116,6 +122,7 @@ impl Metrics {
             dead_letters,
             latency,
             lag,
+            assigned,
         })
     }
 }
@@ -123,6 +130,7 @@ impl Metrics {
 /// Consumer context: logs rebalances, publishes the consumer lag from librdkafka's statistics.
 struct Context {
     lag: IntGaugeVec,
+    assigned: prometheus::IntGauge,
 }
 
 impl ClientContext for Context {
@@ -147,6 +155,18 @@ impl ConsumerContext for Context {
     ) {
         tracing::info!(rebalance = ?r, "rebalance");
     }
+
+    fn post_rebalance(
+        &self,
+        _: &rdkafka::consumer::BaseConsumer<Self>,
+        r: &rdkafka::consumer::Rebalance<'_>,
+    ) {
+        match r {
+            rdkafka::consumer::Rebalance::Assign(tpl) => self.assigned.set(tpl.count() as i64),
+            rdkafka::consumer::Rebalance::Revoke(_) => self.assigned.set(0),
+            rdkafka::consumer::Rebalance::Error(_) => {}
+        }
+    }
 }
 
 /// What is known of a target table.
@@ -160,9 +180,23 @@ struct Target {
     stopped: Option<String>,
 }
 
+/// How the rows of one schema are written: worked out once per schema id.
+struct Plan {
+    target: String,
+    mode: Mode,
+    schema: std::sync::Arc<TableSchema>,
+    /// Per source column, in schema order: the target type, or `None` if the target lacks it.
+    types: Vec<Option<ChType>>,
+    /// The bookkeeping columns' types, where the target has them.
+    version: Option<ChType>,
+    flag: Option<ChType>,
+    /// The INSERT's column list.
+    insert_columns: std::sync::Arc<Vec<String>>,
+}
+
 /// One table's part of a batch: the INSERT's column list and RowBinary rows.
 struct TableBatch {
-    columns: Vec<String>,
+    columns: std::sync::Arc<Vec<String>>,
     body: Vec<u8>,
     rows: usize,
 }
@@ -170,8 +204,9 @@ struct TableBatch {
 #[derive(Default)]
 struct Batch {
     tables: BTreeMap<String, TableBatch>,
-    /// (topic, partition) -> next offset to consume, once this batch is written.
-    offsets: HashMap<(String, i32), i64>,
+    /// topic -> partition -> offset of the last event handled, stored once this batch is
+    /// written (librdkafka's `rd_kafka_offset_store` commits that offset + 1).
+    offsets: HashMap<String, HashMap<i32, i64>>,
     rows: usize,
     bytes: usize,
     started: Option<Instant>,
@@ -186,6 +221,7 @@ pub struct Sink {
     dead: FutureProducer,
     schemas: SchemaCache,
     targets: HashMap<String, Target>,
+    plans: HashMap<u64, std::sync::Arc<Plan>>,
     batch: Batch,
     metrics: Metrics,
 }
@@ -218,6 +254,7 @@ impl Sink {
         cc.set("statistics.interval.ms", "5000");
         let consumer: StreamConsumer<Context> = cc.create_with_context(Context {
             lag: metrics.lag.clone(),
+            assigned: metrics.assigned.clone(),
         })?;
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -242,6 +279,7 @@ impl Sink {
             dead,
             schemas,
             targets: HashMap::new(),
+            plans: HashMap::new(),
             batch: Batch::default(),
             metrics,
             config,
@@ -301,13 +339,22 @@ impl Sink {
         m: &rdkafka::message::OwnedMessage,
         shutdown: &Shutdown,
     ) -> Result<(), ApplyError> {
-        let place = (m.topic().to_string(), m.partition());
         self.batch.started.get_or_insert_with(Instant::now);
         let outcome = self.apply_event(m, shutdown).await;
         if let Err(reason) = outcome {
             self.dead_letter(m, &reason).await?;
         }
-        self.batch.offsets.insert(place, m.offset() + 1);
+        match self.batch.offsets.get_mut(m.topic()) {
+            Some(p) => {
+                p.insert(m.partition(), m.offset());
+            }
+            None => {
+                self.batch.offsets.insert(
+                    m.topic().to_string(),
+                    HashMap::from([(m.partition(), m.offset())]),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -465,7 +512,9 @@ impl Sink {
         Ok(())
     }
 
-    async fn add_row(&mut self, event: &ChangeEvent) -> Result<(), String> {
+    /// Work out how rows of `event`'s schema are written: the target (created or extended as
+    /// needed), and per column its target type.
+    async fn plan(&mut self, event: &ChangeEvent) -> Result<std::sync::Arc<Plan>, String> {
         let schema = self.schema(event).await?;
         let mut target = self.target(&schema).await?;
         if let Some(why) = &target.stopped {
@@ -501,12 +550,58 @@ impl Sink {
             }
             self.targets.insert(target.name.clone(), target.clone());
         }
+        let m = &self.config.tables;
+        let types: Vec<Option<ChType>> = schema
+            .columns
+            .iter()
+            .map(|c| target.columns.get(&c.name).cloned())
+            .collect();
+        let mut insert_columns: Vec<String> = schema
+            .columns
+            .iter()
+            .zip(&types)
+            .filter(|(_, t)| t.is_some())
+            .map(|(c, _)| c.name.clone())
+            .collect();
+        let version = target.columns.get(&m.version_column).cloned();
+        if version.is_some() {
+            insert_columns.push(m.version_column.clone());
+        }
+        let flag_name = match target.mode {
+            Mode::Mirror => &m.deleted_column,
+            Mode::Changelog => &m.op_column,
+        };
+        let flag = target.columns.get(flag_name).cloned();
+        if flag.is_some() {
+            insert_columns.push(flag_name.clone());
+        }
+        Ok(std::sync::Arc::new(Plan {
+            target: target.name.clone(),
+            mode: target.mode,
+            schema: std::sync::Arc::new(schema),
+            types,
+            version,
+            flag,
+            insert_columns: std::sync::Arc::new(insert_columns),
+        }))
+    }
+
+    async fn add_row(&mut self, event: &ChangeEvent) -> Result<(), String> {
+        let plan = match self.plans.get(&event.schema_id) {
+            Some(p) => p.clone(),
+            None => {
+                let p = self.plan(event).await?;
+                self.plans.insert(event.schema_id, p.clone());
+                p
+            }
+        };
         let op = event.op();
         let image = match op {
             Op::Delete => event.before.as_ref(),
             _ => event.after.as_ref(),
         }
         .ok_or_else(|| format!("{op:?} event without its row image"))?;
+        let schema = &plan.schema;
         if image.values.len() != schema.columns.len() {
             return Err(format!(
                 "the row has {} values, its schema {} columns",
@@ -514,76 +609,65 @@ impl Sink {
                 schema.columns.len()
             ));
         }
-        let m = &self.config.tables;
-        // The INSERT's columns: the source's that the target has, then the bookkeeping ones.
-        let mut columns: Vec<String> = Vec::new();
-        let mut row = Vec::with_capacity(256);
-        for (c, v) in schema.columns.iter().zip(&image.values) {
-            let Some(t) = target.columns.get(&c.name) else {
-                continue;
-            };
-            encode(v, c, t, &mut row).map_err(|e| {
-                format!("{}.{} column {}: {e}", event.database, event.table, c.name)
-            })?;
-            columns.push(c.name.clone());
-        }
-        let version_col = Column {
-            name: m.version_column.clone(),
-            ..Default::default()
-        };
-        let meta =
-            |name: &str, v: sluice_proto::Value, row: &mut Vec<u8>, cols: &mut Vec<String>| {
-                if let Some(t) = target.columns.get(name) {
-                    encode(&v, &version_col, t, row).map_err(|e| format!("column {name}: {e}"))?;
-                    cols.push(name.to_string());
-                }
-                Ok::<(), String>(())
-            };
-        meta(
-            &m.version_column,
-            sluice_proto::value::uint(event.version),
-            &mut row,
-            &mut columns,
-        )?;
-        match target.mode {
-            Mode::Mirror => meta(
-                &m.deleted_column,
-                sluice_proto::value::uint(u64::from(op == Op::Delete)),
-                &mut row,
-                &mut columns,
-            )?,
-            Mode::Changelog => meta(
-                &m.op_column,
-                sluice_proto::value::text(op_name(op)),
-                &mut row,
-                &mut columns,
-            )?,
-        }
         // One INSERT per table per batch: a different column list (a schema change) closes
         // this table's part first.
-        if self
-            .batch
-            .tables
-            .get(&target.name)
-            .is_some_and(|b| b.columns != columns)
-        {
-            self.flush_table(&target.name)
+        if self.batch.tables.get(&plan.target).is_some_and(|b| {
+            !std::sync::Arc::ptr_eq(&b.columns, &plan.insert_columns)
+                && *b.columns != *plan.insert_columns
+        }) {
+            self.flush_table(&plan.target)
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        let tb = self
-            .batch
-            .tables
-            .entry(target.name.clone())
-            .or_insert_with(|| TableBatch {
-                columns,
-                body: Vec::with_capacity(1 << 16),
-                rows: 0,
-            });
-        tb.body.extend_from_slice(&row);
+        let tb = match self.batch.tables.get_mut(&plan.target) {
+            Some(tb) => tb,
+            None => self
+                .batch
+                .tables
+                .entry(plan.target.clone())
+                .or_insert_with(|| TableBatch {
+                    columns: plan.insert_columns.clone(),
+                    body: Vec::with_capacity(1 << 16),
+                    rows: 0,
+                }),
+        };
+        // Encode straight into the table's buffer; a failing row is cut off again.
+        let start = tb.body.len();
+        let mut encode_row = || -> Result<(), String> {
+            for ((c, v), t) in schema.columns.iter().zip(&image.values).zip(&plan.types) {
+                if let Some(t) = t {
+                    encode(v, c, t, &mut tb.body).map_err(|e| {
+                        format!("{}.{} column {}: {e}", event.database, event.table, c.name)
+                    })?;
+                }
+            }
+            let meta = Column::default();
+            if let Some(t) = &plan.version {
+                encode(
+                    &sluice_proto::value::uint(event.version),
+                    &meta,
+                    t,
+                    &mut tb.body,
+                )
+                .map_err(|e| format!("version column: {e}"))?;
+            }
+            if let Some(t) = &plan.flag {
+                let v = match plan.mode {
+                    Mode::Mirror => sluice_proto::value::uint(u64::from(op == Op::Delete)),
+                    Mode::Changelog => sluice_proto::value::text(op_name(op)),
+                };
+                encode(&v, &meta, t, &mut tb.body).map_err(|e| format!("flag column: {e}"))?;
+            }
+            Ok(())
+        };
+        if let Err(e) = encode_row() {
+            tb.body.truncate(start);
+            return Err(e);
+        }
+        let len = tb.body.len() - start;
         tb.rows += 1;
         self.batch.rows += 1;
-        self.batch.bytes += row.len();
+        self.batch.bytes += len;
         if event.commit_time_micros > 0 {
             let o = self
                 .batch
@@ -596,6 +680,8 @@ impl Sink {
 
     async fn apply_ddl(&mut self, event: &ChangeEvent) {
         let Some(ddl) = &event.ddl else { return };
+        // Target columns may change: plans are worked out again.
+        self.plans.clear();
         let name = self.target_name(&event.database, &event.table);
         let statement = ddl.statement.clone();
         let result: Result<(), String> = async {
@@ -671,14 +757,18 @@ impl Sink {
         for (name, tb) in tables {
             self.insert(&name, tb, shutdown).await?;
         }
-        for ((topic, partition), offset) in self.batch.offsets.drain() {
-            self.consumer
-                .store_offset(&topic, partition, offset)
-                .or_else(|e| match e {
-                    // Revoked meanwhile: the new owner re-reads; replays are harmless.
-                    rdkafka::error::KafkaError::StoreOffset(_) => Ok(()),
-                    e => Err(e),
-                })?;
+        for (topic, partitions) in self.batch.offsets.drain() {
+            for (partition, last) in partitions {
+                // The offset of the last handled event: librdkafka stores it + 1, the next one
+                // to read.
+                self.consumer
+                    .store_offset(&topic, partition, last)
+                    .or_else(|e| match e {
+                        // Revoked meanwhile: the new owner re-reads; replays are harmless.
+                        rdkafka::error::KafkaError::StoreOffset(_) => Ok(()),
+                        e => Err(e),
+                    })?;
+            }
         }
         if rows > 0 {
             self.metrics.batch_rows.observe(rows as f64);
@@ -712,11 +802,15 @@ impl Sink {
                 .join(", ")
         );
         let body = Bytes::from(tb.body);
-        let token = format!("{:016x}-{}", fnv(&body), body.len());
+        // Only servers that know the setting get a token (hashing the batch costs CPU).
+        let token = self
+            .features
+            .dedup_token
+            .then(|| format!("{:016x}-{}", fnv(&body), body.len()));
         let mut backoff = Duration::from_millis(500);
         loop {
             let mut insert = self.client.insert_formatted_with(sql.clone());
-            if self.features.dedup_token {
+            if let Some(token) = &token {
                 insert = insert.with_setting("insert_deduplication_token", token.clone());
             }
             let r = async {

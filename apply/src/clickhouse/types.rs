@@ -444,20 +444,29 @@ fn put_decimal(d: &str, precision: u8, scale: u8, out: &mut Vec<u8>) -> Result<(
         None => (false, d),
     };
     let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    if frac.len() > scale as usize && frac[scale as usize..].bytes().any(|b| b != b'0') {
+    let int = int.trim_start_matches('0');
+    let scale = scale as usize;
+    if frac.len() > scale && frac.as_bytes()[scale..].iter().any(|b| *b != b'0') {
         return Err(format!("{d} has more than {scale} decimal places"));
     }
-    let frac: String = format!("{frac:0<width$}", width = scale as usize)[..scale as usize].into();
-    let int = int.trim_start_matches('0');
-    if int.len() + scale as usize > precision as usize {
+    if int.len() + scale > precision as usize {
         return Err(format!("{d} does not fit Decimal({precision}, {scale})"));
     }
-    let all = format!("{int}{frac}");
-    let mut v: i128 = if all.is_empty() {
-        0
-    } else {
-        all.parse().map_err(|_| format!("{d} is not a decimal"))?
+    let mut v: i128 = 0;
+    let digit = |b: u8| {
+        if b.is_ascii_digit() {
+            Ok(i128::from(b - b'0'))
+        } else {
+            Err(format!("{d} is not a decimal"))
+        }
     };
+    for b in int.bytes() {
+        v = v * 10 + digit(b)?;
+    }
+    let fb = frac.as_bytes();
+    for i in 0..scale {
+        v = v * 10 + fb.get(i).map(|b| digit(*b)).transpose()?.unwrap_or(0);
+    }
     if neg {
         v = -v;
     }

@@ -2,6 +2,11 @@
 
 use std::process::ExitCode;
 
+// Many small allocations per event (decoded values, protobuf): mimalloc handles them far
+// better than the system allocator (measured in docs/BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use sluice_capture::mysql::{preflight, stream::Capture, Config};
 use sluice_common::{app, preflight::require, CommonArgs, Context};

@@ -152,8 +152,13 @@ impl Filter {
 struct DecoderEntry {
     database: String,
     table: String,
-    schema: TableSchema,
+    schema: std::sync::Arc<TableSchema>,
     decoder: TableDecoder,
+    /// Worked out once per table map, not per row.
+    topic: String,
+    key_prefix: Vec<u8>,
+    counters: [prometheus::IntCounter; 3], // insert, update, delete
+    bytes: prometheus::IntCounter,
 }
 
 struct TxState {
@@ -749,13 +754,31 @@ impl Capture {
             pos: format!("{}:{}", self.file, self.resume.pos),
             reason: e.to_string(),
         })?;
+        let topic = self
+            .topics
+            .topic(&database, &table)
+            .map_err(|e| CaptureError::Definite(e.to_string()))?;
+        let counter = |op: &str| {
+            self.publish_metrics
+                .events
+                .with_label_values(&[&database, &table, op])
+        };
+        let counters = [counter("insert"), counter("update"), counter("delete")];
+        let bytes = self
+            .publish_metrics
+            .bytes
+            .with_label_values(&[&database, &table]);
         self.decoders.insert(
             table_id,
             DecoderEntry {
+                key_prefix: sluice_proto::event_key_prefix(&database, &table),
                 database,
                 table,
-                schema,
+                schema: std::sync::Arc::new(schema),
                 decoder,
+                topic,
+                counters,
+                bytes,
             },
         );
         Ok(())
@@ -783,56 +806,76 @@ impl Capture {
         let Some(entry) = self.decoders.get(&rows.table_id()) else {
             return Ok(()); // a table the filter leaves out
         };
-        let (db, table) = (entry.database.clone(), entry.table.clone());
         let changes = entry
             .decoder
             .decode_event(rows)
             .map_err(|e| CaptureError::Decode {
-                table: format!("{db}.{table}"),
+                table: format!("{}.{}", entry.database, entry.table),
                 pos: format!("{}:{start}", self.file),
                 reason: e.to_string(),
             })?;
         let schema = entry.schema.clone();
-        let schema_id = schema.schema_id;
-        let topic = self
-            .topics
-            .topic(&db, &table)
-            .map_err(|e| CaptureError::Definite(e.to_string()))?;
+        let topic = entry.topic.clone();
+        let key_prefix = entry.key_prefix.clone();
+        let counters = entry.counters.clone();
+        let bytes = entry.bytes.clone();
         self.publisher.ensure_topic(&topic, false).await?;
-        let capture_time = now_micros();
         let commit_time = self
             .tx
             .as_ref()
             .map(|t| t.commit_time_micros)
             .unwrap_or(i64::from(ts) * 1_000_000);
+        // Everything but the row's own fields is the same for every row of this event.
+        let mut event = v1::ChangeEvent {
+            contract: CONTRACT_VERSION,
+            source: Some(self.source.clone()),
+            op: 0,
+            database: schema.database.clone(),
+            table: schema.table.clone(),
+            version: 0,
+            position: Some(self.position(start, 0)),
+            commit_time_micros: commit_time,
+            capture_time_micros: now_micros(),
+            transaction: self.tx.as_ref().map(|t| v1::Transaction {
+                id: t.id.clone(),
+                index: 0,
+                last: false,
+            }),
+            schema_id: schema.schema_id,
+            schema: None,
+            key: Some(v1::Row::default()),
+            before: None,
+            after: None,
+            ddl: None,
+            mongo: None,
+        };
+        let mut payload = Vec::with_capacity(512);
+        let mut key_bytes = Vec::with_capacity(64);
+        let key_of = |r: &v1::Row| -> Vec<v1::Value> {
+            schema
+                .primary_key
+                .iter()
+                .map(|i| r.values[*i as usize].clone())
+                .collect()
+        };
         for (row, (before, after)) in changes.into_iter().enumerate() {
             let row = row as u32;
             let version = mysql_version(&self.file, start, row)
                 .map_err(|e| CaptureError::Definite(e.to_string()))?;
-            let key_of = |r: &Option<v1::Row>| -> Vec<v1::Value> {
-                r.as_ref()
-                    .map(|r| {
-                        schema
-                            .primary_key
-                            .iter()
-                            .map(|i| r.values[*i as usize].clone())
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            let mut out: Vec<(Op, Vec<v1::Value>, Option<v1::Row>, Option<v1::Row>)> = Vec::new();
-            match (&before, &after) {
-                (None, Some(_)) => out.push((Op::Insert, key_of(&after), None, after)),
-                (Some(_), None) => out.push((Op::Delete, key_of(&before), before, None)),
-                (Some(_), Some(_)) => {
-                    let (old, new) = (key_of(&before), key_of(&after));
+            let mut out: Vec<(Op, Vec<v1::Value>, Option<v1::Row>, Option<v1::Row>)> =
+                Vec::with_capacity(1);
+            match (before, after) {
+                (None, Some(a)) => out.push((Op::Insert, key_of(&a), None, Some(a))),
+                (Some(b), None) => out.push((Op::Delete, key_of(&b), Some(b), None)),
+                (Some(b), Some(a)) => {
+                    let (old, new) = (key_of(&b), key_of(&a));
                     if old != new && !schema.primary_key.is_empty() {
                         // A moved row: delete the old key, insert the new one, each on its
                         // own key's partition.
-                        out.push((Op::Delete, old, before.clone(), None));
-                        out.push((Op::Insert, new, None, after));
+                        out.push((Op::Delete, old, Some(b), None));
+                        out.push((Op::Insert, new, None, Some(a)));
                     } else {
-                        out.push((Op::Update, new, before, after));
+                        out.push((Op::Update, new, Some(b), Some(a)));
                     }
                 }
                 (None, None) => {}
@@ -845,43 +888,32 @@ impl Capture {
                     }
                     None => 0,
                 };
-                let event = v1::ChangeEvent {
-                    contract: CONTRACT_VERSION,
-                    source: Some(self.source.clone()),
-                    op: op as i32,
-                    database: db.clone(),
-                    table: table.clone(),
-                    version,
-                    position: Some(self.position(start, row)),
-                    commit_time_micros: commit_time,
-                    capture_time_micros: capture_time,
-                    transaction: self.tx.as_ref().map(|t| v1::Transaction {
-                        id: t.id.clone(),
-                        index,
-                        last: false,
-                    }),
-                    schema_id,
-                    schema: None,
-                    key: Some(v1::Row {
-                        values: key.clone(),
-                    }),
-                    before,
-                    after,
-                    ddl: None,
-                    mongo: None,
-                };
-                let payload = event.encode_to_vec();
-                let op_name = op_label(op);
-                self.publish_metrics
-                    .events
-                    .with_label_values(&[&db, &table, op_name])
-                    .inc();
-                self.publish_metrics
-                    .bytes
-                    .with_label_values(&[&db, &table])
-                    .inc_by(payload.len() as u64);
+                event.op = op as i32;
+                event.version = version;
+                if let Some(v1::Position {
+                    kind: Some(v1::position::Kind::Binlog(p)),
+                }) = event.position.as_mut()
+                {
+                    p.row = row;
+                }
+                if let Some(t) = event.transaction.as_mut() {
+                    t.index = index;
+                }
+                sluice_proto::append_event_key(&key_prefix, &key, &mut key_bytes);
+                event.key = Some(v1::Row { values: key });
+                event.before = before;
+                event.after = after;
+                payload.clear();
+                event.encode(&mut payload).expect("a Vec grows");
+                counters[match op {
+                    Op::Insert => 0,
+                    Op::Update => 1,
+                    _ => 2,
+                }]
+                .inc();
+                bytes.inc_by(payload.len() as u64);
                 self.publisher
-                    .send(&topic, &event_key(&db, &table, &key), &payload, None)
+                    .send(&topic, &key_bytes, &payload, None)
                     .await?;
             }
         }

@@ -134,8 +134,10 @@ async fn main() -> anyhow::Result<()> {
     }
     let db = unique("sluice_bench");
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
-    let ddl = std::fs::read_to_string(root.join("deploy/workloads/w1.mysql.sql"))?
-        .replace("`binlog_field_test_1`", &format!("`{db}`.`binlog_field_test_1`"));
+    let ddl = std::fs::read_to_string(root.join("deploy/workloads/w1.mysql.sql"))?.replace(
+        "`binlog_field_test_1`",
+        &format!("`{db}`.`binlog_field_test_1`"),
+    );
     c.query_drop(format!("CREATE DATABASE `{db}`")).await?;
     c.query_drop(ddl).await?;
     let status: mysql_async::Row = c.query_first("SHOW MASTER STATUS").await?.unwrap();
@@ -199,7 +201,9 @@ async fn main() -> anyhow::Result<()> {
         .with_url(clickhouse_url())
         .with_validation(false);
     let ch_db = format!("{db}_mirror");
-    ch.query(&format!("CREATE DATABASE {ch_db}")).execute().await?;
+    ch.query(&format!("CREATE DATABASE {ch_db}"))
+        .execute()
+        .await?;
     let apply_config = format!(
         "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n[consumer]\ngroup_id = \"{prefix}\"\n\
          topics = [\"^{prefix}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n",
@@ -254,17 +258,31 @@ async fn main() -> anyhow::Result<()> {
     // ClickHouse: compare them as numbers.
     let same_dec = source.4.parse::<f64>().ok() == target.4.parse::<f64>().ok();
     anyhow::ensure!(
-        source.0 == target.0 && source.1 == target.1 && source.2 == target.2 && source.3 == target.3 && same_dec,
+        source.0 == target.0
+            && source.1 == target.1
+            && source.2 == target.2
+            && source.3 == target.3
+            && same_dec,
         "the mirror differs from the source: {target:?} vs {source:?}"
     );
     c.query_drop(format!("DROP DATABASE `{db}`")).await?;
-    ch.query(&format!("DROP DATABASE {ch_db}")).execute().await?;
+    ch.query(&format!("DROP DATABASE {ch_db}"))
+        .execute()
+        .await?;
 
     let per = |s: &Stage| rows as f64 / s.cpu;
-    println!("W1, {rows} rows, {} cores; checked: count and checksum equal", num_cores());
-    println!("| stage | wall s | rows/s | CPU s | rows per CPU s | CPU s per M rows | peak RSS MiB |");
+    println!(
+        "W1, {rows} rows, {} cores; checked: count and checksum equal",
+        num_cores()
+    );
+    println!(
+        "| stage | wall s | rows/s | CPU s | rows per CPU s | CPU s per M rows | peak RSS MiB |"
+    );
     println!("|---|---|---|---|---|---|---|");
-    println!("| MariaDB load (source, for scale) | {write_secs:.1} | {:.0} | | | | |", rows as f64 / write_secs);
+    println!(
+        "| MariaDB load (source, for scale) | {write_secs:.1} | {:.0} | | | | |",
+        rows as f64 / write_secs
+    );
     for s in [&capture, &apply] {
         println!(
             "| {} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} |",
