@@ -37,7 +37,7 @@ check apply-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_TARGET_URL"
 
 say "The pipeline: rows written in MariaDB arrive in Kafka, then in ClickHouse"
 mysql_port=${SLUICE_MYSQL_URL##*:}
-sqlq() { mariadb --no-defaults -h127.0.0.1 -P"$mysql_port" -usluice -psluice -e "$1"; }
+sqlq() { mariadb --no-defaults --default-character-set=utf8mb4 -h127.0.0.1 -P"$mysql_port" -usluice -psluice -e "$1"; }
 run=$(date +%s)
 db=demo_$run
 demo_config=$(mktemp)
@@ -47,7 +47,7 @@ connector = "demo-$run"
 url = "$SLUICE_MYSQL_URL"
 start = "end"
 [filter]
-include = ["$db\\..*"]
+include = ['$db\..*']
 [topics]
 prefix = "demo"
 [publish]
@@ -69,7 +69,7 @@ url = "$SLUICE_CLICKHOUSE_URL"
 database = "demo"
 [consumer]
 group_id = "demo-$run"
-topics = ["^demo\\\\.$db\\\\..*"]
+topics = ['^demo\.$db\..*']
 [batch]
 max_wait_ms = 200
 [kafka]
@@ -89,14 +89,15 @@ sqlq "CREATE DATABASE $db;
       DELETE FROM $db.orders WHERE id = 2;"
 echo "(4 row changes and a CREATE TABLE in $db.orders; the events on topic demo.$db.orders:)"
 sleep 1
-"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --count 8
+"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --count 8 ||
+  { echo "capture-mysql said:"; cat "$demo_config.log"; exit 1; }
 echo
 echo "(and the mirror table demo.orders in ClickHouse, SELECT ... FINAL WHERE _deleted = 0:)"
 for _ in $(seq 1 50); do
   [ "$(chq "SELECT count() FROM demo.orders FINAL WHERE _deleted = 0" 2>/dev/null)" = "1" ] && break
   sleep 0.2
 done
-chq "SELECT id, item, price, placed, _version FROM demo.orders FINAL WHERE _deleted = 0 FORMAT PrettyCompact"
+chq "SELECT id, item, price, placed, _version FROM demo.orders FINAL WHERE _deleted = 0 FORMAT PrettyCompactNoEscapes"
 kill -TERM $capture_pid $apply_pid
 wait $capture_pid $apply_pid || true
 sqlq "DROP DATABASE $db"
