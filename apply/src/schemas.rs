@@ -52,8 +52,7 @@ impl SchemaCache {
         let mut config = self.kafka.client_config(&self.client_id);
         config
             .set("group.id", format!("{}-schema-reader", self.client_id))
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "true");
+            .set("enable.auto.commit", "false");
         let topic = self.topic.clone();
         let timeout = self.kafka.request_timeout();
         let found = tokio::task::spawn_blocking(move || -> Result<Vec<TableSchema>, KafkaError> {
@@ -67,21 +66,21 @@ impl SchemaCache {
             }
             let mut out = Vec::new();
             let mut tpl = TopicPartitionList::new();
-            let mut live = 0;
+            // Read each partition up to its end as it is now (its high watermark).
+            let mut ends = HashMap::new();
             for p in t.partitions() {
                 let (low, high) = consumer.fetch_watermarks(&topic, p.id(), timeout)?;
                 if high > low {
                     tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)?;
-                    live += 1;
+                    ends.insert(p.id(), high);
                 }
             }
-            if live == 0 {
+            if ends.is_empty() {
                 return Ok(out);
             }
             consumer.assign(&tpl)?;
-            let mut ended = 0;
             let deadline = Instant::now() + timeout * 3;
-            while ended < live && Instant::now() < deadline {
+            while !ends.is_empty() && Instant::now() < deadline {
                 match consumer.poll(Duration::from_millis(200)) {
                     Some(Ok(m)) => {
                         if let Some(Ok(r)) = m.payload().map(SchemaRecord::decode) {
@@ -89,8 +88,13 @@ impl SchemaCache {
                                 out.push(s);
                             }
                         }
+                        if ends
+                            .get(&m.partition())
+                            .is_some_and(|h| m.offset() + 1 >= *h)
+                        {
+                            ends.remove(&m.partition());
+                        }
                     }
-                    Some(Err(KafkaError::PartitionEOF(_))) => ended += 1,
                     Some(Err(e)) => return Err(e),
                     None => {}
                 }

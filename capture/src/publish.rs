@@ -455,8 +455,7 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
     let mut config = kafka.client_config(client_id);
     config
         .set("group.id", format!("{client_id}-checkpoint-reader"))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true");
+        .set("enable.auto.commit", "false");
     let timeout = kafka.request_timeout();
     let (topic, connector) = (topic.to_string(), connector.to_string());
     tokio::task::spawn_blocking(move || {
@@ -499,7 +498,6 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
                             break;
                         }
                     }
-                    Some(Err(KafkaError::PartitionEOF(_))) => break,
                     Some(Err(e)) => return Err(e.into()),
                     None => {
                         if Instant::now() > deadline {

@@ -118,55 +118,9 @@ impl Validate for Config {
 
 sluice_common::app_config!(Config);
 
-/// What the binlog reader needs from the server, checked one by one.
-pub async fn preflight(config: &Config) -> Vec<Check> {
-    let mut checks = vec![config.kafka.check("capture-mysql").await];
-    let opts = mysql_async::Opts::from_url(&config.mysql.url).expect("validated at load");
-    let mut conn = match mysql_async::Conn::new(opts).await {
-        Ok(c) => c,
-        Err(e) => {
-            checks.push(Check::fail("mysql", format!("cannot connect: {e}")));
-            return checks;
-        }
-    };
-    match server_checks(&mut conn, config.mysql.server_id).await {
-        Ok(mut c) => checks.append(&mut c),
-        Err(e) => checks.push(Check::fail("mysql", format!("query failed: {e}"))),
-    }
-    let _ = conn.disconnect().await;
-    checks
-}
-
-async fn server_checks(
-    conn: &mut mysql_async::Conn,
-    own_server_id: u32,
-) -> Result<Vec<Check>, mysql_async::Error> {
+/// The binlog settings checks, from `SHOW GLOBAL VARIABLES` rows.
+pub fn binlog_checks(vars: &[(String, String)]) -> Vec<Check> {
     let mut checks = Vec::new();
-    let (version, server_id): (String, u32) = conn
-        .query_first("SELECT @@version, @@server_id")
-        .await?
-        .unwrap_or_default();
-    let mariadb = version.to_ascii_lowercase().contains("mariadb");
-    checks.push(Check::pass(
-        "mysql",
-        format!(
-            "{} {version}, server_id {server_id}",
-            if mariadb { "MariaDB" } else { "MySQL" }
-        ),
-    ));
-    if server_id == own_server_id {
-        checks.push(Check::fail(
-            "mysql.server_id",
-            format!("{own_server_id} is the source's own server_id; pick another"),
-        ));
-    }
-    let vars: Vec<(String, String)> = conn
-        .query(
-            "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
-             ('log_bin', 'binlog_format', 'binlog_row_image', 'binlog_row_metadata', \
-             'binlog_row_value_options')",
-        )
-        .await?;
     for (name, want) in [
         ("log_bin", "ON"),
         ("binlog_format", "ROW"),
@@ -222,6 +176,59 @@ async fn server_checks(
             ));
         }
     }
+    checks
+}
+
+/// What the binlog reader needs from the server, checked one by one.
+pub async fn preflight(config: &Config) -> Vec<Check> {
+    let mut checks = vec![config.kafka.check("capture-mysql").await];
+    let opts = mysql_async::Opts::from_url(&config.mysql.url).expect("validated at load");
+    let mut conn = match mysql_async::Conn::new(opts).await {
+        Ok(c) => c,
+        Err(e) => {
+            checks.push(Check::fail("mysql", format!("cannot connect: {e}")));
+            return checks;
+        }
+    };
+    match server_checks(&mut conn, config.mysql.server_id).await {
+        Ok(mut c) => checks.append(&mut c),
+        Err(e) => checks.push(Check::fail("mysql", format!("query failed: {e}"))),
+    }
+    let _ = conn.disconnect().await;
+    checks
+}
+
+async fn server_checks(
+    conn: &mut mysql_async::Conn,
+    own_server_id: u32,
+) -> Result<Vec<Check>, mysql_async::Error> {
+    let mut checks = Vec::new();
+    let (version, server_id): (String, u32) = conn
+        .query_first("SELECT @@version, @@server_id")
+        .await?
+        .unwrap_or_default();
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    checks.push(Check::pass(
+        "mysql",
+        format!(
+            "{} {version}, server_id {server_id}",
+            if mariadb { "MariaDB" } else { "MySQL" }
+        ),
+    ));
+    if server_id == own_server_id {
+        checks.push(Check::fail(
+            "mysql.server_id",
+            format!("{own_server_id} is the source's own server_id; pick another"),
+        ));
+    }
+    let vars: Vec<(String, String)> = conn
+        .query(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
+             ('log_bin', 'binlog_format', 'binlog_row_image', 'binlog_row_metadata', \
+             'binlog_row_value_options')",
+        )
+        .await?;
+    checks.extend(binlog_checks(&vars));
     let grants: Vec<String> = conn.query("SHOW GRANTS FOR CURRENT_USER()").await?;
     let all = grants.join(" ").to_uppercase();
     let has_all = all.contains("ALL PRIVILEGES ON *.*");
@@ -241,4 +248,59 @@ async fn server_checks(
         }
     }
     Ok(checks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn failed(checks: &[Check]) -> Vec<String> {
+        checks
+            .iter()
+            .filter_map(|c| match &c.outcome {
+                sluice_common::preflight::Outcome::Fail(why) => Some(format!("{}: {why}", c.name)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_good_server_passes() {
+        let c = binlog_checks(&vars(&[
+            ("log_bin", "ON"),
+            ("binlog_format", "ROW"),
+            ("binlog_row_image", "FULL"),
+            ("binlog_row_metadata", "FULL"),
+        ]));
+        assert!(failed(&c).is_empty(), "{c:?}");
+    }
+
+    #[test]
+    fn binlog_off_and_statement_format_are_named() {
+        let c = binlog_checks(&vars(&[
+            ("log_bin", "OFF"),
+            ("binlog_format", "STATEMENT"),
+            ("binlog_row_image", "MINIMAL"),
+            ("binlog_row_value_options", "PARTIAL_JSON"),
+        ]));
+        let f = failed(&c);
+        assert_eq!(f.len(), 4, "{f:?}");
+        assert!(f[0].contains("log_bin is \"OFF\", must be ON"), "{f:?}");
+        assert!(
+            f[1].contains("binlog_format is \"STATEMENT\", must be ROW"),
+            "{f:?}"
+        );
+        assert!(f[2].contains("binlog_row_image"), "{f:?}");
+        assert!(f[3].contains("PARTIAL_JSON"), "{f:?}");
+        // Without row metadata: a warning, not a failure.
+        assert!(c.iter().any(|c| c.name == "binlog_row_metadata"
+            && matches!(c.outcome, sluice_common::preflight::Outcome::Warn(_))));
+    }
 }

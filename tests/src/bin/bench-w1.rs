@@ -11,6 +11,9 @@
 //!    (mirror mode) and measures until ClickHouse acknowledged every row.
 //! 4. Checks the result: row count and a checksum of the mirror equal the source's, so a fast
 //!    wrong run cannot report.
+//! 5. Sustained end to end: both stages running, a writer inserts batches of 1000 rows at
+//!    20 000 rows/s for 30 s; each batch's latency runs from MariaDB acknowledging its INSERT to
+//!    ClickHouse counting its rows (polled every 20 ms): p50, p99, max, and the rate achieved.
 //!
 //! For each stage: wall time, rows/s, CPU seconds of the process (from /proc), rows per CPU
 //! second and peak resident memory. Prints a table and writes `target/bench/w1.json`.
@@ -74,17 +77,8 @@ async fn measure(
     counter: &str,
     rows: u64,
 ) -> anyhow::Result<(Stage, Child)> {
-    let port = free_port();
-    let file = tempfile::NamedTempFile::new()?;
-    std::fs::write(
-        file.path(),
-        format!("{config}\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[log]\nlevel = \"warn\"\n"),
-    )?;
     let start = Instant::now();
-    let mut child = Command::new(binary)
-        .args(["-c", file.path().to_str().unwrap()])
-        .stdout(Stdio::null())
-        .spawn()?;
+    let (mut child, port, file) = spawn_stage(binary, &config)?;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         if let Some(status) = child.try_wait()? {
@@ -109,7 +103,7 @@ async fn measure(
     }
 }
 
-fn stop(mut child: Child) {
+fn stop_child(mut child: Child) {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
@@ -148,30 +142,7 @@ async fn main() -> anyhow::Result<()> {
     let mut written = 0;
     while written < rows {
         let n = 1000.min(rows - written);
-        let values: Vec<String> = (0..n)
-            .map(|i| {
-                let k = written + i;
-                format!(
-                    "('varchar value {k}','c','en2','set1,set3','11:22:33','2024-01-02',2024,\
-                     '2024-01-02 03:04:05','2024-01-02 03:04:05',1.25,2.5,{}.25,'text {k}','blob',\
-                     b'101',1,'m','l','t',{},{},{},{},{k})",
-                    k % 1_000_000,
-                    k % 256,
-                    k % 65536,
-                    k % 16_777_216,
-                    k % 4_294_967_296
-                )
-            })
-            .collect();
-        c.query_drop(format!(
-            "INSERT INTO `{db}`.binlog_field_test_1 (testvarchar,testchar,testenum,testset,testtime,\
-             testdate,testyear,testtimestamp,testdatetime,testfloat,testdouble,testdecimal,testtext,\
-             testblob,testbit,testbool,testmediumblob,testlongblob,testtinyblob,\
-             test_unsinged_tinyint,test_unsinged_smallint,test_unsinged_mediumint,\
-             test_unsinged_int,test_unsinged_bigint) VALUES {}",
-            values.join(",")
-        ))
-        .await?;
+        c.query_drop(insert_sql(&db, written, n)).await?;
         written += n;
     }
     let write_secs = t0.elapsed().as_secs_f64();
@@ -194,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
         rows,
     )
     .await?;
-    stop(child);
+    stop_child(child);
 
     eprintln!("3/4 apply drain ...");
     let ch = clickhouse::Client::default()
@@ -218,7 +189,7 @@ async fn main() -> anyhow::Result<()> {
         rows,
     )
     .await?;
-    stop(child);
+    stop_child(child);
 
     eprintln!("4/4 checking ...");
     // Count, and sums over an unsigned, a signed and a text column.
@@ -270,6 +241,9 @@ async fn main() -> anyhow::Result<()> {
         .execute()
         .await?;
 
+    eprintln!("5/5 sustained end to end, 20 000 rows/s offered for 30 s ...");
+    let e2e = sustained(&release, &root, 20_000, 30).await?;
+
     let per = |s: &Stage| rows as f64 / s.cpu;
     println!(
         "W1, {rows} rows, {} cores; checked: count and checksum equal",
@@ -295,6 +269,23 @@ async fn main() -> anyhow::Result<()> {
             s.rss / 1048576.0
         );
     }
+    println!();
+    println!(
+        "Sustained end to end: {} rows/s offered for {} s ({} rows): achieved {:.0} rows/s; \
+         latency MariaDB commit -> visible in ClickHouse p50 {:.3} s, p99 {:.3} s, max {:.3} s; \
+         CPU capture {:.1} s, apply {:.1} s; peak RSS capture {:.1} MiB, apply {:.1} MiB",
+        e2e.offered,
+        e2e.seconds,
+        e2e.rows,
+        e2e.achieved,
+        e2e.p50,
+        e2e.p99,
+        e2e.max,
+        e2e.capture_cpu,
+        e2e.apply_cpu,
+        e2e.capture_rss / 1048576.0,
+        e2e.apply_rss / 1048576.0
+    );
     let stage_json = |s: &Stage| {
         serde_json::json!({
             "wall_seconds": s.wall,
@@ -312,12 +303,218 @@ async fn main() -> anyhow::Result<()> {
         "source_insert_seconds": write_secs,
         "capture_catch_up": stage_json(&capture),
         "apply_drain": stage_json(&apply),
+        "sustained": {
+            "offered_rows_per_second": e2e.offered,
+            "seconds": e2e.seconds,
+            "rows": e2e.rows,
+            "achieved_rows_per_second": e2e.achieved,
+            "latency_p50_seconds": e2e.p50,
+            "latency_p99_seconds": e2e.p99,
+            "latency_max_seconds": e2e.max,
+            "capture_cpu_seconds": e2e.capture_cpu,
+            "apply_cpu_seconds": e2e.apply_cpu,
+            "capture_peak_rss_bytes": e2e.capture_rss,
+            "apply_peak_rss_bytes": e2e.apply_rss,
+        },
         "checked": true,
     });
     let out = root.join("target/bench");
     std::fs::create_dir_all(&out)?;
     std::fs::write(out.join("w1.json"), serde_json::to_string_pretty(&json)?)?;
     Ok(())
+}
+
+/// INSERT of `n` W1 rows (ids from AUTO_INCREMENT), values derived from `from..from + n`.
+fn insert_sql(db: &str, from: u64, n: u64) -> String {
+    let values: Vec<String> = (from..from + n)
+        .map(|k| {
+            format!(
+                "('varchar value {k}','c','en2','set1,set3','11:22:33','2024-01-02',2024,\
+                 '2024-01-02 03:04:05','2024-01-02 03:04:05',1.25,2.5,{}.25,'text {k}','blob',\
+                 b'101',1,'m','l','t',{},{},{},{},{k})",
+                k % 1_000_000,
+                k % 256,
+                k % 65536,
+                k % 16_777_216,
+                k % 4_294_967_296
+            )
+        })
+        .collect();
+    format!(
+        "INSERT INTO `{db}`.binlog_field_test_1 (testvarchar,testchar,testenum,testset,testtime,\
+         testdate,testyear,testtimestamp,testdatetime,testfloat,testdouble,testdecimal,testtext,\
+         testblob,testbit,testbool,testmediumblob,testlongblob,testtinyblob,\
+         test_unsinged_tinyint,test_unsinged_smallint,test_unsinged_mediumint,\
+         test_unsinged_int,test_unsinged_bigint) VALUES {}",
+        values.join(",")
+    )
+}
+
+/// Start a stage in the background with a config (a metrics section is added).
+fn spawn_stage(
+    binary: &std::path::Path,
+    config: &str,
+) -> anyhow::Result<(Child, u16, tempfile::NamedTempFile)> {
+    let port = free_port();
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        file.path(),
+        format!("{config}\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[log]\nlevel = \"warn\"\n"),
+    )?;
+    let child = Command::new(binary)
+        .args(["-c", file.path().to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()?;
+    Ok((child, port, file))
+}
+
+/// Offered rate and latency, end to end: a writer inserting batches of 1000 rows at a fixed
+/// rate while both stages run; a batch's latency is from its INSERT's acknowledgement by
+/// MariaDB to the moment ClickHouse counts all its rows.
+struct Sustained {
+    offered: u64,
+    seconds: u64,
+    rows: u64,
+    achieved: f64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    capture_cpu: f64,
+    apply_cpu: f64,
+    capture_rss: f64,
+    apply_rss: f64,
+}
+
+async fn sustained(
+    release: &std::path::Path,
+    root: &std::path::Path,
+    offered: u64,
+    seconds: u64,
+) -> anyhow::Result<Sustained> {
+    let db = unique("sluice_bench_e2e");
+    let ch_db = format!("{db}_mirror");
+    let prefix = unique("bench_e2e");
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
+    let ddl = std::fs::read_to_string(root.join("deploy/workloads/w1.mysql.sql"))?.replace(
+        "`binlog_field_test_1`",
+        &format!("`{db}`.`binlog_field_test_1`"),
+    );
+    c.query_drop(format!("CREATE DATABASE `{db}`")).await?;
+    c.query_drop(ddl).await?;
+    let ch = clickhouse::Client::default()
+        .with_url(clickhouse_url())
+        .with_validation(false);
+    ch.query(&format!("CREATE DATABASE {ch_db}"))
+        .execute()
+        .await?;
+    let (capture, _, _cf) = spawn_stage(
+        &release.join("capture-mysql"),
+        &format!(
+            "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"end\"\nserver_id = {}\n\
+             [filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
+             [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
+            mysql_url(),
+            800_000 + std::process::id() % 90_000,
+            kafka_brokers()
+        ),
+    )?;
+    let (apply, _, _af) = spawn_stage(
+        &release.join("apply-clickhouse"),
+        &format!(
+            "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n[consumer]\ngroup_id = \"{prefix}\"\n\
+             topics = [\"^{prefix}\\\\..*\"]\n[batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
+            clickhouse_url(),
+            kafka_brokers()
+        ),
+    )?;
+    let count = |ch: clickhouse::Client, ch_db: String| async move {
+        ch.query(&format!("SELECT count() FROM {ch_db}.binlog_field_test_1"))
+            .fetch_one::<u64>()
+            .await
+            .unwrap_or(0)
+    };
+    // Warm-up: one row through the whole pipeline (topic, group, table all in place).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.query_drop(insert_sql(&db, 0, 1)).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(ch.clone(), ch_db.clone()).await < 1 {
+        anyhow::ensure!(Instant::now() < deadline, "warm-up row never arrived");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The watcher: (time, rows visible) every 20 ms.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (ch, ch_db, stop) = (ch.clone(), ch_db.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = count(ch.clone(), ch_db.clone()).await;
+                seen.push((Instant::now(), n));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            seen
+        })
+    };
+    let batches = offered * seconds / 1000;
+    let interval = Duration::from_micros(1_000_000_000 / offered);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut acked = Vec::with_capacity(batches as usize);
+    let started = Instant::now();
+    for k in 0..batches {
+        ticker.tick().await;
+        c.query_drop(insert_sql(&db, 1 + k * 1000, 1000)).await?;
+        acked.push(Instant::now());
+    }
+    let total = 1 + batches * 1000;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while count(ch.clone(), ch_db.clone()).await < total {
+        anyhow::ensure!(Instant::now() < deadline, "the pipeline never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = watcher.await?;
+    let mut lat: Vec<f64> = acked
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let need = 1 + (k as u64 + 1) * 1000;
+            let visible = seen
+                .iter()
+                .find(|(at, n)| *n >= need && at >= t)
+                .map(|(at, _)| *at)
+                .unwrap_or_else(Instant::now);
+            visible.duration_since(*t).as_secs_f64()
+        })
+        .collect();
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
+    let last_visible = seen
+        .iter()
+        .find(|(_, n)| *n >= total)
+        .map(|(at, _)| *at)
+        .unwrap_or_else(Instant::now);
+    let result = Sustained {
+        offered,
+        seconds,
+        rows: batches * 1000,
+        achieved: (batches * 1000) as f64 / last_visible.duration_since(started).as_secs_f64(),
+        p50: pct(0.5),
+        p99: pct(0.99),
+        max: *lat.last().unwrap_or(&0.0),
+        capture_cpu: cpu_seconds(capture.id())?,
+        apply_cpu: cpu_seconds(apply.id())?,
+        capture_rss: peak_rss(capture.id())?,
+        apply_rss: peak_rss(apply.id())?,
+    };
+    stop_child(capture);
+    stop_child(apply);
+    c.query_drop(format!("DROP DATABASE `{db}`")).await?;
+    ch.query(&format!("DROP DATABASE {ch_db}"))
+        .execute()
+        .await?;
+    Ok(result)
 }
 
 fn num_cores() -> usize {
