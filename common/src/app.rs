@@ -79,21 +79,28 @@ pub struct Context<C> {
     pub metrics_addr: SocketAddr,
 }
 
-/// Run a binary: see the module docs. `check` runs the binary's preflight checks for
-/// `--check`; `body` is the binary's work.
+/// Run a binary: see the module docs. `check` is the binary's preflight: printed for
+/// `--check`, and required to pass before `body`, the binary's work, starts.
 pub fn main<C, Chk, ChkFut, B, BFut>(
     binary: &'static str,
-    args: CommonArgs,
+    about: &'static str,
     check: Chk,
     body: B,
 ) -> ExitCode
 where
-    C: AppConfig,
+    C: AppConfig + Clone,
     Chk: FnOnce(C) -> ChkFut,
     ChkFut: Future<Output = Vec<crate::preflight::Check>>,
     B: FnOnce(Context<C>) -> BFut,
     BFut: Future<Output = anyhow::Result<()>>,
 {
+    use clap::{Args as _, FromArgMatches as _};
+    let command = CommonArgs::augment_args(
+        clap::Command::new(binary)
+            .about(about)
+            .version(env!("CARGO_PKG_VERSION")),
+    );
+    let args = CommonArgs::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     let config: C = match config::load(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -126,9 +133,13 @@ where
         }
     };
     runtime.block_on(async move {
+        let checks = check(config.clone()).await;
         if args.check {
-            let checks = check(config).await;
             return crate::preflight::report(binary, &checks);
+        }
+        if let Err(e) = crate::preflight::require(&checks) {
+            tracing::error!(error = format!("{e:#}"), "{binary} cannot start");
+            return ExitCode::FAILURE;
         }
         let shutdown = Shutdown::new();
         if let Err(e) = shutdown.listen_for_signals() {

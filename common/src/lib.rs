@@ -3,6 +3,7 @@
 //! ([`shutdown`]), Kafka client settings ([`kafka`]) and preflight checks ([`preflight`]).
 
 pub mod app;
+pub mod civil;
 pub mod config;
 pub mod kafka;
 pub mod logging;
@@ -20,3 +21,8 @@ pub use logging::LogConfig;
 pub use preflight::Check;
 pub use shutdown::Shutdown;
 pub use topics::TopicsConfig;
+
+// Many small allocations per event (decoded values, protobuf): mimalloc handles them far better
+// than the system allocator (docs/BENCHMARKS.md). Every binary links this crate.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

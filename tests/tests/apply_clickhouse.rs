@@ -23,6 +23,18 @@ async fn mysql() -> mysql_async::Conn {
 
 /// An apply-clickhouse process reading the topics of `prefix` into ClickHouse database `ch_db`.
 fn apply(prefix: &str, ch_db: &str, mode: &str, group: &str, extra: &str) -> CaptureProcess {
+    apply_to(&clickhouse_url(), prefix, ch_db, mode, group, extra)
+}
+
+/// The same, writing to the ClickHouse server at `url`.
+fn apply_to(
+    url: &str,
+    prefix: &str,
+    ch_db: &str,
+    mode: &str,
+    group: &str,
+    extra: &str,
+) -> CaptureProcess {
     let batch = if extra.contains("[batch]") {
         ""
     } else {
@@ -42,7 +54,7 @@ fn apply(prefix: &str, ch_db: &str, mode: &str, group: &str, extra: &str) -> Cap
          [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{}\\\\..*\"]\n\
          {batch}{tables}\
          [kafka]\nbrokers = \"{}\"\n{extra}\n",
-        clickhouse_url(),
+        url,
         prefix.replace('.', "\\\\."),
         kafka_brokers()
     );
@@ -535,16 +547,14 @@ async fn clickhouse_down_then_up_loses_nothing() {
         .unwrap();
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let prefix = cap.prefix.clone();
-    let text = format!(
-        "[clickhouse]\nurl = \"{}\"\ndatabase = \"{m_db}\"\n\
-         [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{prefix}\\\\..*\"]\n\
-         [batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
-        server.url(),
-        unique("g"),
-        kafka_brokers()
+    let mut mirror = apply_to(
+        &server.url(),
+        &prefix,
+        &m_db,
+        "mirror",
+        &unique("g"),
+        "[batch]\nmax_wait_ms = 100\n",
     );
-    let mut mirror =
-        CaptureProcess::spawn_binary("apply-clickhouse", (text, String::new(), String::new()));
     let mut c = mysql().await;
     c.query_drop(format!("CREATE DATABASE `{db}`"))
         .await

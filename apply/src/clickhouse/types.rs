@@ -406,7 +406,7 @@ pub fn text(k: &Kind, c: &Column) -> String {
                 return format!("0000-00-00 00:00:00{}", frac(0));
             }
             let secs = us.div_euclid(1_000_000);
-            let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+            let (y, m, d) = sluice_common::civil::civil_from_days(secs.div_euclid(86_400));
             let rem = secs.rem_euclid(86_400);
             format!(
                 "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}{}",
@@ -535,27 +535,11 @@ fn days_from_civil(y: i32, m: u32, d: u32) -> Result<i64, String> {
             "{y:04}-{m:02}-{d:02} is a partial date ClickHouse cannot hold"
         ));
     }
-    let (y, m, d) = (i64::from(y), i64::from(m), i64::from(d));
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    Ok(era * 146_097 + doe - 719_468)
-}
-
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { y + 1 } else { y }, m, d)
+    Ok(sluice_common::civil::days_from_civil(
+        i64::from(y),
+        i64::from(m),
+        i64::from(d),
+    ))
 }
 
 #[cfg(test)]

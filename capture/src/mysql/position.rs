@@ -86,20 +86,9 @@ fn parse_time(t: &str) -> Result<u64, String> {
     if d.len() != 3 || tm.len() != 3 {
         return Err(bad());
     }
-    let days = days_from_civil(d[0], d[1], d[2]);
+    let days = sluice_common::civil::days_from_civil(d[0], d[1], d[2]);
     let secs = days * 86_400 + tm[0] * 3600 + tm[1] * 60 + tm[2];
     u64::try_from(secs).map_err(|_| bad())
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// What the capture stores in Kafka (checkpoint topic, key = connector name) after every event
