@@ -182,6 +182,28 @@ async fn ch_exec(sql: String) {
     ch().query(&sql).execute().await.unwrap();
 }
 
+/// A test's source database, its ClickHouse database (`<db><suffix>`), and a capture of it.
+async fn pipeline(name: &str, suffix: &str) -> (String, String, CaptureProcess) {
+    let db = unique(name);
+    let ch_db = format!("{db}{suffix}");
+    ch_exec(format!("CREATE DATABASE {ch_db}")).await;
+    let cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    (db, ch_db, cap)
+}
+
+/// Stop every process (each must exit 0) and drop the source database.
+async fn finish(db: &str, processes: &mut [&mut CaptureProcess]) {
+    for p in processes.iter_mut() {
+        let (code, out) = p.stop();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    mysql()
+        .await
+        .query_drop(format!("DROP DATABASE `{db}`"))
+        .await
+        .unwrap();
+}
+
 /// A mixed load: inserts, updates, deletes, key changes.
 async fn mixed_load(db: &str) -> usize {
     let mut c = mysql().await;
@@ -261,19 +283,12 @@ async fn mirror_equals_source_and_changelog_holds_every_change() {
             ("update".to_string(), 60)
         ]
     );
-    for p in [&mut cap, &mut mirror, &mut log] {
-        let (code, out) = p.stop();
-        assert_eq!(code, Some(0), "{out}");
-    }
-    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+    finish(&db, &mut [&mut cap, &mut mirror, &mut log]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_of_apply_mid_batches_loses_nothing() {
-    let db = unique("sluice_t_apply_kill");
-    let m_db = format!("{db}_mirror");
-    ch_exec(format!("CREATE DATABASE {m_db}")).await;
-    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_kill", "_mirror").await;
     let prefix = cap.prefix.clone();
     // A backlog first, so that apply commits offsets in the middle of the partitions.
     let mut c = mysql().await;
@@ -322,11 +337,7 @@ async fn kill_9_of_apply_mid_batches_loses_nothing() {
     .unwrap();
     mirror.restart();
     converge(&db, &m_db, Duration::from_secs(90)).await;
-    for p in [&mut cap, &mut mirror] {
-        let (code, out) = p.stop();
-        assert_eq!(code, Some(0), "{out}");
-    }
-    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+    finish(&db, &mut [&mut cap, &mut mirror]).await;
 }
 
 fn scrape(port: u16) -> String {
@@ -359,10 +370,7 @@ fn assigned(port: u16) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_instances_share_the_partitions() {
-    let db = unique("sluice_t_apply_two");
-    let m_db = format!("{db}_mirror");
-    ch_exec(format!("CREATE DATABASE {m_db}")).await;
-    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_two", "_mirror").await;
     let prefix = cap.prefix.clone();
     // The topic first (the capture creates it with the first row), then the two members.
     let mut c = mysql().await;
@@ -437,11 +445,7 @@ async fn two_instances_share_the_partitions() {
     let (ra, rb) = (rows_written(a.metrics_port), rows_written(b.metrics_port));
     assert!(ra > 0 && rb > 0, "both instances write: {ra} + {rb}");
     assert!(ra + rb >= 601, "{ra} + {rb}");
-    for p in [&mut cap, &mut a, &mut b] {
-        let (code, out) = p.stop();
-        assert_eq!(code, Some(0), "{out}");
-    }
-    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+    finish(&db, &mut [&mut cap, &mut a, &mut b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -451,10 +455,7 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
     use rdkafka::producer::{FutureProducer, FutureRecord};
     use rdkafka::Message;
 
-    let db = unique("sluice_t_apply_poison");
-    let m_db = format!("{db}_mirror");
-    ch_exec(format!("CREATE DATABASE {m_db}")).await;
-    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_poison", "_mirror").await;
     let prefix = cap.prefix.clone();
     let dlq = unique("dlq");
     let mut mirror = apply(
@@ -522,11 +523,7 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
         assert_eq!(payload, &vec![0xffu8, 0xff, 0xff, 0x01]);
         assert!(reason.contains("not a change event"), "{reason}");
     }
-    for p in [&mut cap, &mut mirror] {
-        let (code, out) = p.stop();
-        assert_eq!(code, Some(0), "{out}");
-    }
-    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+    finish(&db, &mut [&mut cap, &mut mirror]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -699,9 +696,5 @@ async fn the_reference_w1_changelog_table_is_written_by_column_name() {
     assert_eq!(last.ts, "2024-01-02 03:04:05");
     assert_eq!(last.bit, 5);
     assert!(last.version > 0);
-    for p in [&mut cap, &mut log] {
-        let (code, out) = p.stop();
-        assert_eq!(code, Some(0), "{out}");
-    }
-    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+    finish(&db, &mut [&mut cap, &mut log]).await;
 }
