@@ -116,8 +116,7 @@ fn every_value_kind() -> Vec<Kind> {
 fn every_value_kind_round_trips() {
     let kinds = every_value_kind();
     // Each oneof variant of Value appears at least once.
-    let tags: std::collections::HashSet<_> =
-        kinds.iter().map(|k| std::mem::discriminant(k)).collect();
+    let tags: std::collections::HashSet<_> = kinds.iter().map(std::mem::discriminant).collect();
     assert_eq!(
         tags.len(),
         19,

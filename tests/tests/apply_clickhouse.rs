@@ -698,3 +698,41 @@ async fn the_reference_w1_changelog_table_is_written_by_column_name() {
     assert!(last.version > 0);
     finish(&db, &mut [&mut cap, &mut log]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rebalance_writes_the_batch_in_hand_first() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_drain", "_mirror").await;
+    let prefix = cap.prefix.clone();
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(w1_ddl(&db)).await.unwrap();
+    c.query_drop(w1_insert(&db, 1, 1)).await.unwrap();
+    // A holds its batch for up to 60 s: only a drain writes it sooner.
+    let group = unique("g");
+    let extra = "[batch]\nmax_wait_ms = 60000\n";
+    let mut a = apply(&prefix, &m_db, "mirror", &group, extra);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !assigned(a.metrics_port) {
+        assert!(Instant::now() < deadline, "a never got partitions");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let a settle (the table's DDL events on every partition each write what came before).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = rows_written(a.metrics_port);
+    c.query_drop(w1_insert(&db, 2, 200)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        rows_written(a.metrics_port),
+        before,
+        "a wrote its batch before the rebalance"
+    );
+    // A second member joins: a lets partitions go, writing what it holds first.
+    let mut b = apply(&prefix, &m_db, "mirror", &group, extra);
+    converge(&db, &m_db, Duration::from_secs(30)).await;
+    finish(&db, &mut [&mut cap, &mut b]).await;
+    let (code, log) = a.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("wrote the batch in hand"), "{log}");
+}

@@ -15,11 +15,14 @@
 //! - An event that can never be written (not a change event, an unknown schema, a value the
 //!   column cannot hold) goes to the dead-letter topic with the reason (or stops the process,
 //!   with `errors.on_bad_event = "stop"`); the rest flows on.
+//! - Before partitions are revoked (rebalance), the batch in hand is written and its offsets
+//!   committed from the revoke callback; SIGTERM does the same and exits.
 //! - A DDL event is applied in order with the rows of its partition: the batch so far is
 //!   written first. ADD and DROP COLUMN are applied to the target; a DDL that fails stops that
 //!   table (its later events are dead-lettered with the statement named), not the pipeline.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -131,6 +134,52 @@ impl Metrics {
 struct Context {
     lag: IntGaugeVec,
     assigned: prometheus::IntGauge,
+    batch: Arc<Mutex<Batch>>,
+    writer: Writer,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Context {
+    /// Before partitions are let go: write the batch in hand and commit its offsets, so the
+    /// next owner starts after it. If the write fails, nothing is stored: the next owner reads
+    /// those events again (harmless).
+    fn drain(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>) {
+        let taken = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
+        if taken.offsets.is_empty() {
+            return;
+        }
+        let write = async {
+            for (name, tb) in &taken.tables {
+                self.writer.insert_once(name, tb).await?;
+            }
+            Ok::<(), clickhouse::error::Error>(())
+        };
+        // The callback runs inside the consumer's poll: on a runtime worker (block in place),
+        // or on a plain thread.
+        let result = if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::task::block_in_place(|| self.runtime.block_on(write))
+        } else {
+            self.runtime.block_on(write)
+        };
+        match result {
+            Ok(()) => {
+                for (topic, partitions) in &taken.offsets {
+                    for (partition, last) in partitions {
+                        let _ = consumer.store_offset(topic, *partition, *last);
+                    }
+                }
+                if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+                    tracing::warn!(error = %e, "commit before letting partitions go failed");
+                }
+                tracing::info!(
+                    rows = taken.rows,
+                    "wrote the batch in hand before letting partitions go"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, rows = taken.rows,
+                "could not write the batch in hand before letting partitions go; their next owner reads it again"),
+        }
+    }
 }
 
 impl ClientContext for Context {
@@ -150,10 +199,13 @@ impl ClientContext for Context {
 impl ConsumerContext for Context {
     fn pre_rebalance(
         &self,
-        _: &rdkafka::consumer::BaseConsumer<Self>,
+        consumer: &rdkafka::consumer::BaseConsumer<Self>,
         r: &rdkafka::consumer::Rebalance<'_>,
     ) {
         tracing::info!(rebalance = ?r, "rebalance");
+        if let rdkafka::consumer::Rebalance::Revoke(_) = r {
+            self.drain(consumer);
+        }
     }
 
     fn post_rebalance(
@@ -166,6 +218,46 @@ impl ConsumerContext for Context {
             rdkafka::consumer::Rebalance::Revoke(_) => self.assigned.set(0),
             rdkafka::consumer::Rebalance::Error(_) => {}
         }
+    }
+}
+
+/// Writes one table's part of a batch: one INSERT. Shared by the sink and the rebalance
+/// callback (which writes the batch in hand before partitions are let go).
+#[derive(Clone)]
+struct Writer {
+    client: clickhouse::Client,
+    database: String,
+    dedup_token: bool,
+    rows: IntCounterVec,
+}
+
+impl Writer {
+    async fn insert_once(
+        &self,
+        name: &str,
+        tb: &TableBatch,
+    ) -> Result<(), clickhouse::error::Error> {
+        let sql = format!(
+            "INSERT INTO {}.{} ({}) FORMAT RowBinary",
+            quote(&self.database),
+            quote(name),
+            tb.columns
+                .iter()
+                .map(|c| quote(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let body = Bytes::from(tb.body.clone());
+        let mut insert = self.client.insert_formatted_with(sql);
+        if self.dedup_token {
+            // Only servers that know the setting get a token (hashing the batch costs CPU).
+            let token = format!("{:016x}-{}", fnv(&body), body.len());
+            insert = insert.with_setting("insert_deduplication_token", token);
+        }
+        insert.send(body).await?;
+        insert.end().await?;
+        self.rows.with_label_values(&[name]).inc_by(tb.rows as u64);
+        Ok(())
     }
 }
 
@@ -202,7 +294,7 @@ struct TableBatch {
 }
 
 #[derive(Default)]
-struct Batch {
+pub(crate) struct Batch {
     tables: BTreeMap<String, TableBatch>,
     /// topic -> partition -> offset of the last event handled, stored once this batch is
     /// written (librdkafka's `rd_kafka_offset_store` commits that offset + 1).
@@ -222,7 +314,9 @@ pub struct Sink {
     schemas: SchemaCache,
     targets: HashMap<String, Target>,
     plans: HashMap<u64, std::sync::Arc<Plan>>,
-    batch: Batch,
+    /// Shared with the rebalance callback, which drains it before partitions go.
+    batch: Arc<Mutex<Batch>>,
+    writer: Writer,
     metrics: Metrics,
 }
 
@@ -252,9 +346,19 @@ impl Sink {
             .kafka
             .consumer_config("apply-clickhouse", &config.consumer.group_id);
         cc.set("statistics.interval.ms", "5000");
+        let batch = Arc::new(Mutex::new(Batch::default()));
+        let writer = Writer {
+            client: client.clone(),
+            database: config.clickhouse.database.clone(),
+            dedup_token: features.dedup_token,
+            rows: metrics.rows.clone(),
+        };
         let consumer: StreamConsumer<Context> = cc.create_with_context(Context {
             lag: metrics.lag.clone(),
             assigned: metrics.assigned.clone(),
+            batch: batch.clone(),
+            writer: writer.clone(),
+            runtime: tokio::runtime::Handle::current(),
         })?;
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -280,7 +384,8 @@ impl Sink {
             schemas,
             targets: HashMap::new(),
             plans: HashMap::new(),
-            batch: Batch::default(),
+            batch,
+            writer,
             metrics,
             config,
         })
@@ -290,9 +395,8 @@ impl Sink {
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), ApplyError> {
         let max_wait = Duration::from_millis(self.config.batch.max_wait_ms);
         let result = loop {
-            let deadline = self
-                .batch
-                .started
+            let started = self.batch().started;
+            let deadline = started
                 .map(|s| s + max_wait)
                 .unwrap_or_else(|| Instant::now() + max_wait);
             let step = tokio::select! {
@@ -329,9 +433,13 @@ impl Sink {
         result
     }
 
+    fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
+        self.batch.lock().expect("batch lock")
+    }
+
     fn full(&self) -> bool {
-        self.batch.rows >= self.config.batch.max_rows
-            || self.batch.bytes >= self.config.batch.max_bytes
+        let b = self.batch();
+        b.rows >= self.config.batch.max_rows || b.bytes >= self.config.batch.max_bytes
     }
 
     async fn handle(
@@ -339,17 +447,18 @@ impl Sink {
         m: &rdkafka::message::OwnedMessage,
         shutdown: &Shutdown,
     ) -> Result<(), ApplyError> {
-        self.batch.started.get_or_insert_with(Instant::now);
+        self.batch().started.get_or_insert_with(Instant::now);
         let outcome = self.apply_event(m, shutdown).await;
         if let Err(reason) = outcome {
             self.dead_letter(m, &reason).await?;
         }
-        match self.batch.offsets.get_mut(m.topic()) {
+        let mut batch = self.batch();
+        match batch.offsets.get_mut(m.topic()) {
             Some(p) => {
                 p.insert(m.partition(), m.offset());
             }
             None => {
-                self.batch.offsets.insert(
+                batch.offsets.insert(
                     m.topic().to_string(),
                     HashMap::from([(m.partition(), m.offset())]),
                 );
@@ -611,18 +720,20 @@ impl Sink {
         }
         // One INSERT per table per batch: a different column list (a schema change) closes
         // this table's part first.
-        if self.batch.tables.get(&plan.target).is_some_and(|b| {
+        let other_columns = self.batch().tables.get(&plan.target).is_some_and(|b| {
             !std::sync::Arc::ptr_eq(&b.columns, &plan.insert_columns)
                 && *b.columns != *plan.insert_columns
-        }) {
+        });
+        if other_columns {
             self.flush_table(&plan.target)
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        let tb = match self.batch.tables.get_mut(&plan.target) {
+        let mut guard = self.batch();
+        let batch = &mut *guard;
+        let tb = match batch.tables.get_mut(&plan.target) {
             Some(tb) => tb,
-            None => self
-                .batch
+            None => batch
                 .tables
                 .entry(plan.target.clone())
                 .or_insert_with(|| TableBatch {
@@ -666,11 +777,10 @@ impl Sink {
         }
         let len = tb.body.len() - start;
         tb.rows += 1;
-        self.batch.rows += 1;
-        self.batch.bytes += len;
+        batch.rows += 1;
+        batch.bytes += len;
         if event.commit_time_micros > 0 {
-            let o = self
-                .batch
+            let o = batch
                 .oldest_commit_micros
                 .get_or_insert(event.commit_time_micros);
             *o = (*o).min(event.commit_time_micros);
@@ -743,7 +853,8 @@ impl Sink {
 
     /// Write one table's part of the batch now (before a schema change of that table).
     async fn flush_table(&mut self, name: &str) -> Result<(), ApplyError> {
-        if let Some(tb) = self.batch.tables.remove(name) {
+        let part = self.batch().tables.remove(name);
+        if let Some(tb) = part {
             self.insert(name, tb, &Shutdown::new()).await?;
         }
         Ok(())
@@ -752,12 +863,13 @@ impl Sink {
     /// Write every table's part, then store the offsets.
     async fn flush(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
         let started = Instant::now();
-        let tables = std::mem::take(&mut self.batch.tables);
-        let rows = self.batch.rows;
-        for (name, tb) in tables {
+        let mut batch = std::mem::take(&mut *self.batch());
+        let rows = batch.rows;
+        for (name, tb) in std::mem::take(&mut batch.tables) {
+            // On failure nothing of this batch is stored; it is read again after a restart.
             self.insert(&name, tb, shutdown).await?;
         }
-        for (topic, partitions) in self.batch.offsets.drain() {
+        for (topic, partitions) in batch.offsets.drain() {
             for (partition, last) in partitions {
                 // The offset of the last handled event: librdkafka stores it + 1, the next one
                 // to read.
@@ -776,12 +888,11 @@ impl Sink {
                 .batch_seconds
                 .observe(started.elapsed().as_secs_f64());
         }
-        if let Some(c) = self.batch.oldest_commit_micros {
+        if let Some(c) = batch.oldest_commit_micros {
             self.metrics
                 .latency
                 .observe((now_micros() - c).max(0) as f64 / 1e6);
         }
-        self.batch = Batch::default();
         Ok(())
     }
 
@@ -791,41 +902,10 @@ impl Sink {
         tb: TableBatch,
         shutdown: &Shutdown,
     ) -> Result<(), ApplyError> {
-        let sql = format!(
-            "INSERT INTO {}.{} ({}) FORMAT RowBinary",
-            quote(&self.config.clickhouse.database),
-            quote(name),
-            tb.columns
-                .iter()
-                .map(|c| quote(c))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let body = Bytes::from(tb.body);
-        // Only servers that know the setting get a token (hashing the batch costs CPU).
-        let token = self
-            .features
-            .dedup_token
-            .then(|| format!("{:016x}-{}", fnv(&body), body.len()));
         let mut backoff = Duration::from_millis(500);
         loop {
-            let mut insert = self.client.insert_formatted_with(sql.clone());
-            if let Some(token) = &token {
-                insert = insert.with_setting("insert_deduplication_token", token.clone());
-            }
-            let r = async {
-                insert.send(body.clone()).await?;
-                insert.end().await
-            }
-            .await;
-            match r {
-                Ok(()) => {
-                    self.metrics
-                        .rows
-                        .with_label_values(&[name])
-                        .inc_by(tb.rows as u64);
-                    return Ok(());
-                }
+            match self.writer.insert_once(name, &tb).await {
+                Ok(()) => return Ok(()),
                 Err(e) if is_definite(&e) => {
                     return Err(ApplyError::ClickHouse(format!(
                         "INSERT into {name} refused: {e}"

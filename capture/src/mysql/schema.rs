@@ -198,32 +198,6 @@ pub fn parse_members(sql_type: &str) -> Vec<String> {
     members
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn members_are_unquoted() {
-        assert_eq!(
-            parse_members("enum('en1','en2','en3')"),
-            vec!["en1", "en2", "en3"]
-        );
-        assert_eq!(
-            parse_members("set('a,b','it''s','')"),
-            vec!["a,b", "it's", ""]
-        );
-        assert!(parse_members("int(11)").is_empty());
-    }
-
-    #[test]
-    fn data_types_map() {
-        assert_eq!(column_type("BIGINT"), ColumnType::Bigint);
-        assert_eq!(column_type("longblob"), ColumnType::Blob);
-        assert_eq!(column_type("point"), ColumnType::Geometry);
-        assert_eq!(column_type("something"), ColumnType::Unspecified);
-    }
-}
-
 /// The schema a table map carries when the server logs `binlog_row_metadata=FULL` (MySQL 8,
 /// MariaDB 10.5+): names, signedness, charsets, ENUM/SET members and the primary key, exactly
 /// as they were when the rows were written. `None` without column names (MINIMAL/NO_LOG).
@@ -248,12 +222,7 @@ pub fn from_table_map(
     // Charsets come as a default plus exceptions, or as one per column; expand both.
     let count_of = |pred: &dyn Fn(My) -> bool| {
         (0..n)
-            .filter(|i| {
-                tme.get_column_type(*i)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|t| pred(t))
-            })
+            .filter(|i| tme.get_column_type(*i).ok().flatten().is_some_and(pred))
             .count()
     };
     let n_char = count_of(&|t: My| t.is_character_type());
@@ -514,5 +483,31 @@ fn render_sql_type(
         ColumnType::Json => "json".into(),
         ColumnType::Geometry => "geometry".into(),
         _ => "unknown".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_are_unquoted() {
+        assert_eq!(
+            parse_members("enum('en1','en2','en3')"),
+            vec!["en1", "en2", "en3"]
+        );
+        assert_eq!(
+            parse_members("set('a,b','it''s','')"),
+            vec!["a,b", "it's", ""]
+        );
+        assert!(parse_members("int(11)").is_empty());
+    }
+
+    #[test]
+    fn data_types_map() {
+        assert_eq!(column_type("BIGINT"), ColumnType::Bigint);
+        assert_eq!(column_type("longblob"), ColumnType::Blob);
+        assert_eq!(column_type("point"), ColumnType::Geometry);
+        assert_eq!(column_type("something"), ColumnType::Unspecified);
     }
 }

@@ -630,15 +630,11 @@ impl Capture {
                     self.on_table_map(tme).await?;
                 }
             }
-            EventData::RowsEvent(rows) => {
-                if self.skip_until.is_none() {
-                    self.on_rows(&rows, start, ts).await?;
-                }
+            EventData::RowsEvent(rows) if self.skip_until.is_none() => {
+                self.on_rows(&rows, start, ts).await?;
             }
-            EventData::HeartbeatEvent => {
-                if self.tx.is_none() {
-                    self.metrics.lag_seconds.set(0);
-                }
+            EventData::HeartbeatEvent if self.tx.is_none() => {
+                self.metrics.lag_seconds.set(0);
             }
             _ => {}
         }
