@@ -22,7 +22,7 @@ pub fn create_table(db: &str) -> String {
           dtm6 DATETIME(6), dtm0 DATETIME, ts6 TIMESTAMP(6) NULL DEFAULT NULL, y YEAR,
           vc VARCHAR(100) CHARACTER SET utf8mb4, l1 VARCHAR(300) CHARACTER SET latin1,
           ch CHAR(10) CHARACTER SET utf8mb4, bin BINARY(4), vb VARBINARY(300), bl BLOB,
-          tx TEXT CHARACTER SET utf8mb4, g GEOMETRY
+          tx TEXT CHARACTER SET utf8mb4, g GEOMETRY, js JSON
         ) ENGINE=InnoDB"
     )
 }
@@ -37,7 +37,7 @@ pub fn insert_rows(db: &str) -> String {
          b'0', b'0', 'a', '', '1000-01-01', '-838:59:59', '-00:00:01.5', '-838:59:58.99',
          '-00:00:00.000001', '1000-01-01 00:00:00.000000', '1000-01-01 00:00:00',
          '1970-01-01 00:00:01.000000', 1901, '', 'café', '', x'00', x'0000', '', '',
-         ST_GeomFromText('POINT(1 2)')),
+         ST_GeomFromText('POINT(1 2)'), '{{}}'),
         (2, 127, 255, 32767, 65535, 8388607, 16777215, 2147483647, 4294967295,
          9223372036854775807, 18446744073709551615,
          {nines}, 99999999.99, 1267650600228229401496703205376, 2.2250738585072014e-308,
@@ -45,14 +45,15 @@ pub fn insert_rows(db: &str) -> String {
          'c', 'x,y,z', '9999-12-31', '838:59:59', '838:59:58.9', '00:00:00.01',
          '838:59:58.999999', '9999-12-31 23:59:59.999999', '9999-12-31 23:59:59',
          '2038-01-19 03:14:07.999999', 2155, 'emoji \u{1F600} utf8mb4', '\u{20ac}uro', 'ten chars!',
-         x'ff00ff', x'00ff00', x'000102ff', 'text', NULL),
+         x'ff00ff', x'00ff00', x'000102ff', 'text', NULL,
+         '{{\"a\":[1,2.5,null,\"x\"],\"b\":{{\"c\":true}}}}'),
         (3, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
          0, 0.5, NULL, NULL, NULL, NULL, 'b''q', 'x,z', '0000-00-00', '00:00:00', NULL, NULL,
          NULL, '0000-00-00 00:00:00.000000', '0000-00-00 00:00:00', '0000-00-00 00:00:00',
-         0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+         0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
         (4, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
          NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-         NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+         NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
     )
 }
 
@@ -145,6 +146,7 @@ pub fn expected_rows() -> Vec<Vec<v1::Value>> {
         k(Kind::Bytes(Vec::new())),
         k(Kind::Text(String::new())),
         k(point_1_2()),
+        k(Kind::Json("{}".into())),
     ];
     let row2 = vec![
         k(Kind::Int(2)),
@@ -183,6 +185,9 @@ pub fn expected_rows() -> Vec<Vec<v1::Value>> {
         k(Kind::Bytes(vec![0x00, 0x01, 0x02, 0xff])),
         k(Kind::Text("text".into())),
         null(),
+        k(Kind::Json(
+            r#"{"a":[1,2.5,null,"x"],"b":{"c":true}}"#.into(),
+        )),
     ];
     let mut row3 = vec![k(Kind::Int(3)), k(Kind::Int(0))];
     row3.extend((0..9).map(|_| null()));
@@ -205,8 +210,8 @@ pub fn expected_rows() -> Vec<Vec<v1::Value>> {
         k(Kind::TimestampMicros(0)),
         k(Kind::Int(0)),
     ]);
-    row3.extend((0..8).map(|_| null()));
+    row3.extend((0..9).map(|_| null()));
     let mut row4 = vec![k(Kind::Int(4))];
-    row4.extend((0..35).map(|_| null()));
+    row4.extend((0..36).map(|_| null()));
     vec![row1, row2, row3, row4]
 }

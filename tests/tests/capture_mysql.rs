@@ -102,7 +102,11 @@ async fn every_type_arrives_in_kafka_exactly() {
     .expect("schema record published");
     let schema = found.schema.unwrap();
     assert_eq!(schema.schema_id, schema_id);
-    assert_eq!(schema.columns.len(), 36);
+    assert_eq!(schema.columns.len(), 37);
+    assert_eq!(
+        schema.columns[36].r#type(),
+        sluice_proto::v1::ColumnType::Json
+    );
     assert_eq!(schema.columns[2].name, "tiu");
     assert!(schema.columns[2].unsigned);
     assert_eq!(schema.primary_key, vec![0]);

@@ -98,6 +98,10 @@ enum Layout {
     Blob {
         prefix: usize,
     },
+    /// MySQL's binary JSON: length prefix of 1..4 bytes.
+    BinaryJson {
+        prefix: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -309,8 +313,10 @@ fn layout(raw: My, meta: &[u8], col: &Column) -> Option<Layout> {
         | My::MYSQL_TYPE_TINY_BLOB
         | My::MYSQL_TYPE_MEDIUM_BLOB
         | My::MYSQL_TYPE_LONG_BLOB
-        | My::MYSQL_TYPE_GEOMETRY
-        | My::MYSQL_TYPE_JSON => Layout::Blob {
+        | My::MYSQL_TYPE_GEOMETRY => Layout::Blob {
+            prefix: m(0) as usize,
+        },
+        My::MYSQL_TYPE_JSON => Layout::BinaryJson {
             prefix: m(0) as usize,
         },
         _ => return None,
@@ -341,6 +347,7 @@ fn compatible(layout: &Layout, ty: ColumnType) -> bool {
         Layout::Fixed { .. } => matches!(ty, T::Char | T::Binary),
         Layout::Var { .. } => matches!(ty, T::Varchar | T::Varbinary),
         Layout::Blob { .. } => matches!(ty, T::Text | T::Blob | T::Json | T::Geometry),
+        Layout::BinaryJson { .. } => ty == T::Json,
     }
 }
 
@@ -499,11 +506,19 @@ impl ColumnDecoder {
                 let len = le(take_ref(data, *prefix)?) as usize;
                 self.string(take_or(data, len)?)
             }
+            Layout::BinaryJson { prefix } => {
+                let len = le(take_ref(data, *prefix)?) as usize;
+                Kind::Json(json_text(take_ref(data, len)?)?)
+            }
             Layout::Blob { prefix } => {
                 let len = le(take_ref(data, *prefix)?) as usize;
                 let bytes = take_ref(data, len)?;
                 match self.target {
-                    ColumnType::Json => Kind::Json(json_text(bytes)?),
+                    // MariaDB: the JSON text as stored.
+                    ColumnType::Json => match String::from_utf8(bytes.to_vec()) {
+                        Ok(t) => Kind::Json(t),
+                        Err(e) => charset::to_text(e.into_bytes(), &self.charset),
+                    },
                     ColumnType::Geometry => {
                         if bytes.len() < 4 {
                             return Err(Invalid(format!(

@@ -45,7 +45,16 @@ pub async fn load(
             (database, table),
         )
         .await?;
-    let columns: Vec<Column> = rows
+    // MariaDB's JSON is LONGTEXT with a json_valid() check: a JSON column all the same.
+    let json_checked: Vec<String> = conn
+        .exec(
+            "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS \
+             WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ?",
+            (database, table),
+        )
+        .await
+        .unwrap_or_default(); // MySQL < 8.0.16 has no such table
+    let mut columns: Vec<Column> = rows
         .into_iter()
         .map(
             |(name, data_type, column_type, nullable, char_len, precision, scale, fsp, charset)| {
@@ -63,6 +72,13 @@ pub async fn load(
             },
         )
         .collect();
+    for c in columns.iter_mut() {
+        let check = format!("json_valid(`{}`)", c.name);
+        if c.r#type() == ColumnType::Text && json_checked.iter().any(|k| k.contains(&check)) {
+            c.r#type = ColumnType::Json as i32;
+            c.sql_type = "json".into();
+        }
+    }
     let primary_key = key
         .iter()
         .filter_map(|k| columns.iter().position(|c| &c.name == k))
@@ -377,6 +393,16 @@ pub fn from_table_map(
             My::MYSQL_TYPE_JSON => (ColumnType::Json, 0, 0, 0),
             My::MYSQL_TYPE_GEOMETRY => (ColumnType::Geometry, 0, 0, 0),
             _ => (ColumnType::Unspecified, 0, 0, 0),
+        };
+        // MariaDB logs JSON as a text BLOB; information_schema knows it is JSON.
+        let (ty, charset) = match now {
+            Some(c)
+                if c.r#type() == ColumnType::Json
+                    && matches!(ty, ColumnType::Text | ColumnType::Blob) =>
+            {
+                (ColumnType::Json, c.charset.clone())
+            }
+            _ => (ty, charset),
         };
         let members = match ty {
             ColumnType::Enum => {
