@@ -449,17 +449,19 @@ impl Capture {
         let mut stream = conn.get_binlog_stream(request).await?;
         tracing::info!(from = %self.resume, gtid = %self.last_gtid, "reading the binlog");
         loop {
-            let next = tokio::select! {
-                biased;
-                _ = shutdown.wait() => return Ok(()),
-                _ = async {
-                    // A broken delivery ends the capture; check between events.
-                    loop {
-                        if self.publisher.failed() { break; }
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                } => return Ok(()),
-                n = tokio::time::timeout(heartbeat * 3, stream.next()) => n,
+            // A stop, or a broken delivery (the acker ended), ends reading; checked between
+            // events, which keep coming at least as heartbeats.
+            if shutdown.is_triggered() || self.publisher.failed() {
+                return Ok(());
+            }
+            // An event already buffered is taken without arming a timer.
+            let next = match futures::FutureExt::now_or_never(stream.next()) {
+                Some(n) => Ok(n),
+                None => tokio::select! {
+                    biased;
+                    _ = shutdown.wait() => return Ok(()),
+                    n = tokio::time::timeout(heartbeat * 3, stream.next()) => n,
+                },
             };
             let event = match next {
                 Err(_) => {
