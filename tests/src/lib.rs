@@ -97,3 +97,16 @@ pub fn kafka_section() -> String {
 pub mod capture;
 pub mod edge;
 pub mod private_clickhouse;
+
+/// The W1 table of the reference workload (`deploy/workloads/w1.mysql.sql`), in database `db`.
+pub fn w1_create_table(db: &str) -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/workloads/w1.mysql.sql"
+    ))
+    .expect("deploy/workloads/w1.mysql.sql")
+    .replace(
+        "`binlog_field_test_1`",
+        &format!("`{db}`.`binlog_field_test_1`"),
+    )
+}

@@ -62,15 +62,7 @@ fn apply_to(
 }
 
 fn w1_ddl(db: &str) -> String {
-    std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/workloads/w1.mysql.sql"
-    ))
-    .unwrap()
-    .replace(
-        "`binlog_field_test_1`",
-        &format!("`{db}`.`binlog_field_test_1`"),
-    )
+    sluice_tests::w1_create_table(db)
 }
 
 fn w1_insert(db: &str, from: u64, n: u64) -> String {

@@ -224,15 +224,7 @@ async fn transactions_key_changes_and_alters_in_order() {
 async fn w1_table_load() {
     let db = unique("sluice_t_cap_w1");
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
-    let ddl = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/workloads/w1.mysql.sql"
-    ))
-    .unwrap()
-    .replace(
-        "`binlog_field_test_1`",
-        &format!("`{db}`.`binlog_field_test_1`"),
-    );
+    let ddl = sluice_tests::w1_create_table(&db);
     sql(&[format!("CREATE DATABASE `{db}`"), ddl]).await;
     // Ten batches of 100 rows, as the reference load generator writes them.
     let mut statements = Vec::new();

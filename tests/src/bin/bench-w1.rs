@@ -128,10 +128,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let db = unique("sluice_bench");
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
-    let ddl = std::fs::read_to_string(root.join("deploy/workloads/w1.mysql.sql"))?.replace(
-        "`binlog_field_test_1`",
-        &format!("`{db}`.`binlog_field_test_1`"),
-    );
+    let ddl = sluice_tests::w1_create_table(&db);
     c.query_drop(format!("CREATE DATABASE `{db}`")).await?;
     c.query_drop(ddl).await?;
     let status: mysql_async::Row = c.query_first("SHOW MASTER STATUS").await?.unwrap();
@@ -242,7 +239,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
 
     eprintln!("5/5 sustained end to end, 20 000 rows/s offered for 30 s ...");
-    let e2e = sustained(&release, &root, 20_000, 30).await?;
+    let e2e = sustained(&release, 20_000, 30).await?;
 
     let per = |s: &Stage| rows as f64 / s.cpu;
     println!(
@@ -387,7 +384,6 @@ struct Sustained {
 
 async fn sustained(
     release: &std::path::Path,
-    root: &std::path::Path,
     offered: u64,
     seconds: u64,
 ) -> anyhow::Result<Sustained> {
@@ -395,10 +391,7 @@ async fn sustained(
     let ch_db = format!("{db}_mirror");
     let prefix = unique("bench_e2e");
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
-    let ddl = std::fs::read_to_string(root.join("deploy/workloads/w1.mysql.sql"))?.replace(
-        "`binlog_field_test_1`",
-        &format!("`{db}`.`binlog_field_test_1`"),
-    );
+    let ddl = sluice_tests::w1_create_table(&db);
     c.query_drop(format!("CREATE DATABASE `{db}`")).await?;
     c.query_drop(ddl).await?;
     let ch = clickhouse::Client::default()
