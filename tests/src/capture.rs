@@ -48,7 +48,7 @@ impl CaptureProcess {
              [publish]\npartitions = 3\nreplication_factor = 1\ncheckpoint_interval_ms = 100\n\
              [kafka]\nbrokers = \"{}\"\n{extra}\n",
             mysql_url(),
-            10_000 + rand_u32() % 1_000_000,
+            crate::replica_server_id(),
             kafka_brokers()
         );
         (text, connector, prefix)
@@ -141,13 +141,6 @@ impl Drop for CaptureProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn rand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::process::id() as u64);
-    h.finish() as u32
 }
 
 /// Every event on `topic` (all partitions), waiting until `until` says the collection is

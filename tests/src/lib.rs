@@ -110,3 +110,22 @@ pub fn w1_create_table(db: &str) -> String {
         &format!("`{db}`.`binlog_field_test_1`"),
     )
 }
+
+/// `SLUICE_MYSQL_URL` with other credentials (the host, port and options kept).
+pub fn mysql_url_as(user: &str, password: &str) -> String {
+    let url = mysql_url();
+    let rest = url.strip_prefix("mysql://").unwrap_or(&url);
+    let host = rest.rsplit_once('@').map(|(_, h)| h).unwrap_or(rest);
+    format!("mysql://{user}:{password}@{host}")
+}
+
+/// A replica server_id no other test uses at the same time (MariaDB refuses a second binlog
+/// reader with the same id).
+pub fn replica_server_id() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u32(N.fetch_add(1, Ordering::Relaxed));
+    100_000 + (h.finish() % 2_000_000_000) as u32
+}

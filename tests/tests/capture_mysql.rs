@@ -394,11 +394,12 @@ async fn kill_9_and_restart_loses_nothing() {
 async fn a_wrong_password_is_named() {
     let (text, c, p) = CaptureProcess::config("x", "end", "");
     let url = mysql_url();
-    let bad = url.replacen("sluice:sluice@", "sluice:wrong@", 1);
-    assert_ne!(
-        bad, url,
-        "test expects the test bed's credentials in SLUICE_MYSQL_URL"
-    );
+    let user = url
+        .strip_prefix("mysql://")
+        .and_then(|r| r.split([':', '@']).next())
+        .unwrap_or("root")
+        .to_string();
+    let bad = sluice_tests::mysql_url_as(&user, "not-the-password");
     let mut cap = CaptureProcess::spawn((text.replace(&url, &bad), c, p));
     let (code, log) = cap.wait(Duration::from_secs(60));
     assert_eq!(code, Some(1), "{log}");
@@ -533,7 +534,7 @@ async fn a_killed_binlog_connection_is_reopened() {
     .await;
     let (text, c, p) = CaptureProcess::config(&db, &binlog_end().await, "");
     let url = mysql_url();
-    let own = url.replacen("sluice:sluice@", &format!("{user}:pw@"), 1);
+    let own = sluice_tests::mysql_url_as(&user, "pw");
     let mut cap = CaptureProcess::spawn((text.replace(&url, &own), c, p));
     sql(&[format!("INSERT INTO `{db}`.t VALUES (1)")]).await;
     let topic = cap.topic(&db, "t");

@@ -72,7 +72,7 @@ async fn a_written_row_comes_back_from_the_binlog() {
     .unwrap();
 
     let reader = connect().await;
-    let server_id = 10_000 + (std::process::id() % 50_000);
+    let server_id = sluice_tests::replica_server_id();
     let mut stream = reader
         .get_binlog_stream(
             BinlogStreamRequest::new(server_id)

@@ -45,7 +45,7 @@ async fn write_and_read(
     let reader = connect().await;
     let mut stream = reader
         .get_binlog_stream(
-            BinlogStreamRequest::new(20_000 + std::process::id() % 40_000)
+            BinlogStreamRequest::new(sluice_tests::replica_server_id())
                 .with_filename(file.as_bytes())
                 .with_pos(pos),
         )

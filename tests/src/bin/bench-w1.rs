@@ -151,7 +151,7 @@ async fn main() -> anyhow::Result<()> {
          server_id = {}\n[filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
          [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
         mysql_url(),
-        900_000 + std::process::id() % 90_000,
+        sluice_tests::replica_server_id(),
         kafka_brokers()
     );
     let (capture, child) = measure(
@@ -407,7 +407,7 @@ async fn sustained(
              [filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
              [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
             mysql_url(),
-            800_000 + std::process::id() % 90_000,
+            sluice_tests::replica_server_id(),
             kafka_brokers()
         ),
     )?;
