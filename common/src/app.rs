@@ -1,15 +1,18 @@
 //! The common face of every binary: arguments, config, logs, metrics, signals, exit codes.
 //!
-//! A binary declares its config struct (implementing [`AppConfig`]) and an async body; [`main`]
-//! does the rest:
+//! A binary declares its config struct (implementing [`AppConfig`]), its preflight checks and an
+//! async body; [`main`] does the rest:
 //! 1. parse `--config FILE`, `--check`, `--print-config`;
 //! 2. load the config (file + `SLUICE__...` environment overrides), refusing unknown keys and
 //!    bad values with the key's name (exit 2);
-//! 3. start logging and the metrics endpoint;
-//! 4. run the body with a [`Context`]; SIGTERM/SIGINT fire `ctx.shutdown`, and the body is
-//!    expected to stop reading, finish and checkpoint, then return `Ok` (exit 0).
+//! 3. start logging; run the preflight checks: print them for `--check`, otherwise refuse to
+//!    start when one failed (exit 1);
+//! 4. start the metrics endpoint and run the body with a [`Context`]; SIGTERM/SIGINT fire
+//!    `ctx.shutdown`, and the body is expected to stop reading, finish and checkpoint, then
+//!    return `Ok` (exit 0).
 //!
-//! Exit codes: 0 done, 1 failed while running (or a failed `--check`), 2 bad configuration.
+//! Exit codes: 0 done, 1 failed (a preflight check at start, a failed `--check`, or an error
+//! while running), 2 bad configuration.
 
 use std::future::Future;
 use std::net::SocketAddr;

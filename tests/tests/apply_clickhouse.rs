@@ -61,8 +61,16 @@ fn apply_to(
     CaptureProcess::spawn_binary("apply-clickhouse", (text, String::new(), String::new()))
 }
 
-fn w1_ddl(db: &str) -> String {
-    sluice_tests::w1_create_table(db)
+/// Source database `db` with the W1 table; the connection that made it.
+async fn w1_source(db: &str) -> mysql_async::Conn {
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(sluice_tests::w1_create_table(db))
+        .await
+        .unwrap();
+    c
 }
 
 fn w1_insert(db: &str, from: u64, n: u64) -> String {
@@ -229,11 +237,7 @@ async fn mirror_equals_source_and_changelog_holds_every_change() {
     let prefix = cap.prefix.clone();
     let mut mirror = apply(&prefix, &m_db, "mirror", &unique("g"), "");
     let mut log = apply(&prefix, &c_db, "changelog", &unique("g"), "");
-    let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(w1_ddl(&db)).await.unwrap();
+    w1_source(&db).await;
     let changes = mixed_load(&db).await;
 
     converge(&db, &m_db, Duration::from_secs(90)).await;
@@ -283,11 +287,7 @@ async fn kill_9_of_apply_mid_batches_loses_nothing() {
     let (db, m_db, mut cap) = pipeline("sluice_t_apply_kill", "_mirror").await;
     let prefix = cap.prefix.clone();
     // A backlog first, so that apply commits offsets in the middle of the partitions.
-    let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(w1_ddl(&db)).await.unwrap();
+    let mut c = w1_source(&db).await;
     for b in 0..40u64 {
         c.query_drop(w1_insert(&db, 1 + b * 50, 50)).await.unwrap();
     }
@@ -365,11 +365,7 @@ async fn two_instances_share_the_partitions() {
     let (db, m_db, mut cap) = pipeline("sluice_t_apply_two", "_mirror").await;
     let prefix = cap.prefix.clone();
     // The topic first (the capture creates it with the first row), then the two members.
-    let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(w1_ddl(&db)).await.unwrap();
+    let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 1)).await.unwrap();
     let group = unique("g");
     let mut a = apply(&prefix, &m_db, "mirror", &group, "");
@@ -457,11 +453,7 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
         &unique("g"),
         &format!("[errors]\ndead_letter_topic = \"{dlq}\"\n"),
     );
-    let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(w1_ddl(&db)).await.unwrap();
+    let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 10)).await.unwrap();
     converge(&db, &m_db, Duration::from_secs(60)).await;
     // Garbage on every partition of the table's topic, then more rows.
@@ -544,11 +536,7 @@ async fn clickhouse_down_then_up_loses_nothing() {
         &unique("g"),
         "[batch]\nmax_wait_ms = 100\n",
     );
-    let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(w1_ddl(&db)).await.unwrap();
+    let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
     let count = |client: clickhouse::Client, m_db: String| async move {
         client
@@ -629,11 +617,7 @@ async fn the_reference_w1_changelog_table_is_written_by_column_name() {
         "[tables]\ncreate = false\nop_column = \"binlog_event_type\"\n\
          version_column = \"bifrost_data_version\"\n",
     );
-    let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(w1_ddl(&db)).await.unwrap();
+    let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
     c.query_drop(format!(
         "UPDATE `{db}`.binlog_field_test_1 SET testvarchar = 'changed' WHERE id <= 10"
@@ -695,11 +679,7 @@ async fn the_reference_w1_changelog_table_is_written_by_column_name() {
 async fn a_rebalance_writes_the_batch_in_hand_first() {
     let (db, m_db, mut cap) = pipeline("sluice_t_apply_drain", "_mirror").await;
     let prefix = cap.prefix.clone();
-    let mut c = mysql().await;
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(w1_ddl(&db)).await.unwrap();
+    let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 1)).await.unwrap();
     // A holds its batch for up to 60 s: only a drain writes it sooner.
     let group = unique("g");

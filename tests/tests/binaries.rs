@@ -212,6 +212,15 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     Some(out)
 }
 
+/// Everything an exited child wrote to its (piped) stderr.
+fn stderr_of(child: &mut std::process::Child) -> String {
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
 #[test]
 fn serves_metrics_and_exits_cleanly_on_sigterm() {
     for b in BINARIES {
@@ -233,14 +242,7 @@ fn serves_metrics_and_exits_cleanly_on_sigterm() {
                 "{b}: no metrics endpoint on {port}"
             );
             if let Some(status) = child.try_wait().unwrap() {
-                let mut err = String::new();
-                child
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
-                panic!("{b} exited early ({status}): {err}");
+                panic!("{b} exited early ({status}): {}", stderr_of(&mut child));
             }
             std::thread::sleep(Duration::from_millis(100));
         };
@@ -273,13 +275,7 @@ fn serves_metrics_and_exits_cleanly_on_sigterm() {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let err = stderr_of(&mut child);
         assert_eq!(status.code(), Some(0), "{b} after SIGTERM: {err}");
         assert!(err.contains("stopped cleanly"), "{b}: {err}");
     }
