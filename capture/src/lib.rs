@@ -3,6 +3,7 @@
 //! - [`mysql`]: MySQL/MariaDB binlog (binary `capture-mysql`);
 //! - [`mongo`]: MongoDB change streams (binary `capture-mongo`).
 
+pub mod filter;
 pub mod mongo;
 pub mod mysql;
 pub mod publish;

@@ -26,6 +26,30 @@ pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// Seconds since the epoch, or `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+pub fn parse_epoch_seconds(t: &str) -> Result<u64, String> {
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(secs);
+    }
+    let bad = || format!("{t:?} is neither seconds since the epoch nor YYYY-MM-DDTHH:MM:SSZ");
+    let t = t.strip_suffix('Z').ok_or_else(bad)?;
+    let (date, time) = t.split_once('T').ok_or_else(bad)?;
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|p| p.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let tm: Vec<i64> = time
+        .split(':')
+        .map(|p| p.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    if d.len() != 3 || tm.len() != 3 {
+        return Err(bad());
+    }
+    let days = days_from_civil(d[0], d[1], d[2]);
+    let secs = days * 86_400 + tm[0] * 3600 + tm[1] * 60 + tm[2];
+    u64::try_from(secs).map_err(|_| bad())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use mysql_async::prelude::Queryable;
 use serde::{Deserialize, Serialize};
 use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate};
 
+use crate::filter::FilterConfig;
 use crate::publish::PublishConfig;
 
 /// The whole configuration of `capture-mysql`.
@@ -66,17 +67,6 @@ pub struct MysqlConfig {
     pub heartbeat_ms: u64,
 }
 
-/// `[filter]`: which tables are captured, as regular expressions matched against the whole
-/// `database.table` (system databases are never captured).
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FilterConfig {
-    /// Capture only tables matching one of these; empty captures all. Default empty.
-    pub include: Vec<String>,
-    /// Leave out tables matching one of these. Default empty.
-    pub exclude: Vec<String>,
-}
-
 impl Default for MysqlConfig {
     fn default() -> Self {
         Self {
@@ -108,7 +98,7 @@ impl Validate for Config {
                 "must be between 100 and 600000".into(),
             ));
         }
-        stream::Filter::new(&self.filter.include, &self.filter.exclude)?;
+        crate::filter::Filter::new(&self.filter, stream::SYSTEM_DATABASES)?;
         self.kafka.validate()?;
         self.topics.validate()?;
         self.publish.validate()?;

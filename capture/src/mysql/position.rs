@@ -46,7 +46,7 @@ impl Start {
             return Ok(Start::Gtid(set.trim().to_string()));
         }
         if let Some(t) = s.strip_prefix("time:") {
-            return parse_time(t.trim()).map(Start::Timestamp);
+            return sluice_common::civil::parse_epoch_seconds(t.trim()).map(Start::Timestamp);
         }
         if let Some((file, pos)) = s.rsplit_once(':') {
             let pos: u64 = pos
@@ -65,30 +65,6 @@ impl Start {
             "{s:?}: expected end, earliest, FILE:POS, gtid:SET or time:SECONDS|RFC3339"
         ))
     }
-}
-
-/// Seconds since the epoch, or `YYYY-MM-DDTHH:MM:SSZ` (UTC).
-fn parse_time(t: &str) -> Result<u64, String> {
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(secs);
-    }
-    let bad = || format!("{t:?} is neither seconds since the epoch nor YYYY-MM-DDTHH:MM:SSZ");
-    let t = t.strip_suffix('Z').ok_or_else(bad)?;
-    let (date, time) = t.split_once('T').ok_or_else(bad)?;
-    let d: Vec<i64> = date
-        .split('-')
-        .map(|p| p.parse().map_err(|_| bad()))
-        .collect::<Result<_, _>>()?;
-    let tm: Vec<i64> = time
-        .split(':')
-        .map(|p| p.parse().map_err(|_| bad()))
-        .collect::<Result<_, _>>()?;
-    if d.len() != 3 || tm.len() != 3 {
-        return Err(bad());
-    }
-    let days = sluice_common::civil::days_from_civil(d[0], d[1], d[2]);
-    let secs = days * 86_400 + tm[0] * 3600 + tm[1] * 60 + tm[2];
-    u64::try_from(secs).map_err(|_| bad())
 }
 
 /// What the capture stores in Kafka (checkpoint topic, key = connector name) after every event

@@ -31,6 +31,10 @@ use super::ddl::{self, Statement, TxControl};
 use super::decode::TableDecoder;
 use super::position::{BinlogPos, Checkpoint, Start};
 use super::{schema, Config};
+/// Databases never captured.
+pub const SYSTEM_DATABASES: &[&str] = &["mysql", "information_schema", "performance_schema", "sys"];
+
+use crate::filter::Filter;
 use crate::publish::{read_checkpoint, PublishError, PublishMetrics, Publisher};
 
 #[derive(Debug, thiserror::Error)]
@@ -112,40 +116,6 @@ impl StreamMetrics {
             reconnects,
             errors,
         })
-    }
-}
-
-/// Which tables are captured: `[filter]` include/exclude patterns on `database.table`.
-pub struct Filter {
-    include: Vec<regex::Regex>,
-    exclude: Vec<regex::Regex>,
-}
-
-const SYSTEM_DATABASES: [&str; 4] = ["mysql", "information_schema", "performance_schema", "sys"];
-
-impl Filter {
-    pub fn new(include: &[String], exclude: &[String]) -> Result<Self, (String, String)> {
-        let compile = |key: &str, pats: &[String]| {
-            pats.iter()
-                .map(|p| {
-                    regex::Regex::new(&format!("^(?:{p})$"))
-                        .map_err(|e| (format!("filter.{key}"), format!("{p:?}: {e}")))
-                })
-                .collect::<Result<Vec<_>, _>>()
-        };
-        Ok(Self {
-            include: compile("include", include)?,
-            exclude: compile("exclude", exclude)?,
-        })
-    }
-
-    pub fn wants(&self, database: &str, table: &str) -> bool {
-        if SYSTEM_DATABASES.contains(&database) {
-            return false;
-        }
-        let name = format!("{database}.{table}");
-        (self.include.is_empty() || self.include.iter().any(|r| r.is_match(&name)))
-            && !self.exclude.iter().any(|r| r.is_match(&name))
     }
 }
 
@@ -238,7 +208,7 @@ impl Capture {
         let opts = Opts::from_url(&config.mysql.url).expect("validated at load");
         let mut schema_conn = Conn::new(opts.clone()).await?;
         let server = server_info(&mut schema_conn).await?;
-        let filter = Filter::new(&config.filter.include, &config.filter.exclude)
+        let filter = Filter::new(&config.filter, SYSTEM_DATABASES)
             .map_err(|(k, m)| CaptureError::Definite(format!("{k}: {m}")))?;
         let topics = config
             .topics

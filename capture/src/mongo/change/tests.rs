@@ -1,0 +1,283 @@
+use super::*;
+use mongodb::bson::{rawdoc, spec::BinarySubtype, Binary, Bson, Decimal128};
+
+fn raw(d: Document) -> RawDocumentBuf {
+    RawDocumentBuf::from_document(&d).unwrap()
+}
+
+fn ts(i: u32) -> Timestamp {
+    Timestamp {
+        time: 1_700_000_000,
+        increment: i,
+    }
+}
+
+fn change(e: StreamEvent) -> Change {
+    match e {
+        StreamEvent::Change(c) => *c,
+        other => panic!("expected a change, got {other:?}"),
+    }
+}
+
+#[test]
+fn change_stream_insert_keeps_the_document_bytes() {
+    let full = doc! { "_id": 7, "d": Decimal128::from_bytes([1; 16]), "b": Binary { subtype: BinarySubtype::UserDefined(0x80), bytes: vec![1, 2] }, "mk": Bson::MinKey };
+    let ev = raw(doc! {
+        "_id": { "_data": "82AB" },
+        "operationType": "insert",
+        "clusterTime": ts(3),
+        "wallTime": bson::DateTime::from_millis(1_700_000_000_123),
+        "ns": { "db": "shop", "coll": "orders" },
+        "documentKey": { "_id": 7 },
+        "fullDocument": full.clone(),
+    });
+    let c = change(from_change_stream(&ev, (None, None)).unwrap());
+    assert_eq!(c.op, OpKind::Insert);
+    assert_eq!(
+        (c.database.as_str(), c.collection.as_str()),
+        ("shop", "orders")
+    );
+    assert_eq!(
+        c.full_document.as_ref().unwrap().as_bytes(),
+        raw(full).as_bytes()
+    );
+    assert_eq!(c.id(), Some(RawBsonRef::Int32(7)));
+    assert_eq!(c.ts, ts(3));
+    assert_eq!(c.wall_millis, Some(1_700_000_000_123));
+}
+
+#[test]
+fn change_stream_update_reads_the_description() {
+    let ev = raw(doc! {
+        "operationType": "update",
+        "clusterTime": ts(4),
+        "ns": { "db": "shop", "coll": "orders" },
+        "documentKey": { "_id": "k" },
+        "updateDescription": {
+            "updatedFields": { "a.b": 1, "arr.2": "x" },
+            "removedFields": ["gone"],
+            "truncatedArrays": [{ "field": "arr", "newSize": 3 }],
+        },
+        "lsid": { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![9; 16] } },
+        "txnNumber": 12i64,
+    });
+    let c = change(from_change_stream(&ev, (None, None)).unwrap());
+    let u = c.update.clone().unwrap();
+    assert_eq!(u.updated, raw(doc! { "a.b": 1, "arr.2": "x" }));
+    assert_eq!(u.removed, vec!["gone".to_string()]);
+    assert_eq!(u.truncated, vec![("arr".to_string(), 3)]);
+    assert_eq!(c.txn_number, Some(12));
+    assert!(c.lsid.is_some());
+}
+
+#[test]
+fn nonconforming_change_streams_are_refused_by_name() {
+    // mongo-java-server: the update spec as documentKey, no updateDescription.
+    let ev = raw(doc! {
+        "operationType": "update",
+        "clusterTime": ts(5),
+        "documentKey": { "$set": { "x": 1 } },
+        "fullDocument": { "x": 1 },
+    });
+    let e = from_change_stream(&ev, (Some("db"), Some("c"))).unwrap_err();
+    assert!(e.contains("no _id"), "{e}");
+    let ev = raw(doc! {
+        "operationType": "update",
+        "clusterTime": ts(5),
+        "documentKey": { "_id": 1 },
+    });
+    let e = from_change_stream(&ev, (Some("db"), Some("c"))).unwrap_err();
+    assert!(
+        e.contains("updateDescription") && e.contains("oplog"),
+        "{e}"
+    );
+    // No ns, and the stream is not on one collection: which collection changed is unknown.
+    let ev =
+        raw(doc! { "operationType": "delete", "clusterTime": ts(6), "documentKey": { "_id": 1 } });
+    let e = from_change_stream(&ev, (Some("db"), None)).unwrap_err();
+    assert!(e.contains("no ns"), "{e}");
+    let c = change(from_change_stream(&ev, (Some("db"), Some("c"))).unwrap());
+    assert_eq!(
+        (c.database.as_str(), c.collection.as_str(), c.op),
+        ("db", "c", OpKind::Delete)
+    );
+}
+
+#[test]
+fn change_stream_ddl_events() {
+    let ev = raw(doc! {
+        "operationType": "rename", "clusterTime": ts(1),
+        "ns": { "db": "a", "coll": "x" }, "to": { "db": "b", "coll": "y" },
+    });
+    let c = change(from_change_stream(&ev, (None, None)).unwrap());
+    let d = c.ddl.unwrap();
+    assert_eq!(d.kind, "rename");
+    assert_eq!(d.command, doc! { "renameCollection": "a.x", "to": "b.y" });
+    assert_eq!(d.to, Some(("b".into(), "y".into())));
+
+    let ev = raw(doc! {
+        "operationType": "createIndexes", "clusterTime": ts(2),
+        "ns": { "db": "a", "coll": "x" },
+        "operationDescription": { "indexes": [{ "v": 2, "key": { "k": 1 }, "name": "k_1", "unique": true }] },
+    });
+    let d = change(from_change_stream(&ev, (None, None)).unwrap())
+        .ddl
+        .unwrap();
+    assert_eq!(d.kind, "create_indexes");
+    assert_eq!(
+        d.command,
+        doc! { "createIndexes": "x", "indexes": [{ "v": 2, "key": { "k": 1 }, "name": "k_1", "unique": true }] }
+    );
+    let ev = raw(doc! {
+        "operationType": "dropIndexes", "clusterTime": ts(3),
+        "ns": { "db": "a", "coll": "x" },
+        "operationDescription": { "indexes": [{ "v": 2, "key": { "k": 1 }, "name": "k_1" }] },
+    });
+    let d = change(from_change_stream(&ev, (None, None)).unwrap())
+        .ddl
+        .unwrap();
+    assert_eq!(d.command, doc! { "dropIndexes": "x", "index": ["k_1"] });
+    let ev = raw(doc! { "operationType": "invalidate", "clusterTime": ts(4) });
+    assert_eq!(
+        from_change_stream(&ev, (None, None)).unwrap(),
+        StreamEvent::Invalidate
+    );
+    let ev =
+        raw(doc! { "operationType": "dropDatabase", "clusterTime": ts(5), "ns": { "db": "a" } });
+    let c = change(from_change_stream(&ev, (None, None)).unwrap());
+    assert_eq!(
+        (c.collection.as_str(), c.ddl.unwrap().kind),
+        ("", "drop_database")
+    );
+}
+
+fn oplog(d: Document) -> OplogEntry {
+    from_oplog(&raw(d)).unwrap()
+}
+
+#[test]
+fn oplog_insert_delete_and_replacement() {
+    let e = oplog(
+        doc! { "ts": ts(1), "op": "i", "ns": "shop.orders", "o": { "_id": 1, "x": 2 }, "wall": bson::DateTime::from_millis(5) },
+    );
+    let c = &e.changes[0];
+    assert_eq!(c.op, OpKind::Insert);
+    assert_eq!(c.document_key, Some(raw(doc! { "_id": 1 })));
+    assert_eq!(c.wall_millis, Some(5));
+    let e = oplog(doc! { "ts": ts(2), "op": "d", "ns": "shop.orders", "o": { "_id": 1 } });
+    assert_eq!(e.changes[0].op, OpKind::Delete);
+    let e = oplog(
+        doc! { "ts": ts(3), "op": "u", "ns": "shop.orders", "o": { "_id": 1, "y": 3 }, "o2": { "_id": 1 } },
+    );
+    assert_eq!(e.changes[0].op, OpKind::Replace);
+    assert_eq!(
+        e.changes[0].full_document,
+        Some(raw(doc! { "_id": 1, "y": 3 }))
+    );
+    let e = oplog(doc! { "ts": ts(4), "op": "n", "ns": "", "o": { "msg": "periodic noop" } });
+    assert!(e.changes.is_empty());
+    assert_eq!(e.ts, ts(4));
+}
+
+#[test]
+fn oplog_updates_in_every_form() {
+    // 4.x: $set/$unset.
+    let e = oplog(
+        doc! { "ts": ts(1), "op": "u", "ns": "d.c", "o": { "$v": 1, "$set": { "a": 1, "n.m": 2 }, "$unset": { "b": true } }, "o2": { "_id": 1 } },
+    );
+    let u = e.changes[0].update.clone().unwrap();
+    assert_eq!(u.updated, raw(doc! { "a": 1, "n.m": 2 }));
+    assert_eq!(u.removed, vec!["b".to_string()]);
+    // 5.0+: the diff format, nested documents and arrays.
+    let e = oplog(
+        doc! { "ts": ts(2), "op": "u", "ns": "d.c", "o2": { "_id": 1 }, "o": { "$v": 2, "diff": {
+            "d": { "gone": false },
+            "u": { "a": 5 },
+            "i": { "new": "x" },
+            "sn": { "u": { "m": 3 }, "sdeep": { "d": { "z": false } } },
+            "sarr": { "a": true, "l": 2, "u1": "b", "s0": { "u": { "f": 1 } } },
+        } } },
+    );
+    let u = e.changes[0].update.clone().unwrap();
+    assert_eq!(
+        u.updated,
+        raw(doc! { "a": 5, "new": "x", "n.m": 3, "arr.1": "b", "arr.0.f": 1 })
+    );
+    assert_eq!(u.removed, vec!["gone".to_string(), "n.deep.z".to_string()]);
+    assert_eq!(u.truncated, vec![("arr".to_string(), 2)]);
+    // Operators MongoDB never logs (wire-compatible servers do): the document is looked up.
+    let e = oplog(
+        doc! { "ts": ts(3), "op": "u", "ns": "d.c", "o": { "$inc": { "a": 1 } }, "o2": { "_id": 1 } },
+    );
+    assert!(e.changes[0].lookup);
+    assert_eq!(e.changes[0].op, OpKind::Update);
+    // A broken diff is an error that names the entry.
+    let err = from_oplog(&raw(doc! { "ts": ts(9), "op": "u", "ns": "d.c", "o": { "$v": 2, "diff": { "q": 1 } }, "o2": { "_id": 1 } })).unwrap_err();
+    assert!(
+        err.contains("oplog entry at") && err.contains("\"q\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn oplog_transactions_and_commands() {
+    let lsid = doc! { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![1; 16] } };
+    let e = oplog(
+        doc! { "ts": ts(1), "op": "c", "ns": "admin.$cmd", "lsid": lsid.clone(), "txnNumber": 3i64,
+        "o": { "applyOps": [
+            { "op": "i", "ns": "d.a", "o": { "_id": 1 } },
+            { "op": "d", "ns": "d.b", "o": { "_id": 2 } },
+        ], "partialTxn": true } },
+    );
+    assert!(e.partial);
+    assert_eq!(e.changes.len(), 2);
+    assert_eq!(e.changes[1].collection, "b");
+    assert!(e
+        .changes
+        .iter()
+        .all(|c| c.txn_number == Some(3) && c.lsid == Some(raw(lsid.clone())) && c.ts == ts(1)));
+
+    let cmd = |o: Document| oplog(doc! { "ts": ts(2), "op": "c", "ns": "d.$cmd", "o": o }).changes;
+    let c = cmd(doc! { "drop": "a" });
+    assert_eq!(
+        (c[0].collection.as_str(), c[0].ddl.clone().unwrap().kind),
+        ("a", "drop")
+    );
+    let c = cmd(doc! { "create": "a", "capped": true, "size": 4096, "idIndex": { "v": 2 } });
+    assert_eq!(
+        c[0].ddl.clone().unwrap().command,
+        doc! { "create": "a", "capped": true, "size": 4096 }
+    );
+    let c = cmd(doc! { "createIndexes": "a", "v": 2, "key": { "k": -1 }, "name": "k_-1" });
+    assert_eq!(
+        c[0].ddl.clone().unwrap().command,
+        doc! { "createIndexes": "a", "indexes": [{ "v": 2, "key": { "k": -1 }, "name": "k_-1" }] }
+    );
+    let c = cmd(doc! { "dropIndexes": "a", "index": "k_-1" });
+    assert_eq!(
+        c[0].ddl.clone().unwrap().command,
+        doc! { "dropIndexes": "a", "index": "k_-1" }
+    );
+    let c = oplog(doc! { "ts": ts(3), "op": "c", "ns": "admin.$cmd", "o": { "renameCollection": "d.a", "to": "e.b", "stayTemp": false } }).changes;
+    let d = c[0].ddl.clone().unwrap();
+    assert_eq!(
+        (c[0].database.as_str(), c[0].collection.as_str()),
+        ("d", "a")
+    );
+    assert_eq!(d.to, Some(("e".into(), "b".into())));
+    assert!(cmd(doc! { "commitTransaction": 1 }).is_empty());
+    let c = cmd(doc! { "dropDatabase": 1 });
+    assert_eq!(c[0].ddl.clone().unwrap().kind, "drop_database");
+}
+
+#[test]
+fn resume_token_times() {
+    // MongoDB: 82 + 8 bytes of timestamp + more key string.
+    let t = token_time(&doc! { "_data": "8265A1B2C3000000042B022C0100296E5A1004" }).unwrap();
+    assert_eq!((t.time, t.increment), (0x65A1_B2C3, 4));
+    // mongo-java-server: the timestamp's hex alone.
+    let t = token_time(&doc! { "_data": "6b0d2c8000000007" }).unwrap();
+    assert_eq!((t.time, t.increment), (0x6b0d_2c80, 7));
+    assert_eq!(token_time(&doc! { "_data": "zz" }), None);
+    let _ = rawdoc! {};
+}
