@@ -1,4 +1,5 @@
-//! `[consumer]`: the consumer group and the topics an apply binary reads.
+//! `[consumer]`: the consumer group and the topics an apply binary reads; `[errors]`: what
+//! happens to events that can never be written.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,5 +34,33 @@ impl ConsumerConfig {
             return Err(("consumer.topics".into(), format!("empty topic name {t:?}")));
         }
         Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadEvent {
+    /// Send it to the dead-letter topic and go on.
+    DeadLetter,
+    /// Stop the process (nothing after it is committed).
+    Stop,
+}
+
+/// `[errors]`: events that can never be written.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ErrorsConfig {
+    /// `dead_letter` or `stop`. Default `dead_letter`.
+    pub on_bad_event: OnBadEvent,
+    /// Default `_sluice_dead_letters`.
+    pub dead_letter_topic: String,
+}
+
+impl Default for ErrorsConfig {
+    fn default() -> Self {
+        Self {
+            on_bad_event: OnBadEvent::DeadLetter,
+            dead_letter_topic: "_sluice_dead_letters".into(),
+        }
     }
 }

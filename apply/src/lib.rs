@@ -7,5 +7,6 @@
 
 pub mod clickhouse;
 pub mod consumer;
+pub mod group;
 pub mod mongo;
 pub mod schemas;

@@ -1,23 +1,21 @@
-//! `apply-mongo`: Kafka change topics to MongoDB. See `apply-mongo --help`.
+//! `apply-mongo`: Kafka change topics to MongoDB collections. See `apply-mongo --help`.
 
 use std::process::ExitCode;
 
-use sluice_apply::mongo::{preflight, Config};
+use sluice_apply::mongo::{preflight, sink::Sink, Config};
 use sluice_common::{app, Context};
 
 fn main() -> ExitCode {
     app::main(
         "apply-mongo",
-        "Apply change events from Kafka to MongoDB collections.",
+        "Apply change events from Kafka to MongoDB collections (bulk writes, offsets after the write).",
         |c: Config| async move { preflight(&c).await },
         run,
     )
 }
 
 async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
-    tracing::warn!(
-        "applying is not built yet: this build checks the target and serves metrics only"
-    );
-    ctx.shutdown.wait().await;
+    let sink = Sink::start(ctx.config, &ctx.registry).await?;
+    sink.run(ctx.shutdown).await?;
     Ok(())
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, Validate};
 
 use crate::consumer::ConsumerConfig;
+pub use crate::consumer::{ErrorsConfig, OnBadEvent};
 
 /// The whole configuration of `apply-clickhouse`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -108,34 +109,6 @@ impl Default for TablesConfig {
 impl TablesConfig {
     pub fn mode_of(&self, source: &str) -> Mode {
         self.modes.get(source).copied().unwrap_or(self.mode)
-    }
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum OnBadEvent {
-    /// Send it to the dead-letter topic and go on.
-    DeadLetter,
-    /// Stop the process (nothing after it is committed).
-    Stop,
-}
-
-/// `[errors]`: events that can never be written.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ErrorsConfig {
-    /// `dead_letter` or `stop`. Default `dead_letter`.
-    pub on_bad_event: OnBadEvent,
-    /// Default `_sluice_dead_letters`.
-    pub dead_letter_topic: String,
-}
-
-impl Default for ErrorsConfig {
-    fn default() -> Self {
-        Self {
-            on_bad_event: OnBadEvent::DeadLetter,
-            dead_letter_topic: "_sluice_dead_letters".into(),
-        }
     }
 }
 

@@ -26,18 +26,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientContext, Message, Statistics};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{Column, Op, TableSchema};
 use sluice_proto::ChangeEvent;
 
 use super::types::{encode, map_column, ChType, Features};
 use super::{Config, Mode, OnBadEvent};
+use crate::group::{block_on, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets};
 use crate::schemas::SchemaCache;
 
 #[derive(Debug, thiserror::Error)]
@@ -57,8 +56,7 @@ struct Metrics {
     retries: prometheus::IntCounter,
     dead_letters: IntCounterVec,
     latency: Histogram,
-    lag: IntGaugeVec,
-    assigned: prometheus::IntGauge,
+    group: GroupMetrics,
 }
 
 impl Metrics {
@@ -98,25 +96,12 @@ impl Metrics {
                 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
             ]),
         )?;
-        let lag = IntGaugeVec::new(
-            Opts::new(
-                "sluice_apply_consumer_lag_messages",
-                "Messages behind the partition's end, by topic and partition.",
-            ),
-            &["topic", "partition"],
-        )?;
         r.register(Box::new(rows.clone()))?;
         r.register(Box::new(batch_rows.clone()))?;
         r.register(Box::new(batch_seconds.clone()))?;
         r.register(Box::new(retries.clone()))?;
         r.register(Box::new(dead_letters.clone()))?;
         r.register(Box::new(latency.clone()))?;
-        let assigned = prometheus::IntGauge::new(
-            "sluice_apply_assigned_partitions",
-            "Partitions this instance holds in its consumer group.",
-        )?;
-        r.register(Box::new(lag.clone()))?;
-        r.register(Box::new(assigned.clone()))?;
         Ok(Self {
             rows,
             batch_rows,
@@ -124,29 +109,27 @@ impl Metrics {
             retries,
             dead_letters,
             latency,
-            lag,
-            assigned,
+            group: GroupMetrics::new(r)?,
         })
     }
 }
 
-/// Consumer context: logs rebalances, publishes the consumer lag from librdkafka's statistics.
-struct Context {
-    lag: IntGaugeVec,
-    assigned: prometheus::IntGauge,
+/// Writes the batch in hand before partitions are let go (see [`crate::group`]).
+struct ChDrain {
     batch: Arc<Mutex<Batch>>,
     writer: Writer,
     runtime: tokio::runtime::Handle,
 }
 
-impl Context {
-    /// Before partitions are let go: write the batch in hand and commit its offsets, so the
-    /// next owner starts after it. If the write fails, nothing is stored: the next owner reads
-    /// those events again (harmless).
-    fn drain(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>) {
+type Context = GroupContext<ChDrain>;
+
+impl Drain for ChDrain {
+    /// If the write fails, nothing is stored: the next owner reads those events again
+    /// (harmless).
+    fn drain(&self) -> Option<Offsets> {
         let taken = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
         if taken.offsets.is_empty() {
-            return;
+            return None;
         }
         let write = async {
             for (name, tb) in &taken.tables {
@@ -154,69 +137,19 @@ impl Context {
             }
             Ok::<(), clickhouse::error::Error>(())
         };
-        // The callback runs inside the consumer's poll: on a runtime worker (block in place),
-        // or on a plain thread.
-        let result = if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::task::block_in_place(|| self.runtime.block_on(write))
-        } else {
-            self.runtime.block_on(write)
-        };
-        match result {
+        match block_on(&self.runtime, write) {
             Ok(()) => {
-                for (topic, partitions) in &taken.offsets {
-                    for (partition, last) in partitions {
-                        let _ = consumer.store_offset(topic, *partition, *last);
-                    }
-                }
-                if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-                    tracing::warn!(error = %e, "commit before letting partitions go failed");
-                }
                 tracing::info!(
                     rows = taken.rows,
                     "wrote the batch in hand before letting partitions go"
                 );
+                Some(taken.offsets)
             }
-            Err(e) => tracing::warn!(error = %e, rows = taken.rows,
-                "could not write the batch in hand before letting partitions go; their next owner reads it again"),
-        }
-    }
-}
-
-impl ClientContext for Context {
-    fn stats(&self, stats: Statistics) {
-        for (topic, t) in stats.topics {
-            for (p, part) in t.partitions {
-                if p >= 0 && part.consumer_lag >= 0 {
-                    self.lag
-                        .with_label_values(&[&topic, &p.to_string()])
-                        .set(part.consumer_lag);
-                }
+            Err(e) => {
+                tracing::warn!(error = %e, rows = taken.rows,
+                    "could not write the batch in hand before letting partitions go; their next owner reads it again");
+                None
             }
-        }
-    }
-}
-
-impl ConsumerContext for Context {
-    fn pre_rebalance(
-        &self,
-        consumer: &rdkafka::consumer::BaseConsumer<Self>,
-        r: &rdkafka::consumer::Rebalance<'_>,
-    ) {
-        tracing::info!(rebalance = ?r, "rebalance");
-        if let rdkafka::consumer::Rebalance::Revoke(_) = r {
-            self.drain(consumer);
-        }
-    }
-
-    fn post_rebalance(
-        &self,
-        _: &rdkafka::consumer::BaseConsumer<Self>,
-        r: &rdkafka::consumer::Rebalance<'_>,
-    ) {
-        match r {
-            rdkafka::consumer::Rebalance::Assign(tpl) => self.assigned.set(tpl.count() as i64),
-            rdkafka::consumer::Rebalance::Revoke(_) => self.assigned.set(0),
-            rdkafka::consumer::Rebalance::Error(_) => {}
         }
     }
 }
@@ -296,9 +229,8 @@ struct TableBatch {
 #[derive(Default)]
 pub(crate) struct Batch {
     tables: BTreeMap<String, TableBatch>,
-    /// topic -> partition -> offset of the last event handled, stored once this batch is
-    /// written (librdkafka's `rd_kafka_offset_store` commits that offset + 1).
-    offsets: HashMap<String, HashMap<i32, i64>>,
+    /// The offsets stored once this batch is written.
+    offsets: Offsets,
     rows: usize,
     bytes: usize,
     started: Option<Instant>,
@@ -310,7 +242,7 @@ pub struct Sink {
     client: clickhouse::Client,
     features: Features,
     consumer: StreamConsumer<Context>,
-    dead: FutureProducer,
+    dead: DeadLetters,
     schemas: SchemaCache,
     targets: HashMap<String, Target>,
     plans: HashMap<u64, std::sync::Arc<Plan>>,
@@ -353,16 +285,20 @@ impl Sink {
             dedup_token: features.dedup_token,
             rows: metrics.rows.clone(),
         };
-        let consumer: StreamConsumer<Context> = cc.create_with_context(Context {
-            lag: metrics.lag.clone(),
-            assigned: metrics.assigned.clone(),
-            batch: batch.clone(),
-            writer: writer.clone(),
-            runtime: tokio::runtime::Handle::current(),
+        let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext {
+            metrics: metrics.group.clone(),
+            drain: ChDrain {
+                batch: batch.clone(),
+                writer: writer.clone(),
+                runtime: tokio::runtime::Handle::current(),
+            },
         })?;
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
-        let dead: FutureProducer = config.kafka.producer_config("apply-clickhouse").create()?;
+        let dead = DeadLetters {
+            producer: config.kafka.producer_config("apply-clickhouse").create()?,
+            topic: config.errors.dead_letter_topic.as_str().into(),
+        };
         config
             .kafka
             .ensure_topic(
@@ -452,18 +388,7 @@ impl Sink {
         if let Err(reason) = outcome {
             self.dead_letter(m, &reason).await?;
         }
-        let mut batch = self.batch();
-        match batch.offsets.get_mut(m.topic()) {
-            Some(p) => {
-                p.insert(m.partition(), m.offset());
-            }
-            None => {
-                batch.offsets.insert(
-                    m.topic().to_string(),
-                    HashMap::from([(m.partition(), m.offset())]),
-                );
-            }
-        }
+        self.batch().offsets.record(m);
         Ok(())
     }
 
@@ -869,19 +794,8 @@ impl Sink {
             // On failure nothing of this batch is stored; it is read again after a restart.
             self.insert(&name, tb, shutdown).await?;
         }
-        for (topic, partitions) in batch.offsets.drain() {
-            for (partition, last) in partitions {
-                // The offset of the last handled event: librdkafka stores it + 1, the next one
-                // to read.
-                self.consumer
-                    .store_offset(&topic, partition, last)
-                    .or_else(|e| match e {
-                        // Revoked meanwhile: the new owner re-reads; replays are harmless.
-                        rdkafka::error::KafkaError::StoreOffset(_) => Ok(()),
-                        e => Err(e),
-                    })?;
-            }
-        }
+        // On success only: the offset of each partition's last handled event.
+        batch.offsets.store(&self.consumer);
         if rows > 0 {
             self.metrics.batch_rows.observe(rows as f64);
             self.metrics
@@ -944,42 +858,10 @@ impl Sink {
                 "event at {where_} cannot be written: {reason}"
             )));
         }
-        tracing::warn!(at = %where_, reason, "dead-lettering an event");
-        let partition = m.partition().to_string();
-        let offset = m.offset().to_string();
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "sluice.reason",
-                value: Some(reason),
-            })
-            .insert(Header {
-                key: "sluice.topic",
-                value: Some(m.topic()),
-            })
-            .insert(Header {
-                key: "sluice.partition",
-                value: Some(&partition),
-            })
-            .insert(Header {
-                key: "sluice.offset",
-                value: Some(&offset),
-            });
-        let mut record = FutureRecord::to(&self.config.errors.dead_letter_topic)
-            .payload(m.payload().unwrap_or_default())
-            .headers(headers);
-        if let Some(k) = m.key() {
-            record = record.key(k);
-        }
         self.dead
-            .send(record, Duration::from_secs(60))
+            .send(m, reason)
             .await
-            .map_err(|(e, _)| {
-                ApplyError::Definite(format!(
-                    "could not write the dead letter for {where_} to {}: {e}",
-                    self.config.errors.dead_letter_topic
-                ))
-            })?;
-        Ok(())
+            .map_err(ApplyError::Definite)
     }
 }
 

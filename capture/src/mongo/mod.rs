@@ -214,5 +214,29 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
         }
         Err(e) => checks.push(Check::fail("mongodb", e)),
     }
+    if config.mongodb.mode == Mode::Oplog {
+        checks.push(oplog_check(&config.mongodb.uri).await);
+    }
     checks
+}
+
+/// The oplog mode needs `local.oplog.rs` readable.
+async fn oplog_check(uri: &str) -> Check {
+    let result = async {
+        let client = mongodb::Client::with_uri_str(uri).await?;
+        client
+            .database("local")
+            .collection::<mongodb::bson::Document>("oplog.rs")
+            .find_one(mongodb::bson::doc! {})
+            .await
+    }
+    .await;
+    match result {
+        Ok(Some(_)) => Check::pass("oplog", "local.oplog.rs is readable"),
+        Ok(None) => Check::warn(
+            "oplog",
+            "local.oplog.rs is empty or missing: is the server a replica set member?",
+        ),
+        Err(e) => Check::fail("oplog", format!("cannot read local.oplog.rs: {e}")),
+    }
 }

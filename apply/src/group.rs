@@ -1,0 +1,187 @@
+//! What both apply binaries do with Kafka: the consumer group's context (lag metrics, the
+//! batch in hand written before partitions are let go), offsets stored after the write, and
+//! dead letters.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientContext, Message, Statistics};
+
+/// topic -> partition -> offset of the last event handled. Stored once the batch holding it is
+/// written: librdkafka's `rd_kafka_offset_store` commits that offset + 1, the next to read.
+#[derive(Debug, Default, Clone)]
+pub struct Offsets(pub HashMap<String, HashMap<i32, i64>>);
+
+impl Offsets {
+    pub fn record(&mut self, m: &OwnedMessage) {
+        match self.0.get_mut(m.topic()) {
+            Some(p) => {
+                p.insert(m.partition(), m.offset());
+            }
+            None => {
+                self.0.insert(
+                    m.topic().to_string(),
+                    HashMap::from([(m.partition(), m.offset())]),
+                );
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn store<C: Consumer<X>, X: ConsumerContext>(&self, consumer: &C) {
+        for (topic, partitions) in &self.0 {
+            for (partition, last) in partitions {
+                if let Err(e) = consumer.store_offset(topic, *partition, *last) {
+                    // The partition was revoked meanwhile: its next owner reads it again.
+                    tracing::debug!(topic, partition, error = %e, "offset not stored");
+                }
+            }
+        }
+    }
+}
+
+/// What a sink does when its partitions are about to go: write the batch in hand and return
+/// its offsets, or `None` when there was nothing (or the write failed, so the next owner reads
+/// those events again).
+pub trait Drain: Send + Sync + 'static {
+    fn drain(&self) -> Option<Offsets>;
+}
+
+/// The consumer group metrics every apply binary serves.
+#[derive(Clone)]
+pub struct GroupMetrics {
+    pub lag: IntGaugeVec,
+    pub assigned: IntGauge,
+}
+
+impl GroupMetrics {
+    pub fn new(r: &Registry) -> prometheus::Result<Self> {
+        let lag = IntGaugeVec::new(
+            Opts::new(
+                "sluice_apply_consumer_lag_messages",
+                "Messages behind the partition's end, by topic and partition.",
+            ),
+            &["topic", "partition"],
+        )?;
+        let assigned = IntGauge::new(
+            "sluice_apply_assigned_partitions",
+            "Partitions this instance holds in its consumer group.",
+        )?;
+        r.register(Box::new(lag.clone()))?;
+        r.register(Box::new(assigned.clone()))?;
+        Ok(Self { lag, assigned })
+    }
+}
+
+/// Consumer context: publishes the lag from librdkafka's statistics, logs rebalances, and
+/// drains the sink before partitions are revoked.
+pub struct GroupContext<D> {
+    pub metrics: GroupMetrics,
+    pub drain: D,
+}
+
+impl<D: Drain> ClientContext for GroupContext<D> {
+    fn stats(&self, stats: Statistics) {
+        for (topic, t) in stats.topics {
+            for (p, part) in t.partitions {
+                if p >= 0 && part.consumer_lag >= 0 {
+                    self.metrics
+                        .lag
+                        .with_label_values(&[&topic, &p.to_string()])
+                        .set(part.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+impl<D: Drain> ConsumerContext for GroupContext<D> {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, r: &Rebalance<'_>) {
+        tracing::info!(rebalance = ?r, "rebalance");
+        if let Rebalance::Revoke(_) = r {
+            if let Some(offsets) = self.drain.drain() {
+                offsets.store(consumer);
+                if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+                    tracing::warn!(error = %e, "commit before letting partitions go failed");
+                }
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, r: &Rebalance<'_>) {
+        match r {
+            Rebalance::Assign(tpl) => self.metrics.assigned.set(tpl.count() as i64),
+            Rebalance::Revoke(_) => self.metrics.assigned.set(0),
+            Rebalance::Error(_) => {}
+        }
+    }
+}
+
+/// Run `fut` to completion from a rebalance callback: those run inside the consumer's poll,
+/// either on a runtime worker (block in place) or on a plain thread.
+pub fn block_on<F: std::future::Future>(runtime: &tokio::runtime::Handle, fut: F) -> F::Output {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        tokio::task::block_in_place(|| runtime.block_on(fut))
+    } else {
+        runtime.block_on(fut)
+    }
+}
+
+/// Sends events that can never be written to the dead-letter topic, with the reason and where
+/// they came from in headers (`sluice.reason`, `sluice.topic`, `sluice.partition`,
+/// `sluice.offset`); the payload and key are the original ones.
+#[derive(Clone)]
+pub struct DeadLetters {
+    pub producer: FutureProducer,
+    pub topic: Arc<str>,
+}
+
+impl DeadLetters {
+    pub async fn send(&self, m: &OwnedMessage, reason: &str) -> Result<(), String> {
+        let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
+        tracing::warn!(at = %where_, reason, "dead-lettering an event");
+        let partition = m.partition().to_string();
+        let offset = m.offset().to_string();
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "sluice.reason",
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: "sluice.topic",
+                value: Some(m.topic()),
+            })
+            .insert(Header {
+                key: "sluice.partition",
+                value: Some(&partition),
+            })
+            .insert(Header {
+                key: "sluice.offset",
+                value: Some(&offset),
+            });
+        let mut record = FutureRecord::to(&self.topic)
+            .payload(m.payload().unwrap_or_default())
+            .headers(headers);
+        if let Some(k) = m.key() {
+            record = record.key(k);
+        }
+        self.producer
+            .send(record, Duration::from_secs(60))
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| {
+                format!(
+                    "could not write the dead letter for {where_} to {}: {e}",
+                    self.topic
+                )
+            })
+    }
+}

@@ -1,0 +1,262 @@
+//! apply-mongo: configuration and preflight checks against the target deployment.
+
+pub mod sink;
+pub mod write;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sluice_common::mongo::{check_uri, describe_server};
+use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, Validate};
+
+use crate::consumer::{ConsumerConfig, ErrorsConfig};
+
+/// The whole configuration of `apply-mongo`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub mongodb: MongoTargetConfig,
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    #[serde(default = "default_consumer")]
+    pub consumer: ConsumerConfig,
+    #[serde(default)]
+    pub batch: BatchConfig,
+    #[serde(default)]
+    pub ddl: DdlConfig,
+    /// Source namespace -> target namespace: `"shop.orders" = "archive.orders"` renames one
+    /// collection, `"shop" = "archive"` a whole database. Unnamed namespaces keep their names.
+    #[serde(default)]
+    pub namespaces: BTreeMap<String, String>,
+    /// Apply only events whose source commit is at least this many seconds old (a delayed
+    /// replica, to undo mistakes from). Default 0.
+    #[serde(default)]
+    pub delay_seconds: u64,
+    #[serde(default)]
+    pub errors: ErrorsConfig,
+    #[serde(default = "default_metrics")]
+    pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+fn default_consumer() -> ConsumerConfig {
+    ConsumerConfig::with_group("sluice-apply-mongo")
+}
+
+fn default_metrics() -> MetricsConfig {
+    MetricsConfig {
+        listen: "0.0.0.0:9104".parse().expect("valid address"),
+    }
+}
+
+/// `[mongodb]`: the target deployment.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MongoTargetConfig {
+    /// A MongoDB connection string. Default `mongodb://127.0.0.1:27017`.
+    pub uri: String,
+    /// Write concern `w`: `majority`, a number of members (at least 1), or a tag set name.
+    /// Default `majority`.
+    pub write_concern: String,
+    /// Wait for the journal (`j`). Default true.
+    pub journal: bool,
+    /// `wtimeout` in milliseconds; 0 waits as long as it takes. Default 0.
+    pub wtimeout_ms: u64,
+    /// Where apply keeps its own records (versions of applied drops and renames, so a replay
+    /// never applies an older write after them). Default `_sluice`.
+    pub meta_database: String,
+}
+
+impl Default for MongoTargetConfig {
+    fn default() -> Self {
+        Self {
+            uri: "mongodb://127.0.0.1:27017".into(),
+            write_concern: "majority".into(),
+            journal: true,
+            wtimeout_ms: 0,
+            meta_database: "_sluice".into(),
+        }
+    }
+}
+
+/// `[batch]`: when a batch closes. Whichever comes first.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    /// Events (all collections together). Default 20000.
+    pub max_events: usize,
+    /// BSON bytes of the writes. Default 16777216 (16 MiB).
+    pub max_bytes: usize,
+    /// Milliseconds after the batch's first event. Default 500.
+    pub max_wait_ms: u64,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_events: 20_000,
+            max_bytes: 16 << 20,
+            max_wait_ms: 500,
+        }
+    }
+}
+
+/// The commands `[ddl] apply` may name.
+pub const DDL_KINDS: [&str; 6] = [
+    "create",
+    "drop",
+    "createIndexes",
+    "dropIndexes",
+    "renameCollection",
+    "dropDatabase",
+];
+
+/// `[ddl]`: which source commands are repeated on the target.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DdlConfig {
+    /// Any of `create`, `drop`, `createIndexes`, `dropIndexes`, `renameCollection`,
+    /// `dropDatabase`, or `*` for all of them. Default `["*"]`.
+    pub apply: Vec<String>,
+}
+
+impl Default for DdlConfig {
+    fn default() -> Self {
+        Self {
+            apply: vec!["*".into()],
+        }
+    }
+}
+
+impl DdlConfig {
+    /// Whether a command of the contract's `kind` is applied.
+    pub fn applies(&self, kind: &str) -> bool {
+        let name = match kind {
+            "create" => "create",
+            "drop" => "drop",
+            "create_indexes" => "createIndexes",
+            "drop_indexes" => "dropIndexes",
+            "rename" => "renameCollection",
+            "drop_database" => "dropDatabase",
+            _ => return false,
+        };
+        self.apply.iter().any(|a| a == "*" || a == name)
+    }
+}
+
+impl Validate for Config {
+    fn validate(&self) -> Result<(), (String, String)> {
+        check_uri("mongodb.uri", &self.mongodb.uri)?;
+        let w = self.mongodb.write_concern.trim();
+        if w.is_empty() || w == "0" {
+            return Err((
+                "mongodb.write_concern".into(),
+                "must be majority, a number of at least 1, or a tag set: with w=0 no write \
+                 could be confirmed before its offset is committed"
+                    .into(),
+            ));
+        }
+        if self.mongodb.meta_database.is_empty() {
+            return Err(("mongodb.meta_database".into(), "must not be empty".into()));
+        }
+        if let Some(bad) = self
+            .ddl
+            .apply
+            .iter()
+            .find(|a| *a != "*" && !DDL_KINDS.contains(&a.as_str()))
+        {
+            return Err((
+                "ddl.apply".into(),
+                format!(
+                    "unknown command {bad:?}; known: *, {}",
+                    DDL_KINDS.join(", ")
+                ),
+            ));
+        }
+        for (from, to) in &self.namespaces {
+            if from.contains('.') != to.contains('.') || from.is_empty() || to.is_empty() {
+                return Err((
+                    format!("namespaces.{from:?}"),
+                    format!(
+                        "{from:?} = {to:?}: map a database to a database or a collection \
+                         (db.coll) to a collection"
+                    ),
+                ));
+            }
+        }
+        if self.batch.max_events == 0 {
+            return Err(("batch.max_events".into(), "must be at least 1".into()));
+        }
+        self.kafka.validate()?;
+        self.consumer.validate()?;
+        self.log.validate()
+    }
+}
+
+impl Config {
+    /// The target namespace of a source one.
+    pub fn target(&self, db: &str, coll: &str) -> (String, String) {
+        if let Some(t) = self.namespaces.get(&format!("{db}.{coll}")) {
+            if let Some((d, c)) = t.split_once('.') {
+                return (d.to_string(), c.to_string());
+            }
+        }
+        match self.namespaces.get(db) {
+            Some(d) => (d.clone(), coll.to_string()),
+            None => (db.to_string(), coll.to_string()),
+        }
+    }
+}
+
+sluice_common::app_config!(Config);
+
+pub async fn preflight(config: &Config) -> Vec<Check> {
+    let mut checks = vec![config.kafka.check("apply-mongo").await];
+    checks.push(Check::from_result(
+        "mongodb",
+        describe_server(&config.mongodb.uri).await.map(|(d, _)| d),
+    ));
+    checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_map_and_ddl_filter() {
+        let mut c: Config = toml::from_str(
+            r#"
+            [namespaces]
+            "shop.orders" = "archive.old_orders"
+            "shop" = "shop_copy"
+            [ddl]
+            apply = ["drop", "createIndexes"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.target("shop", "orders"),
+            ("archive".into(), "old_orders".into())
+        );
+        assert_eq!(
+            c.target("shop", "items"),
+            ("shop_copy".into(), "items".into())
+        );
+        assert_eq!(c.target("other", "x"), ("other".into(), "x".into()));
+        assert!(c.ddl.applies("drop") && c.ddl.applies("create_indexes"));
+        assert!(!c.ddl.applies("drop_database") && !c.ddl.applies("other"));
+        assert!(c.validate().is_ok());
+        c.ddl.apply = vec!["truncate".into()];
+        assert_eq!(c.validate().unwrap_err().0, "ddl.apply");
+        c.ddl.apply = vec!["*".into()];
+        assert!(c.ddl.applies("rename") && !c.ddl.applies("other"));
+        c.mongodb.write_concern = "0".into();
+        assert_eq!(c.validate().unwrap_err().0, "mongodb.write_concern");
+        c.mongodb.write_concern = "majority".into();
+        c.namespaces.insert("a.b".into(), "c".into());
+        assert!(c.validate().unwrap_err().0.starts_with("namespaces"));
+    }
+}

@@ -1,0 +1,186 @@
+use super::*;
+use mongodb::bson::{doc, rawdoc};
+use sluice_proto::v1::{MongoChange, TruncatedArray, UpdateDescription};
+
+fn bytes(d: Document) -> Vec<u8> {
+    RawDocumentBuf::from_document(&d).unwrap().into_bytes()
+}
+
+fn event(op: Op, m: MongoChange) -> ChangeEvent {
+    ChangeEvent {
+        op: op as i32,
+        mongo: Some(m),
+        ..Default::default()
+    }
+}
+
+fn key() -> Vec<u8> {
+    bytes(doc! { "_id": 1 })
+}
+
+#[test]
+fn inserts_and_replacements_upsert_the_whole_document() {
+    let e = event(
+        Op::Insert,
+        MongoChange {
+            document_key: key(),
+            full_document: bytes(doc! { "_id": 1, "a": 2 }),
+            operation_type: "insert".into(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        writes_of(&e).unwrap(),
+        vec![Write::Replace {
+            key: rawdoc! { "_id": 1 },
+            doc: rawdoc! { "_id": 1, "a": 2 }
+        }]
+    );
+    let mut r = e.clone();
+    r.op = Op::Update as i32;
+    r.mongo.as_mut().unwrap().operation_type = "replace".into();
+    assert!(matches!(writes_of(&r).unwrap()[0], Write::Replace { .. }));
+    let d = event(
+        Op::Delete,
+        MongoChange {
+            document_key: key(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        writes_of(&d).unwrap(),
+        vec![Write::Delete {
+            key: rawdoc! { "_id": 1 }
+        }]
+    );
+}
+
+#[test]
+fn updates_apply_their_description_truncation_first() {
+    let e = event(
+        Op::Update,
+        MongoChange {
+            document_key: key(),
+            operation_type: "update".into(),
+            update_description: Some(UpdateDescription {
+                updated_fields: bytes(doc! { "a.b": 1, "arr.1": "x" }),
+                removed_fields: vec!["gone".into()],
+                truncated_arrays: vec![TruncatedArray {
+                    field: "arr".into(),
+                    new_size: 2,
+                }],
+            }),
+            ..Default::default()
+        },
+    );
+    let w = writes_of(&e).unwrap();
+    assert_eq!(
+        w,
+        vec![
+            Write::Update {
+                key: rawdoc! { "_id": 1 },
+                update: rawdoc! { "$push": { "arr": { "$each": [], "$slice": 2i64 } } }
+            },
+            Write::Update {
+                key: rawdoc! { "_id": 1 },
+                update: rawdoc! { "$set": { "a.b": 1, "arr.1": "x" }, "$unset": { "gone": "" } }
+            },
+        ]
+    );
+    // Nothing to do: no write (an empty $set is refused by the server).
+    let mut empty = e.clone();
+    empty.mongo.as_mut().unwrap().update_description = Some(UpdateDescription::default());
+    assert!(writes_of(&empty).unwrap().is_empty());
+    // A full document (updateLookup, or an oplog update looked up) replaces.
+    let mut full = e.clone();
+    let m = full.mongo.as_mut().unwrap();
+    m.update_description = None;
+    m.full_document = bytes(doc! { "_id": 1, "z": 1 });
+    assert!(matches!(
+        writes_of(&full).unwrap()[0],
+        Write::Replace { .. }
+    ));
+}
+
+#[test]
+fn bad_events_are_refused_with_a_reason() {
+    let e = event(Op::Insert, MongoChange::default());
+    assert_eq!(writes_of(&e).unwrap_err(), "no document key");
+    let e = event(
+        Op::Insert,
+        MongoChange {
+            document_key: bytes(doc! { "x": 1 }),
+            ..Default::default()
+        },
+    );
+    assert!(writes_of(&e).unwrap_err().contains("no _id"));
+    let e = event(
+        Op::Insert,
+        MongoChange {
+            document_key: vec![1, 2, 3],
+            ..Default::default()
+        },
+    );
+    assert!(writes_of(&e).unwrap_err().contains("not BSON"));
+    let e = ChangeEvent::default();
+    assert!(writes_of(&e).unwrap_err().contains("not a MongoDB event"));
+}
+
+#[test]
+fn rounds_keep_each_keys_order() {
+    let keys = ["a", "b", "a", "c", "a", "b"];
+    assert_eq!(rounds(&keys), vec![vec![0, 1, 3], vec![2, 5], vec![4]]);
+    assert!(rounds::<u8>(&[]).is_empty());
+}
+
+#[test]
+fn commands_split_updates_and_deletes_and_cut_to_size() {
+    let writes: Vec<Write> = (0..(MAX_STATEMENTS + 5) as i32)
+        .map(|i| Write::Replace {
+            key: rawdoc! { "_id": i },
+            doc: rawdoc! { "_id": i },
+        })
+        .chain([Write::Delete {
+            key: rawdoc! { "_id": -1 },
+        }])
+        .collect();
+    let refs: Vec<(usize, &Write)> = writes.iter().enumerate().collect();
+    let cmds = commands("c", &refs, &doc! { "w": "majority" });
+    assert_eq!(cmds.len(), 3);
+    assert_eq!(cmds[0].statements.len(), MAX_STATEMENTS);
+    assert_eq!(
+        cmds[1].statements,
+        (MAX_STATEMENTS..MAX_STATEMENTS + 5).collect::<Vec<_>>()
+    );
+    assert_eq!(cmds[2].statements, vec![MAX_STATEMENTS + 5]);
+    let d = cmds[2].body.to_document().unwrap();
+    assert_eq!(
+        d,
+        doc! { "delete": "c", "deletes": [{ "q": { "_id": -1 }, "limit": 1 }], "ordered": false, "writeConcern": { "w": "majority" } }
+    );
+    let u = cmds[1].body.to_document().unwrap();
+    let first = u.get_array("updates").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        first,
+        doc! { "q": { "_id": MAX_STATEMENTS as i32 }, "u": { "_id": MAX_STATEMENTS as i32 }, "upsert": true }
+    );
+}
+
+#[test]
+fn replies_name_the_refused_statements() {
+    let r = doc! { "n": 1, "ok": 1.0, "writeErrors": [{ "index": 3, "code": 11000, "errmsg": "E11000 duplicate key" }] };
+    assert_eq!(
+        reply_errors(&r).unwrap(),
+        vec![StatementError {
+            index: 3,
+            code: 11000,
+            message: "E11000 duplicate key".into()
+        }]
+    );
+    let r = doc! { "ok": 1.0, "writeConcernError": { "code": 64, "errmsg": "waiting for replication timed out" } };
+    assert!(reply_errors(&r).unwrap_err().contains("timed out"));
+    assert!(transient_code(91) && !transient_code(11000) && !transient_code(121));
+}
