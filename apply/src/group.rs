@@ -135,6 +135,9 @@ pub fn block_on<F: std::future::Future>(runtime: &tokio::runtime::Handle, fut: F
     }
 }
 
+/// The largest dead letter: as large as the largest event a capture writes.
+pub const DEAD_LETTER_MAX_BYTES: usize = 64 << 20;
+
 /// Sends events that can never be written to the dead-letter topic, with the reason and where
 /// they came from in headers (`sluice.reason`, `sluice.topic`, `sluice.partition`,
 /// `sluice.offset`); the payload and key are the original ones.

@@ -58,6 +58,10 @@ pub struct PublishConfig {
     /// How long a record may wait for its acknowledgement, in milliseconds
     /// (`message.timeout.ms`). Default 120000.
     pub delivery_timeout_ms: u64,
+    /// The largest event, in bytes: the producer's `message.max.bytes` and the
+    /// `max.message.bytes` of the topics the capture creates (a MongoDB document may be 16 MiB,
+    /// an event can carry it twice). Default 67108864 (64 MiB).
+    pub max_message_bytes: usize,
 }
 
 impl Default for PublishConfig {
@@ -70,6 +74,7 @@ impl Default for PublishConfig {
             checkpoint_interval_ms: 1000,
             max_in_flight: 100_000,
             delivery_timeout_ms: 120_000,
+            max_message_bytes: 64 << 20,
         }
     }
 }
@@ -91,6 +96,9 @@ impl PublishConfig {
         }
         if self.max_in_flight == 0 {
             return bad("max_in_flight", "must be at least 1");
+        }
+        if !(1 << 20..=1 << 30).contains(&self.max_message_bytes) {
+            return bad("max_message_bytes", "must be between 1 MiB and 1 GiB");
         }
         if self.delivery_timeout_ms < 1000 {
             return bad("delivery_timeout_ms", "must be at least 1000");
@@ -190,6 +198,7 @@ where
     ) -> Result<Self, PublishError> {
         let mut producer_config = kafka.producer_config(client_id);
         producer_config.set("message.timeout.ms", config.delivery_timeout_ms.to_string());
+        producer_config.set("message.max.bytes", config.max_message_bytes.to_string());
         let producer: FutureProducer = producer_config.create()?;
         let (tx, rx) = mpsc::channel(config.max_in_flight);
         let acker = tokio::spawn(ack_loop(
@@ -234,6 +243,7 @@ where
                 partitions,
                 self.config.replication_factor,
                 compacted,
+                (!compacted).then_some(self.config.max_message_bytes),
             )
             .await
             .map_err(|reason| PublishError::CreateTopic {

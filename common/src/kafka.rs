@@ -163,6 +163,7 @@ impl KafkaConfig {
         partitions: i32,
         replication: i32,
         compacted: bool,
+        max_message_bytes: Option<usize>,
     ) -> Result<bool, String> {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         use rdkafka::client::DefaultClientContext;
@@ -174,6 +175,10 @@ impl KafkaConfig {
         let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
         if compacted {
             new = new.set("cleanup.policy", "compact");
+        }
+        let max = max_message_bytes.map(|m| m.to_string());
+        if let Some(m) = &max {
+            new = new.set("max.message.bytes", m);
         }
         let opts = AdminOptions::new().operation_timeout(Some(self.request_timeout()));
         let results = admin

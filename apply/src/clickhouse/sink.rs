@@ -36,7 +36,9 @@ use sluice_proto::ChangeEvent;
 
 use super::types::{encode, map_column, ChType, Features};
 use super::{Config, Mode, OnBadEvent};
-use crate::group::{block_on, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets};
+use crate::group::{
+    block_on, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets, DEAD_LETTER_MAX_BYTES,
+};
 use crate::schemas::SchemaCache;
 
 #[derive(Debug, thiserror::Error)]
@@ -296,7 +298,11 @@ impl Sink {
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         let dead = DeadLetters {
-            producer: config.kafka.producer_config("apply-clickhouse").create()?,
+            producer: config
+                .kafka
+                .producer_config("apply-clickhouse")
+                .set("message.max.bytes", DEAD_LETTER_MAX_BYTES.to_string())
+                .create()?,
             topic: config.errors.dead_letter_topic.as_str().into(),
         };
         config
@@ -307,6 +313,7 @@ impl Sink {
                 1,
                 -1,
                 false,
+                Some(DEAD_LETTER_MAX_BYTES),
             )
             .await
             .map_err(ApplyError::Definite)?;

@@ -38,7 +38,9 @@ use sluice_proto::ChangeEvent;
 use super::write::{commands, reply_errors, rounds, transient_code, writes_of, Write};
 use super::Config;
 use crate::consumer::OnBadEvent;
-use crate::group::{block_on, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets};
+use crate::group::{
+    block_on, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets, DEAD_LETTER_MAX_BYTES,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -364,7 +366,11 @@ impl Sink {
             cc.set("max.poll.interval.ms", ms.min(i32::MAX as u64).to_string());
         }
         let dead = DeadLetters {
-            producer: config.kafka.producer_config("apply-mongo").create()?,
+            producer: config
+                .kafka
+                .producer_config("apply-mongo")
+                .set("message.max.bytes", DEAD_LETTER_MAX_BYTES.to_string())
+                .create()?,
             topic: config.errors.dead_letter_topic.as_str().into(),
         };
         config
@@ -375,6 +381,7 @@ impl Sink {
                 1,
                 -1,
                 false,
+                Some(DEAD_LETTER_MAX_BYTES),
             )
             .await
             .map_err(ApplyError::Definite)?;
