@@ -269,7 +269,9 @@ pub fn from_change_stream(
         return Ok(StreamEvent::Change(Box::new(c)));
     }
     let key = get_doc(ev, "documentKey")?.ok_or_else(|| format!("{}: no documentKey", at()))?;
-    need_id(key, &at())?;
+    need_id(key, &at()).map_err(|e| {
+        format!("{e} (this server's change streams do not follow MongoDB's format; use mode = \"oplog\")")
+    })?;
     c.document_key = Some(key.to_raw_document_buf());
     c.full_document = get_doc(ev, "fullDocument")?.map(RawDocument::to_raw_document_buf);
     c.before = get_doc(ev, "fullDocumentBeforeChange")?.map(RawDocument::to_raw_document_buf);
