@@ -94,6 +94,7 @@ pub fn free_port() -> u16 {
 pub fn kafka_section() -> String {
     format!("[kafka]\nbrokers = \"{}\"\n", kafka_brokers())
 }
+pub mod bench;
 pub mod capture;
 pub mod edge;
 pub mod private_clickhouse;

@@ -19,7 +19,12 @@ const BINARIES: [&str; 4] = [
 fn config_for(binary: &str, extra: &str) -> tempfile::NamedTempFile {
     let source = match binary {
         "capture-mysql" => format!("[mysql]\nurl = \"{}\"\n", mysql_url()),
-        "capture-mongo" => format!("[mongodb]\nuri = \"{}\"\n", mongo_source_url()),
+        // The oplog mode works on every test server (mongo-java-server has no cluster-wide
+        // change streams).
+        "capture-mongo" => format!(
+            "[mongodb]\nuri = \"{}\"\nmode = \"oplog\"\n",
+            mongo_source_url()
+        ),
         "apply-clickhouse" => format!("[clickhouse]\nurl = \"{}\"\n", clickhouse_url()),
         "apply-mongo" => format!("[mongodb]\nuri = \"{}\"\n", mongo_target_url()),
         other => panic!("unknown binary {other}"),

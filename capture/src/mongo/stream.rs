@@ -385,6 +385,13 @@ impl Capture {
     /// A resume point the server no longer has is definite; anything else is passed on.
     fn history_error(&self, e: mongodb::error::Error) -> CaptureError {
         if let mongodb::error::ErrorKind::Command(c) = &*e.kind {
+            if c.code == 59 {
+                return CaptureError::Definite(format!(
+                    "the server does not serve change streams at this scope ({}): set \
+                     mongodb.database and mongodb.collection, or use mode = \"oplog\"",
+                    c.message
+                ));
+            }
             // ChangeStreamHistoryLost, ChangeStreamFatalError, InvalidResumeToken.
             if matches!(c.code, 286 | 280 | 260) {
                 return CaptureError::Definite(format!(

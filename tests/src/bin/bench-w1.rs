@@ -18,97 +18,13 @@
 //! For each stage: wall time, rows/s, CPU seconds of the process (from /proc), rows per CPU
 //! second and peak resident memory. Prints a table and writes `target/bench/w1.json`.
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::{clickhouse_url, free_port, kafka_brokers, mysql_url, unique};
-
-fn metric(body: &str, name: &str) -> f64 {
-    body.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn scrape(port: u16) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
-}
-
-/// User + system CPU seconds of a process, from /proc (the process collector's metric is
-/// rounded to whole seconds).
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = &stat[stat.rfind(')').ok_or_else(|| anyhow::anyhow!("bad stat"))? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-    Ok(ticks / 100.0)
-}
-
-/// Peak resident memory of a process (VmHWM), in bytes.
-fn peak_rss(pid: u32) -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .ok_or_else(|| anyhow::anyhow!("no VmHWM"))?
-        .parse()?;
-    Ok(kb * 1024.0)
-}
-
-struct Stage {
-    name: &'static str,
-    wall: f64,
-    cpu: f64,
-    rss: f64,
-}
-
-/// Run `binary` with `config` until its `counter` metric reaches `rows`.
-async fn measure(
-    name: &'static str,
-    binary: &std::path::Path,
-    config: String,
-    counter: &str,
-    rows: u64,
-) -> anyhow::Result<(Stage, Child)> {
-    let start = Instant::now();
-    let (mut child, port, file) = spawn_stage(binary, &config)?;
-    loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("{name} exited early: {status}");
-        }
-        let Some(body) = scrape(port) else { continue };
-        if metric(&body, counter) >= rows as f64 {
-            let stage = Stage {
-                name,
-                wall: start.elapsed().as_secs_f64(),
-                cpu: cpu_seconds(child.id())?,
-                rss: peak_rss(child.id())?,
-            };
-            // Keep the file alive until the process has read it (it has, by now).
-            drop(file);
-            return Ok((stage, child));
-        }
-        anyhow::ensure!(
-            start.elapsed() < Duration::from_secs(1800),
-            "{name} not done after 30 minutes"
-        );
-    }
-}
-
-fn stop_child(mut child: Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
-}
+use sluice_tests::bench::{
+    cpu_seconds, measure, num_cores, peak_rss, spawn_stage, stop_child, Stage,
+};
+use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -347,24 +263,6 @@ fn insert_sql(db: &str, from: u64, n: u64) -> String {
     )
 }
 
-/// Start a stage in the background with a config (a metrics section is added).
-fn spawn_stage(
-    binary: &std::path::Path,
-    config: &str,
-) -> anyhow::Result<(Child, u16, tempfile::NamedTempFile)> {
-    let port = free_port();
-    let file = tempfile::NamedTempFile::new()?;
-    std::fs::write(
-        file.path(),
-        format!("{config}\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[log]\nlevel = \"warn\"\n"),
-    )?;
-    let child = Command::new(binary)
-        .args(["-c", file.path().to_str().unwrap()])
-        .stdout(Stdio::null())
-        .spawn()?;
-    Ok((child, port, file))
-}
-
 /// Offered rate and latency, end to end: a writer inserting batches of 1000 rows at a fixed
 /// rate while both stages run; a batch's latency is from its INSERT's acknowledgement by
 /// MariaDB to the moment ClickHouse counts all its rows.
@@ -508,10 +406,4 @@ async fn sustained(
         .execute()
         .await?;
     Ok(result)
-}
-
-fn num_cores() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0)
 }

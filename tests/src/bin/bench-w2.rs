@@ -1,0 +1,195 @@
+//! Benchmark of reference workload W2 (MongoDB -> MongoDB through Kafka), stage by stage.
+//!
+//!     deploy/testbed.sh start && cargo build --release --bins
+//!     cargo run --release -p sluice-tests --bin bench-w2 -- [DOCS]
+//!
+//! 1. Writes DOCS (default 200 000) documents of 7 fields (about 140 bytes) into 10 collections
+//!    of the source, then a mix of updates ($set of one field) and deletes on a tenth of them,
+//!    the pipeline stopped.
+//! 2. Capture catch-up: starts the release `capture-mongo` (oplog mode) at the time before them
+//!    and measures until Kafka acknowledged every event.
+//! 3. Apply drain: with the whole backlog in Kafka, starts the release `apply-mongo` and
+//!    measures until MongoDB acknowledged every write.
+//! 4. Checks the result: every target collection equals its source collection (count and an
+//!    order-independent hash of the documents), so a fast wrong run cannot report.
+//!
+//! For each stage: wall time, events/s, CPU seconds of the process, events per CPU second and
+//! peak resident memory. Prints a table and writes `target/bench/w2.json`.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use mongodb::bson::raw::RawDocumentBuf;
+use mongodb::bson::{doc, Document};
+use sluice_tests::bench::{measure, num_cores, stop_child, Stage};
+use sluice_tests::{kafka_brokers, mongo_source_url, mongo_target_url, unique};
+
+const COLLECTIONS: usize = 10;
+const CITIES: [&str; 4] = ["Lisbon", "Oslo", "Lima", "Pune"];
+
+/// A W2 document: 7 fields, about 140 bytes of BSON.
+fn w2_doc(i: i64) -> Document {
+    doc! {
+        "_id": i,
+        "name": format!("user-{i:08}"),
+        "email": format!("u{i:08}@example.com"),
+        "age": (i % 90) as i32,
+        "score": i as f64 * 0.5,
+        "active": i % 3 == 0,
+        "city": CITIES[(i % 4) as usize],
+    }
+}
+
+/// Documents and an order-independent hash of their bytes.
+async fn digest(c: &mongodb::Client, db: &str, coll: &str) -> (u64, u64) {
+    let mut cur = c
+        .database(db)
+        .collection::<RawDocumentBuf>(coll)
+        .find(doc! {})
+        .await
+        .unwrap();
+    let (mut n, mut h) = (0u64, 0u64);
+    while let Some(d) = cur.next().await {
+        let d = d.unwrap();
+        let mut x: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in d.as_bytes() {
+            x ^= u64::from(*b);
+            x = x.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        n += 1;
+        h = h.wrapping_add(x);
+    }
+    (n, h)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let docs: i64 = std::env::args()
+        .nth(1)
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(200_000);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let release = root.join("target/release");
+    for b in ["capture-mongo", "apply-mongo"] {
+        anyhow::ensure!(
+            release.join(b).exists(),
+            "{} is missing: run `cargo build --release --bins` first",
+            release.join(b).display()
+        );
+    }
+    let src = mongodb::Client::with_uri_str(mongo_source_url()).await?;
+    let dst = mongodb::Client::with_uri_str(mongo_target_url()).await?;
+    let db = unique("w2");
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // 1. The workload, pipeline stopped.
+    let t = Instant::now();
+    let per = docs / COLLECTIONS as i64;
+    let mut events: u64 = 0;
+    for c in 0..COLLECTIONS {
+        let coll = src.database(&db).collection::<Document>(&format!("c{c}"));
+        for chunk in (0..per).collect::<Vec<_>>().chunks(1000) {
+            coll.insert_many(chunk.iter().map(|i| w2_doc(*i))).await?;
+            events += chunk.len() as u64;
+        }
+        for i in (0..per).step_by(10) {
+            coll.update_one(doc! { "_id": i }, doc! { "$set": { "score": -1.0 } })
+                .await?;
+            events += 1;
+        }
+        for i in (5..per).step_by(20) {
+            coll.delete_one(doc! { "_id": i }).await?;
+            events += 1;
+        }
+    }
+    println!(
+        "wrote {events} changes ({docs} inserts, updates, deletes) in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // 2. Capture catch-up.
+    let prefix = unique("w2cdc");
+    let capture_config = format!(
+        "connector = \"{}\"\n[mongodb]\nuri = \"{}\"\nmode = \"oplog\"\nstart = \"time:{}\"\nbatch_size = 10000\n\
+         [filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
+         [publish]\npartitions = 3\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
+        unique("w2conn"),
+        mongo_source_url(),
+        start + 1,
+        kafka_brokers()
+    );
+    let (capture, cap_child) = measure(
+        "capture-mongo",
+        &release.join("capture-mongo"),
+        capture_config,
+        "sluice_capture_events_total",
+        events,
+    )
+    .await?;
+    // Every event acknowledged: the checkpoint count moves after the last delivery.
+    stop_child(cap_child);
+
+    // 3. Apply drain.
+    let apply_config = format!(
+        "[mongodb]\nuri = \"{}\"\nmeta_database = \"{}\"\n[consumer]\ngroup_id = \"{}\"\n\
+         topics = [\"^{}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n",
+        mongo_target_url(),
+        unique("w2meta"),
+        unique("w2g"),
+        prefix,
+        kafka_brokers()
+    );
+    let (apply, app_child) = measure(
+        "apply-mongo",
+        &release.join("apply-mongo"),
+        apply_config,
+        "sluice_apply_writes_total",
+        events,
+    )
+    .await?;
+    stop_child(app_child);
+
+    // 4. Check.
+    for c in 0..COLLECTIONS {
+        let name = format!("c{c}");
+        let (a, b) = (
+            digest(&src, &db, &name).await,
+            digest(&dst, &db, &name).await,
+        );
+        anyhow::ensure!(a == b, "{db}.{name}: source {a:?} != target {b:?}");
+    }
+    println!("check: all {COLLECTIONS} target collections equal their sources (count and hash)");
+
+    let cores = num_cores();
+    println!("\nW2, {events} changes, {cores} cores\n");
+    println!("| stage | wall s | events/s | CPU s | events per CPU s | peak RSS MiB |");
+    println!("|---|---|---|---|---|---|");
+    let mut json = Vec::new();
+    for s in [&capture, &apply] {
+        let Stage {
+            name,
+            wall,
+            cpu,
+            rss,
+        } = s;
+        println!(
+            "| {name} | {wall:.1} | {:.0} | {cpu:.2} | {:.0} | {:.0} |",
+            events as f64 / wall,
+            events as f64 / cpu.max(0.01),
+            rss / 1048576.0
+        );
+        json.push(format!(
+            "{{\"stage\":\"{name}\",\"events\":{events},\"wall_s\":{wall:.3},\"cpu_s\":{cpu:.3},\"peak_rss_bytes\":{rss:.0}}}"
+        ));
+    }
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("w2.json"), format!("[{}]\n", json.join(",")))?;
+    src.database(&db).drop().await?;
+    dst.database(&db).drop().await?;
+    Ok(())
+}
