@@ -626,21 +626,23 @@ fn object_diff(diff: &RawDocument, prefix: &str, out: &mut UpdateDesc) -> Result
                     out.updated.append_ref(join(prefix, name), value);
                 }
             }
-            _ if k.starts_with('s') => {
-                let sub = v
-                    .as_document()
-                    .ok_or("diff: a sub-diff is not a document")?;
-                let path = join(prefix, &k[1..]);
-                if matches!(sub.get("a"), Ok(Some(RawBsonRef::Boolean(true)))) {
-                    array_diff(sub, &path, out)?;
-                } else {
-                    object_diff(sub, &path, out)?;
-                }
-            }
+            _ if k.starts_with('s') => sub_diff(v, &join(prefix, &k[1..]), out)?,
             _ => return Err(format!("diff: unknown field {k:?}")),
         }
     }
     Ok(())
+}
+
+/// The diff of a nested document or array (`a: true` marks an array).
+fn sub_diff(v: RawBsonRef<'_>, path: &str, out: &mut UpdateDesc) -> Result<(), String> {
+    let sub = v
+        .as_document()
+        .ok_or("diff: a sub-diff is not a document")?;
+    if matches!(sub.get("a"), Ok(Some(RawBsonRef::Boolean(true)))) {
+        array_diff(sub, path, out)
+    } else {
+        object_diff(sub, path, out)
+    }
 }
 
 /// An array's diff: `a: true`, `l` the new length (a truncation), `u<i>` a new element value,
@@ -661,17 +663,7 @@ fn array_diff(diff: &RawDocument, path: &str, out: &mut UpdateDesc) -> Result<()
             _ if k.starts_with('u') => {
                 out.updated.append_ref(join(path, &k[1..]), v);
             }
-            _ if k.starts_with('s') => {
-                let sub = v
-                    .as_document()
-                    .ok_or("diff: a sub-diff is not a document")?;
-                let p = join(path, &k[1..]);
-                if matches!(sub.get("a"), Ok(Some(RawBsonRef::Boolean(true)))) {
-                    array_diff(sub, &p, out)?;
-                } else {
-                    object_diff(sub, &p, out)?;
-                }
-            }
+            _ if k.starts_with('s') => sub_diff(v, &join(path, &k[1..]), out)?,
             _ => return Err(format!("diff: unknown array field {k:?}")),
         }
     }
