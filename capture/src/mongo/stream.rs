@@ -171,6 +171,8 @@ pub struct Capture {
     /// The last position reached (published change or idle token).
     last_ts: Option<Timestamp>,
     last_token: Option<ResumeToken>,
+    /// The position of the last mark: an idle source queues no new one until it moves.
+    marked: Option<(Timestamp, Option<ResumeToken>)>,
     /// Oplog entries of a transaction whose last entry has not come yet.
     partial_txn: Vec<Change>,
     buf: Vec<u8>,
@@ -273,6 +275,7 @@ impl Capture {
             since_mark: 0,
             last_ts: None,
             last_token: None,
+            marked: None,
             partial_txn: Vec::new(),
             buf: Vec::with_capacity(4096),
             config,
@@ -479,15 +482,27 @@ impl Capture {
                         }
                         self.last_token = Some(t);
                     }
-                    self.metrics.lag_seconds.set(0);
-                    self.mark().await?;
-                    if self.end_reached_when_idle() {
-                        tracing::info!(end = %self.config.mongodb.end, "reached the end time");
+                    if self.idle().await? {
                         return Ok(());
                     }
                 }
             }
         }
+    }
+
+    /// Nothing new from the source: checkpoint where it stands (unless inside a transaction or
+    /// not moved since the last mark). True when the end time has been reached.
+    async fn idle(&mut self) -> Result<bool, CaptureError> {
+        self.metrics.lag_seconds.set(0);
+        let here = self.last_ts.map(|ts| (ts, self.last_token.clone()));
+        if self.partial_txn.is_empty() && here != self.marked {
+            self.mark().await?;
+        }
+        let end = self.end_reached_when_idle();
+        if end {
+            tracing::info!(end = %self.config.mongodb.end, "reached the end time");
+        }
+        Ok(end)
     }
 
     fn past_end(&self, ts: Timestamp) -> bool {
@@ -629,23 +644,15 @@ impl Capture {
                     // The cursor ended (a server without tailable cursors on the oplog, or the
                     // capped collection rolled over): query again from the last entry.
                     Ok(None) => break,
-                    // Nothing new for a while: checkpoint, and check the end time.
-                    Err(_) => {}
-                }
-                if self.partial_txn.is_empty() && self.since_mark > 0 {
-                    self.mark().await?;
-                }
-                self.metrics.lag_seconds.set(0);
-                if self.end_reached_when_idle() {
-                    tracing::info!(end = %self.config.mongodb.end, "reached the end time");
-                    return Ok(());
+                    // Nothing new for a while.
+                    Err(_) => {
+                        if self.idle().await? {
+                            return Ok(());
+                        }
+                    }
                 }
             }
-            if self.partial_txn.is_empty() {
-                self.mark().await?;
-            }
-            if self.end_reached_when_idle() {
-                tracing::info!(end = %self.config.mongodb.end, "reached the end time");
+            if self.idle().await? {
                 return Ok(());
             }
             tokio::select! {
@@ -676,6 +683,7 @@ impl Capture {
             })
             .await?;
         self.since_mark = 0;
+        self.marked = Some((ts, self.last_token.clone()));
         Ok(())
     }
 
