@@ -165,6 +165,22 @@ struct Writer {
     metrics: Metrics,
 }
 
+/// A statement MongoDB refused for its document alone.
+struct Refusal {
+    /// Index into `Batch::messages`.
+    origin: usize,
+    reason: String,
+    label: &'static str,
+}
+
+/// What a batch write did.
+#[derive(Default)]
+struct Outcome {
+    refused: Vec<Refusal>,
+    /// (namespace, kind) -> writes acknowledged.
+    writes: HashMap<(String, &'static str), u64>,
+}
+
 /// Why a batch write did not complete.
 enum WriteFailure {
     /// Worth trying again (network, election, write concern).
@@ -173,8 +189,11 @@ enum WriteFailure {
 }
 
 impl Writer {
-    /// Write every item of `batch`, round by round. Refused documents are dead-lettered here.
-    async fn write(&self, batch: &Batch) -> Result<(), WriteFailure> {
+    /// Write every item of `batch`, round by round. Statements refused for their document
+    /// alone are returned, not dead-lettered yet: a transient failure later in the batch writes
+    /// it all again, and they would be refused (and sent) twice.
+    async fn write(&self, batch: &Batch) -> Result<Outcome, WriteFailure> {
+        let mut outcome = Outcome::default();
         let keys: Vec<(&str, &str, &[u8])> = batch
             .items
             .iter()
@@ -205,56 +224,60 @@ impl Writer {
             .await;
             for (db, coll, statements, reply) in replies {
                 let reply = reply.map_err(classify)?;
-                let errors = reply_errors(&reply).map_err(WriteFailure::Transient)?;
                 let ns = format!("{db}.{coll}");
-                let refused = errors.len();
-                for e in errors {
+                for e in reply_errors(&reply).map_err(WriteFailure::Transient)? {
                     if transient_code(e.code) {
                         return Err(WriteFailure::Transient(format!(
                             "{ns}: {} (code {})",
                             e.message, e.code
                         )));
                     }
-                    let Some(&item) = statements.get(e.index) else {
-                        continue;
-                    };
-                    let m = &batch.messages[batch.items[item].origin];
-                    let reason = format!(
-                        "{ns}: MongoDB refused the write: {} (code {})",
-                        e.message, e.code
-                    );
-                    self.dead_letter(
-                        m,
-                        &reason,
-                        if e.code == 11000 {
-                            "duplicate_key"
-                        } else {
-                            "refused"
-                        },
-                    )
-                    .await
-                    .map_err(WriteFailure::Definite)?;
-                }
-                let kinds = statements.iter().fold([0u64; 3], |mut k, i| {
-                    k[match batch.items[*i].write {
-                        Write::Replace { .. } => 0,
-                        Write::Update { .. } => 1,
-                        Write::Delete { .. } => 2,
-                    }] += 1;
-                    k
-                });
-                for (n, kind) in kinds.iter().zip(["replace", "update", "delete"]) {
-                    if *n > 0 {
-                        self.metrics
-                            .writes
-                            .with_label_values(&[&ns, kind])
-                            .inc_by(*n);
+                    if let Some(&item) = statements.get(e.index) {
+                        outcome.refused.push(Refusal {
+                            origin: batch.items[item].origin,
+                            reason: format!(
+                                "{ns}: MongoDB refused the write: {} (code {})",
+                                e.message, e.code
+                            ),
+                            label: if e.code == 11000 {
+                                "duplicate_key"
+                            } else {
+                                "refused"
+                            },
+                        });
                     }
                 }
-                if refused > 0 {
-                    tracing::warn!(namespace = %ns, refused, "writes refused");
+                for i in &statements {
+                    let kind = match batch.items[*i].write {
+                        Write::Replace { .. } => "replace",
+                        Write::Update { .. } => "update",
+                        Write::Delete { .. } => "delete",
+                    };
+                    *outcome.writes.entry((ns.clone(), kind)).or_insert(0) += 1;
                 }
             }
+        }
+        Ok(outcome)
+    }
+
+    /// After the whole batch is written: count the writes and dead-letter the refused events
+    /// (an event refused in several statements is sent once).
+    async fn settle(&self, batch: &Batch, outcome: Outcome) -> Result<(), String> {
+        for ((ns, kind), n) in &outcome.writes {
+            self.metrics
+                .writes
+                .with_label_values(&[ns.as_str(), kind])
+                .inc_by(*n);
+        }
+        let mut sent = std::collections::HashSet::new();
+        for r in &outcome.refused {
+            if sent.insert(r.origin) {
+                self.dead_letter(&batch.messages[r.origin], &r.reason, r.label)
+                    .await?;
+            }
+        }
+        if !outcome.refused.is_empty() {
+            tracing::warn!(refused = outcome.refused.len(), "writes refused");
         }
         Ok(())
     }
@@ -275,12 +298,9 @@ impl Writer {
 
 fn classify(e: mongodb::error::Error) -> WriteFailure {
     match &*e.kind {
-        mongodb::error::ErrorKind::Command(c) if !transient_code(c.code) && c.code != 0 => {
-            // Bad command, no permission, unknown option: writing again cannot help.
-            if matches!(c.code, 2 | 9 | 13 | 14 | 72 | 10334) {
-                return WriteFailure::Definite(format!("{} (code {})", c.message, c.code));
-            }
-            WriteFailure::Transient(e.to_string())
+        // Bad command, no permission, unknown option, too large: writing again cannot help.
+        mongodb::error::ErrorKind::Command(c) if matches!(c.code, 2 | 9 | 13 | 14 | 72 | 10334) => {
+            WriteFailure::Definite(format!("{} (code {})", c.message, c.code))
         }
         _ => WriteFailure::Transient(e.to_string()),
     }
@@ -299,7 +319,13 @@ impl Drain for MongoDrain {
         if taken.offsets.is_empty() {
             return None;
         }
-        match block_on(&self.runtime, self.writer.write(&taken)) {
+        let write = async {
+            let outcome = self.writer.write(&taken).await.map_err(|f| match f {
+                WriteFailure::Transient(e) | WriteFailure::Definite(e) => e,
+            })?;
+            self.writer.settle(&taken, outcome).await
+        };
+        match block_on(&self.runtime, write) {
             Ok(()) => {
                 tracing::info!(
                     events = taken.events,
@@ -307,7 +333,7 @@ impl Drain for MongoDrain {
                 );
                 Some(taken.offsets)
             }
-            Err(WriteFailure::Transient(e) | WriteFailure::Definite(e)) => {
+            Err(e) => {
                 tracing::warn!(error = %e, events = taken.events,
                     "could not write the batch in hand before letting partitions go; their next owner reads it again");
                 None
@@ -737,9 +763,9 @@ impl Sink {
         }
         let started = Instant::now();
         let mut backoff = Duration::from_millis(500);
-        loop {
+        let outcome = loop {
             match self.writer.write(&batch).await {
-                Ok(()) => break,
+                Ok(outcome) => break outcome,
                 Err(WriteFailure::Definite(e)) => return Err(ApplyError::Mongo(e)),
                 Err(WriteFailure::Transient(e)) => {
                     self.metrics.retries.inc();
@@ -756,7 +782,11 @@ impl Sink {
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
             }
-        }
+        };
+        self.writer
+            .settle(&batch, outcome)
+            .await
+            .map_err(ApplyError::Definite)?;
         batch.offsets.store(&self.consumer);
         if batch.events > 0 {
             self.metrics.batch_events.observe(batch.events as f64);
