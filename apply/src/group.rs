@@ -4,13 +4,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Message, Statistics};
+use sluice_common::Shutdown;
 
 /// topic -> partition -> offset of the last event handled. Stored once the batch holding it is
 /// written: librdkafka's `rd_kafka_offset_store` commits that offset + 1, the next to read.
@@ -187,4 +190,64 @@ impl DeadLetters {
                 )
             })
     }
+}
+
+/// A sink that gathers the events of its consumer group into batches; [`run`] drives it.
+#[allow(async_fn_in_trait)]
+pub(crate) trait BatchSink {
+    type Drain: Drain;
+    type Error;
+    fn consumer(&self) -> &StreamConsumer<GroupContext<Self::Drain>>;
+    /// When the batch in hand got its first event, if it has any.
+    fn batch_started(&self) -> Option<Instant>;
+    /// The batch in hand reached its size limits.
+    fn batch_full(&self) -> bool;
+    /// How long a batch may wait after its first event.
+    fn max_wait(&self) -> Duration;
+    /// Take one event into the batch (its offset is stored once the batch is written).
+    async fn on_message(&mut self, m: OwnedMessage, shutdown: &Shutdown)
+        -> Result<(), Self::Error>;
+    /// Write the batch in hand, then store its offsets.
+    async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), Self::Error>;
+}
+
+/// Consume until shutdown or an error: a batch is written when full or `max_wait` after its
+/// first event. On shutdown what is held is written and the offsets committed before leaving
+/// the group.
+pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), S::Error> {
+    let max_wait = sink.max_wait();
+    let result = loop {
+        let deadline = sink
+            .batch_started()
+            .map(|s| s + max_wait)
+            .unwrap_or_else(|| Instant::now() + max_wait);
+        let step = tokio::select! {
+            biased;
+            _ = shutdown.wait() => break Ok(()),
+            _ = tokio::time::sleep_until(deadline.into()) => None,
+            m = sink.consumer().recv() => Some(m.map(|m| m.detach())),
+        };
+        let r = match step {
+            None => sink.write_held(shutdown).await,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "consumer error");
+                Ok(())
+            }
+            Some(Ok(m)) => match sink.on_message(m, shutdown).await {
+                Ok(()) if sink.batch_full() => sink.write_held(shutdown).await,
+                other => other,
+            },
+        };
+        if let Err(e) = r {
+            break Err(e);
+        }
+    };
+    if result.is_ok() {
+        // Write what is held (no longer interruptible), then commit synchronously.
+        sink.write_held(&Shutdown::new()).await?;
+        if let Err(e) = sink.consumer().commit_consumer_state(CommitMode::Sync) {
+            tracing::debug!(error = %e, "final commit (nothing to commit?)");
+        }
+    }
+    result
 }

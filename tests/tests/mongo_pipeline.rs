@@ -567,7 +567,16 @@ async fn refused_writes_are_dead_lettered_and_the_stream_goes_on() {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    assert!(target.find_one(doc! { "_id": 2 }).await.unwrap().is_none());
+    // Documents 1 and 2 travel on different partitions, so which one the target takes first
+    // is not fixed: exactly one of them is there.
+    let present = target
+        .count_documents(doc! { "_id": { "$in": [1, 2] } })
+        .await
+        .unwrap();
+    assert_eq!(
+        present, 1,
+        "exactly one of the duplicate-email documents is written"
+    );
     // The dead letter names the reason.
     let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", kafka_brokers())

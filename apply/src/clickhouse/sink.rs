@@ -28,7 +28,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::OwnedMessage;
 use rdkafka::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{Column, Op, TableSchema};
@@ -37,7 +38,8 @@ use sluice_proto::ChangeEvent;
 use super::types::{encode, map_column, ChType, Features};
 use super::{Config, Mode, OnBadEvent};
 use crate::group::{
-    block_on, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets, DEAD_LETTER_MAX_BYTES,
+    block_on, BatchSink, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets,
+    DEAD_LETTER_MAX_BYTES,
 };
 use crate::schemas::SchemaCache;
 
@@ -117,7 +119,7 @@ impl Metrics {
 }
 
 /// Writes the batch in hand before partitions are let go (see [`crate::group`]).
-struct ChDrain {
+pub(crate) struct ChDrain {
     batch: Arc<Mutex<Batch>>,
     writer: Writer,
     runtime: tokio::runtime::Handle,
@@ -336,44 +338,7 @@ impl Sink {
 
     /// Consume until shutdown; then write what is held, commit, and return.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), ApplyError> {
-        let max_wait = Duration::from_millis(self.config.batch.max_wait_ms);
-        let result = loop {
-            let started = self.batch().started;
-            let deadline = started
-                .map(|s| s + max_wait)
-                .unwrap_or_else(|| Instant::now() + max_wait);
-            let step = tokio::select! {
-                biased;
-                _ = shutdown.wait() => break Ok(()),
-                _ = tokio::time::sleep_until(deadline.into()) => None,
-                m = self.consumer.recv() => Some(m),
-            };
-            let r = match step {
-                None => self.flush(&shutdown).await,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "consumer error");
-                    Ok(())
-                }
-                Some(Ok(m)) => {
-                    let m = m.detach();
-                    match self.handle(&m, &shutdown).await {
-                        Ok(()) if self.full() => self.flush(&shutdown).await,
-                        other => other,
-                    }
-                }
-            };
-            if let Err(e) = r {
-                break Err(e);
-            }
-        };
-        if result.is_ok() {
-            // Drain: write what is held, then commit synchronously before leaving the group.
-            self.flush(&Shutdown::new()).await?;
-            if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
-                tracing::debug!(error = %e, "final commit (nothing to commit?)");
-            }
-        }
-        result
+        crate::group::run(&mut self, &shutdown).await
     }
 
     fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
@@ -924,4 +889,33 @@ fn fnv(b: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
+}
+
+impl BatchSink for Sink {
+    type Drain = ChDrain;
+    type Error = ApplyError;
+
+    fn consumer(&self) -> &StreamConsumer<Context> {
+        &self.consumer
+    }
+
+    fn batch_started(&self) -> Option<Instant> {
+        self.batch().started
+    }
+
+    fn batch_full(&self) -> bool {
+        self.full()
+    }
+
+    fn max_wait(&self) -> Duration {
+        Duration::from_millis(self.config.batch.max_wait_ms)
+    }
+
+    async fn on_message(&mut self, m: OwnedMessage, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        self.handle(&m, shutdown).await
+    }
+
+    async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        self.flush(shutdown).await
+    }
 }

@@ -28,7 +28,7 @@ use futures::StreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::Message;
 use sluice_common::Shutdown;
@@ -39,7 +39,8 @@ use super::write::{commands, reply_errors, rounds, transient_code, writes_of, Wr
 use super::Config;
 use crate::consumer::OnBadEvent;
 use crate::group::{
-    block_on, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets, DEAD_LETTER_MAX_BYTES,
+    block_on, BatchSink, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets,
+    DEAD_LETTER_MAX_BYTES,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -307,7 +308,7 @@ fn classify(e: mongodb::error::Error) -> WriteFailure {
 }
 
 /// Writes the batch in hand before partitions are let go.
-struct MongoDrain {
+pub(crate) struct MongoDrain {
     batch: Arc<Mutex<Batch>>,
     writer: Writer,
     runtime: tokio::runtime::Handle,
@@ -471,43 +472,7 @@ impl Sink {
 
     /// Consume until shutdown; then write what is held, commit, and return.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), ApplyError> {
-        let max_wait = Duration::from_millis(self.config.batch.max_wait_ms);
-        let result = loop {
-            let started = self.batch().started;
-            let deadline = started
-                .map(|s| s + max_wait)
-                .unwrap_or_else(|| Instant::now() + max_wait);
-            let step = tokio::select! {
-                biased;
-                _ = shutdown.wait() => break Ok(()),
-                _ = tokio::time::sleep_until(deadline.into()) => None,
-                m = self.consumer.recv() => Some(m),
-            };
-            let r = match step {
-                None => self.flush(&shutdown).await,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "consumer error");
-                    Ok(())
-                }
-                Some(Ok(m)) => {
-                    let m = m.detach();
-                    match self.handle(m, &shutdown).await {
-                        Ok(()) if self.full() => self.flush(&shutdown).await,
-                        other => other,
-                    }
-                }
-            };
-            if let Err(e) = r {
-                break Err(e);
-            }
-        };
-        if result.is_ok() {
-            self.flush(&Shutdown::new()).await?;
-            if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
-                tracing::debug!(error = %e, "final commit (nothing to commit?)");
-            }
-        }
-        result
+        crate::group::run(&mut self, &shutdown).await
     }
 
     fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
@@ -800,5 +765,34 @@ impl Sink {
                 .observe((now_micros() - c).max(0) as f64 / 1e6);
         }
         Ok(())
+    }
+}
+
+impl BatchSink for Sink {
+    type Drain = MongoDrain;
+    type Error = ApplyError;
+
+    fn consumer(&self) -> &StreamConsumer<Context> {
+        &self.consumer
+    }
+
+    fn batch_started(&self) -> Option<Instant> {
+        self.batch().started
+    }
+
+    fn batch_full(&self) -> bool {
+        self.full()
+    }
+
+    fn max_wait(&self) -> Duration {
+        Duration::from_millis(self.config.batch.max_wait_ms)
+    }
+
+    async fn on_message(&mut self, m: OwnedMessage, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        self.handle(m, shutdown).await
+    }
+
+    async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        self.flush(shutdown).await
     }
 }
