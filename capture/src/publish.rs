@@ -107,9 +107,12 @@ impl PublishConfig {
     }
 }
 
-/// The capture's Kafka metrics.
+/// The metrics every capture serves, whatever its source: events handed to Kafka, their
+/// acknowledgement, checkpoints, the source lag and errors.
 #[derive(Clone)]
 pub struct PublishMetrics {
+    pub lag_seconds: prometheus::IntGauge,
+    pub errors: IntCounterVec,
     pub events: IntCounterVec,
     pub bytes: IntCounterVec,
     pub produce_latency: Histogram,
@@ -148,11 +151,23 @@ impl PublishMetrics {
             ),
             &["outcome"],
         )?;
+        let lag_seconds = prometheus::IntGauge::new(
+            "sluice_capture_lag_seconds",
+            "Now minus the source timestamp of the last event read (0 when idle and caught up).",
+        )?;
+        let errors = IntCounterVec::new(
+            Opts::new("sluice_capture_errors_total", "Errors by type."),
+            &["error_type"],
+        )?;
+        registry.register(Box::new(lag_seconds.clone()))?;
+        registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(events.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(produce_latency.clone()))?;
         registry.register(Box::new(checkpoints.clone()))?;
         Ok(Self {
+            lag_seconds,
+            errors,
             events,
             bytes,
             produce_latency,

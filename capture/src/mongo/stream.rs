@@ -29,7 +29,7 @@ use mongodb::options::{
     ChangeStreamOptions, CursorType, FindOneOptions, FindOptions, FullDocumentBeforeChangeType,
     FullDocumentType,
 };
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts as MOpts, Registry};
+use prometheus::{IntCounter, IntGauge, Registry};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sluice_common::Shutdown;
@@ -96,9 +96,7 @@ fn token_document(t: &ResumeToken) -> Option<Document> {
 
 struct StreamMetrics {
     oplog_time: IntGauge,
-    lag_seconds: IntGauge,
     lookups: IntCounter,
-    errors: IntCounterVec,
 }
 
 impl StreamMetrics {
@@ -107,27 +105,15 @@ impl StreamMetrics {
             "sluice_capture_oplog_time_seconds",
             "Oplog time (seconds since the epoch) of the last change read or position reached.",
         )?;
-        let lag_seconds = IntGauge::new(
-            "sluice_capture_lag_seconds",
-            "Now minus the source timestamp of the last event read (0 when idle and caught up).",
-        )?;
         let lookups = IntCounter::new(
             "sluice_capture_document_lookups_total",
             "Documents read from the source because an oplog update could not be described.",
         )?;
-        let errors = IntCounterVec::new(
-            MOpts::new("sluice_capture_errors_total", "Errors by type."),
-            &["error_type"],
-        )?;
         r.register(Box::new(oplog_time.clone()))?;
-        r.register(Box::new(lag_seconds.clone()))?;
         r.register(Box::new(lookups.clone()))?;
-        r.register(Box::new(errors.clone()))?;
         Ok(Self {
             oplog_time,
-            lag_seconds,
             lookups,
-            errors,
         })
     }
 }
@@ -290,7 +276,7 @@ impl Capture {
             Mode::Oplog => self.read_oplog(&shutdown).await,
         };
         if let Err(e) = &result {
-            self.metrics
+            self.publish_metrics
                 .errors
                 .with_label_values(&[match e {
                     CaptureError::Mongo(_) => "mongodb",
@@ -493,7 +479,7 @@ impl Capture {
     /// Nothing new from the source: checkpoint where it stands (unless inside a transaction or
     /// not moved since the last mark). True when the end time has been reached.
     async fn idle(&mut self) -> Result<bool, CaptureError> {
-        self.metrics.lag_seconds.set(0);
+        self.publish_metrics.lag_seconds.set(0);
         let here = self.last_ts.map(|ts| (ts, self.last_token.clone()));
         if self.partial_txn.is_empty() && here != self.marked {
             self.mark().await?;
@@ -747,7 +733,7 @@ impl Capture {
             c.full_document = found;
         }
         let lag = (now_micros() / 1_000_000 - i64::from(c.ts.time)).max(0);
-        self.metrics.lag_seconds.set(lag);
+        self.publish_metrics.lag_seconds.set(lag);
         let transaction = self.transaction(&c);
         let token_bytes = token
             .and_then(token_document)

@@ -21,7 +21,7 @@ use futures::StreamExt;
 use mysql_async::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStreamRequest, Conn, Opts};
-use prometheus::{IntCounterVec, IntGauge, Opts as MOpts, Registry};
+use prometheus::{IntGauge, Registry};
 use prost::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{self, Op, TableSchema};
@@ -77,9 +77,7 @@ impl CaptureError {
 struct StreamMetrics {
     file_number: IntGauge,
     offset: IntGauge,
-    lag_seconds: IntGauge,
     reconnects: prometheus::IntCounter,
-    errors: IntCounterVec,
 }
 
 impl StreamMetrics {
@@ -92,29 +90,17 @@ impl StreamMetrics {
             "sluice_capture_binlog_offset_bytes",
             "Offset in the binlog file being read.",
         )?;
-        let lag_seconds = IntGauge::new(
-            "sluice_capture_lag_seconds",
-            "Now minus the source timestamp of the last event read (0 when idle and caught up).",
-        )?;
         let reconnects = prometheus::IntCounter::new(
             "sluice_capture_reconnects_total",
             "Binlog connections re-opened after a transient failure.",
         )?;
-        let errors = IntCounterVec::new(
-            MOpts::new("sluice_capture_errors_total", "Errors by type."),
-            &["error_type"],
-        )?;
         r.register(Box::new(file_number.clone()))?;
         r.register(Box::new(offset.clone()))?;
-        r.register(Box::new(lag_seconds.clone()))?;
         r.register(Box::new(reconnects.clone()))?;
-        r.register(Box::new(errors.clone()))?;
         Ok(Self {
             file_number,
             offset,
-            lag_seconds,
             reconnects,
-            errors,
         })
     }
 }
@@ -357,7 +343,10 @@ impl Capture {
             match self.read_binlog(&shutdown).await {
                 Ok(()) => break Ok(()),
                 Err(e) if e.transient() && !shutdown.is_triggered() => {
-                    self.metrics.errors.with_label_values(&["connection"]).inc();
+                    self.publish_metrics
+                        .errors
+                        .with_label_values(&["connection"])
+                        .inc();
                     self.metrics.reconnects.inc();
                     tracing::warn!(error = %e, resume = %self.resume, retry_in = ?backoff, "binlog connection lost; reconnecting");
                     tokio::select! {
@@ -371,7 +360,7 @@ impl Capture {
                     }
                 }
                 Err(e) => {
-                    self.metrics
+                    self.publish_metrics
                         .errors
                         .with_label_values(&[error_type(&e)])
                         .inc();
@@ -472,7 +461,7 @@ impl Capture {
         let ts = header.timestamp();
         if ts != 0 {
             let lag = (now_micros() / 1_000_000 - i64::from(ts)).max(0);
-            self.metrics.lag_seconds.set(lag);
+            self.publish_metrics.lag_seconds.set(lag);
         }
         if end != 0 {
             self.metrics.offset.set(end as i64);
@@ -606,7 +595,7 @@ impl Capture {
                 self.on_rows(&rows, start, ts).await?;
             }
             EventData::HeartbeatEvent if self.tx.is_none() => {
-                self.metrics.lag_seconds.set(0);
+                self.publish_metrics.lag_seconds.set(0);
             }
             _ => {}
         }
