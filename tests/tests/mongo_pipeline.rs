@@ -659,3 +659,169 @@ async fn start_end_and_lost_history() {
     assert!(log.contains("no longer there"), "{log}");
     src.database(&db).drop().await.unwrap();
 }
+
+/// apply-mongo's DDL, fed with events written straight to Kafka (mongo-java-server logs no
+/// createIndexes, dropIndexes or rename of its own): indexes made and dropped, a rename, a
+/// filtered dropDatabase, and row events older than a drop or rename skipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn ddl_is_applied_filtered_and_ordered_by_version() {
+    use prost::Message as _;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use sluice_proto::v1::{self, ChangeEvent, Op};
+
+    let db = unique("sluice_m_ddl");
+    let prefix = unique("mddl");
+    let dst = client(mongo_target_url()).await;
+    let kafka = sluice_common::KafkaConfig {
+        brokers: kafka_brokers(),
+        ..Default::default()
+    };
+    let topic = |coll: &str| format!("{prefix}.{db}.{coll}");
+    for coll in ["a", "b", "c"] {
+        kafka
+            .ensure_topic("test", &topic(coll), 1, 1, false, None)
+            .await
+            .unwrap();
+    }
+    let raw = |d: Document| RawDocumentBuf::from_document(&d).unwrap().into_bytes();
+    let row = |coll: &str, version: u64, d: Document| ChangeEvent {
+        contract: 1,
+        op: Op::Insert as i32,
+        database: db.clone(),
+        table: coll.into(),
+        version,
+        mongo: Some(v1::MongoChange {
+            document_key: raw(doc! { "_id": d.get("_id").unwrap().clone() }),
+            full_document: raw(d),
+            operation_type: "insert".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let ddl =
+        |coll: &str, version: u64, kind: &str, command: Document, to: (&str, &str)| ChangeEvent {
+            contract: 1,
+            op: Op::Ddl as i32,
+            database: db.clone(),
+            table: coll.into(),
+            version,
+            ddl: Some(v1::Ddl {
+                statement: Bson::Document(command).into_canonical_extjson().to_string(),
+                kind: kind.into(),
+                new_database: to.0.into(),
+                new_table: to.1.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+    let b_ns = format!("{db}.b");
+    let events = vec![
+        ("a", row("a", 10, doc! { "_id": 1, "k": 1, "m": 1 })),
+        (
+            "a",
+            ddl(
+                "a",
+                11,
+                "create_indexes",
+                doc! { "createIndexes": "a", "indexes": [
+                    { "v": 2, "key": { "k": 1 }, "name": "k_1", "unique": true },
+                    { "v": 2, "key": { "m": -1 }, "name": "m_-1" },
+                ] },
+                ("", ""),
+            ),
+        ),
+        (
+            "a",
+            ddl(
+                "a",
+                12,
+                "drop_indexes",
+                doc! { "dropIndexes": "a", "index": "m_-1" },
+                ("", ""),
+            ),
+        ),
+        ("a", row("a", 13, doc! { "_id": 2, "k": 2 })),
+        (
+            "a",
+            ddl(
+                "a",
+                14,
+                "rename",
+                doc! { "renameCollection": format!("{db}.a"), "to": &b_ns },
+                (&db, "b"),
+            ),
+        ),
+        // Read after the rename but older than it: its effect went with the rename.
+        ("a", row("a", 13, doc! { "_id": 3, "late": true })),
+        ("c", row("c", 15, doc! { "_id": 1 })),
+        ("c", ddl("c", 20, "drop", doc! { "drop": "c" }, ("", ""))),
+        ("c", row("c", 19, doc! { "_id": 2, "before": "drop" })),
+        ("c", row("c", 21, doc! { "_id": 3, "after": "drop" })),
+        (
+            "c",
+            ddl(
+                "",
+                22,
+                "drop_database",
+                doc! { "dropDatabase": 1 },
+                ("", ""),
+            ),
+        ),
+    ];
+    let producer: FutureProducer = kafka.producer_config("test").create().unwrap();
+    for (coll, e) in &events {
+        producer
+            .send(
+                FutureRecord::to(&topic(coll))
+                    .key("k")
+                    .payload(&e.encode_to_vec()),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let mut app = apply(
+        &prefix,
+        &unique("g"),
+        "[ddl]\napply = [\"create\", \"drop\", \"createIndexes\", \"dropIndexes\", \"renameCollection\"]\n",
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let target = dst.database(&db);
+    loop {
+        let b = documents(&dst, &db, "b").await;
+        let c = documents(&dst, &db, "c").await;
+        if b.len() == 2 && c.len() == 1 {
+            break;
+        }
+        if Instant::now() > deadline {
+            let (_, log) = app.stop();
+            panic!("target: b {:?}, c {:?}\n{log}", decoded(&b), decoded(&c));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Give the late events time to (wrongly) land, then look.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let names = target.list_collection_names().await.unwrap();
+    assert!(
+        !names.contains(&"a".to_string()),
+        "the renamed collection came back: {names:?}"
+    );
+    assert_eq!(
+        decoded(&documents(&dst, &db, "c").await),
+        decoded(&[RawDocumentBuf::from_document(&doc! { "_id": 3, "after": "drop" }).unwrap()]),
+        "only the write after the drop is in c"
+    );
+    let indexes: Vec<String> = target
+        .collection::<Document>("b")
+        .list_index_names()
+        .await
+        .unwrap();
+    assert!(indexes.contains(&"k_1".to_string()), "{indexes:?}");
+    assert!(!indexes.contains(&"m_-1".to_string()), "{indexes:?}");
+    // dropDatabase is not in the filter: the database is still there.
+    let (code, log) = app.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("not applied (ddl.apply)"), "{log}");
+    assert_eq!(documents(&dst, &db, "b").await.len(), 2);
+    dst.database(&db).drop().await.unwrap();
+}
