@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The pipeline demo on the local test bed: starts the servers (installing what is missing),
 # builds the binaries, shows every server answering and every stage's preflight against it.
-# As the stages are built, the demo runs them end to end.
+# Then both pipelines end to end: MariaDB -> Kafka -> ClickHouse and MongoDB -> Kafka -> MongoDB.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -103,12 +103,67 @@ wait $capture_pid $apply_pid || true
 sqlq "DROP DATABASE $db"
 chq "DROP TABLE IF EXISTS demo.orders"
 
-say "Stages"
-cat <<'TXT'
-capture-mysql     built: MariaDB/MySQL binlog -> Kafka (shown above)
-capture-mongo     checks its source; change stream capture not built yet
-apply-clickhouse  built: Kafka -> ClickHouse mirror and change-log tables (shown above)
-apply-mongo       checks its target; applying not built yet
-TXT
+say "The pipeline: documents written in MongoDB arrive in Kafka, then in the target MongoDB"
+mdb=mongo_demo_$run
+mongo() { "$bin/sluice-mongo" --uri "$1" --db "$mdb" "$2"; }
+mcap_config=$(mktemp)
+cat >"$mcap_config" <<TOML
+connector = "demo-mongo-$run"
+[mongodb]
+uri = "$SLUICE_MONGO_SOURCE_URL"
+mode = "oplog"
+max_await_ms = 200
+[filter]
+include = ['$mdb\..*']
+[topics]
+prefix = "demo"
+[publish]
+partitions = 3
+replication_factor = 1
+[kafka]
+brokers = "$SLUICE_KAFKA_BROKERS"
+[metrics]
+listen = "127.0.0.1:0"
+TOML
+"$bin/capture-mongo" -c "$mcap_config" 2>"$mcap_config.log" &
+mcapture_pid=$!
+mapp_config=$(mktemp)
+cat >"$mapp_config" <<TOML
+[mongodb]
+uri = "$SLUICE_MONGO_TARGET_URL"
+[consumer]
+group_id = "demo-mongo-$run"
+topics = ['^demo\.$mdb\..*']
+[batch]
+max_wait_ms = 200
+[kafka]
+brokers = "$SLUICE_KAFKA_BROKERS"
+[metrics]
+listen = "127.0.0.1:0"
+TOML
+"$bin/apply-mongo" -c "$mapp_config" 2>"$mapp_config.log" &
+mapply_pid=$!
+trap 'kill $mcapture_pid $mapply_pid 2>/dev/null || true; rm -f "$demo_config" "$demo_config.log" "$apply_config" "$apply_config.log" "$mcap_config" "$mcap_config.log" "$mapp_config" "$mapp_config.log"' EXIT
+for _ in $(seq 1 100); do grep -q "tailing local.oplog.rs" "$mcap_config.log" && break; sleep 0.1; done
+mongo "$SLUICE_MONGO_SOURCE_URL" '{"insert": "orders", "documents": [
+  {"_id": 1, "item": "tea 🍵", "price": {"$numberDecimal": "3.50"}, "tags": ["hot", "green"]},
+  {"_id": 2, "item": "cake", "price": {"$numberDecimal": "12.00"}}]}' >/dev/null
+mongo "$SLUICE_MONGO_SOURCE_URL" '{"update": "orders", "updates": [
+  {"q": {"_id": 1}, "u": {"$set": {"price": {"$numberDecimal": "3.75"}}, "$unset": {"tags": ""}}}]}' >/dev/null
+mongo "$SLUICE_MONGO_SOURCE_URL" '{"delete": "orders", "deletes": [{"q": {"_id": 2}, "limit": 1}]}' >/dev/null
+echo "(2 inserts, an update and a delete in $mdb.orders; the events on topic demo.$mdb.orders:)"
+"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$mdb.orders" --count 4 ||
+  { echo "capture-mongo said:"; cat "$mcap_config.log"; exit 1; }
+echo
+echo "(and $mdb.orders in the target MongoDB:)"
+for _ in $(seq 1 50); do
+  [ "$(mongo "$SLUICE_MONGO_TARGET_URL" '{"count": "orders"}')" = '{"n":1,"ok":1.0}' ] && break
+  sleep 0.2
+done
+mongo "$SLUICE_MONGO_TARGET_URL" '{"find": "orders"}'
+kill -TERM $mcapture_pid $mapply_pid
+wait $mcapture_pid $mapply_pid || true
+mongo "$SLUICE_MONGO_SOURCE_URL" '{"dropDatabase": 1}' >/dev/null
+mongo "$SLUICE_MONGO_TARGET_URL" '{"dropDatabase": 1}' >/dev/null
 echo
 echo "The test bed keeps running: deploy/testbed.sh status | stop | clean"

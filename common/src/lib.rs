@@ -8,7 +8,6 @@ pub mod config;
 pub mod kafka;
 pub mod logging;
 pub mod metrics;
-#[cfg(feature = "mongodb")]
 pub mod mongo;
 pub mod preflight;
 pub mod shutdown;

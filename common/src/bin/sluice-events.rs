@@ -1,5 +1,5 @@
 //! `sluice-events`: print the change events of a topic, one line each, with column names from
-//! the schema topic. For operators and the demo.
+//! the schema topic (MongoDB documents as relaxed extended JSON). For operators and the demo.
 //!
 //!     sluice-events --brokers 127.0.0.1:9092 --topic sluice.shop.orders [--count 10] [--follow]
 
@@ -107,7 +107,8 @@ fn render(v: &Value) -> String {
         Some(Kind::Float64(f)) => f.to_string(),
         Some(Kind::Decimal(d)) => d.clone(),
         Some(Kind::Text(t)) | Some(Kind::Json(t)) => format!("{t:?}"),
-        Some(Kind::Bytes(b)) | Some(Kind::Bson(b)) => {
+        Some(Kind::Bson(b)) => bson_text(b),
+        Some(Kind::Bytes(b)) => {
             format!(
                 "0x{}",
                 b.iter().map(|x| format!("{x:02x}")).collect::<String>()
@@ -135,6 +136,25 @@ fn render(v: &Value) -> String {
         Some(Kind::TimestampMicros(t)) => format!("@{}.{:06}", t / 1_000_000, t % 1_000_000),
         Some(Kind::Geometry(g)) => format!("geometry(srid {}, {} bytes)", g.srid, g.wkb.len()),
         Some(Kind::RawText(r)) => format!("raw {}({} bytes)", r.charset, r.data.len()),
+    }
+}
+
+/// A BSON document as relaxed extended JSON (a `{"v": x}` wrapper shows as `x`), or its bytes
+/// in hex when they are not BSON.
+fn bson_text(b: &[u8]) -> String {
+    use mongodb::bson::{Bson, Document};
+    match Document::from_reader(&mut &b[..]) {
+        Ok(d) if d.len() == 1 && d.contains_key("v") => d
+            .get("v")
+            .cloned()
+            .unwrap_or(Bson::Null)
+            .into_relaxed_extjson()
+            .to_string(),
+        Ok(d) => Bson::Document(d).into_relaxed_extjson().to_string(),
+        Err(_) => format!(
+            "0x{}",
+            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+        ),
     }
 }
 
@@ -181,6 +201,25 @@ fn main() {
         }
         if let Some(a) = &e.after {
             line.push_str(&format!(" after[{}]", row(schema, &a.values)));
+        }
+        if let Some(m) = &e.mongo {
+            if !m.document_key.is_empty() {
+                line.push_str(&format!(" key {}", bson_text(&m.document_key)));
+            }
+            if let Some(u) = &m.update_description {
+                if !u.updated_fields.is_empty() {
+                    line.push_str(&format!(" set {}", bson_text(&u.updated_fields)));
+                }
+                if !u.removed_fields.is_empty() {
+                    line.push_str(&format!(" unset {:?}", u.removed_fields));
+                }
+                for t in &u.truncated_arrays {
+                    line.push_str(&format!(" truncate {}:{}", t.field, t.new_size));
+                }
+            }
+            if !m.full_document.is_empty() {
+                line.push_str(&format!(" doc {}", bson_text(&m.full_document)));
+            }
         }
         println!("{line}");
         printed += 1;
