@@ -34,7 +34,9 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use sluice_common::Shutdown;
 use sluice_proto::v1::{self, Op};
-use sluice_proto::{event_key, mongo_version, TopicTemplate, CONTRACT_VERSION};
+use sluice_proto::{
+    append_event_key, event_key_prefix, mongo_version, TopicTemplate, CONTRACT_VERSION,
+};
 
 use super::change::{self, Change, OpKind, StreamEvent};
 use super::{parse_point, BeforeChange, Config, FullDocument, Mode, StartAt, SYSTEM_DATABASES};
@@ -120,7 +122,9 @@ impl StreamMetrics {
 
 /// Worked out once per collection.
 struct Namespace {
-    topic: String,
+    topic: std::sync::Arc<str>,
+    /// The record key's bytes before the `_id` ([`sluice_proto::event_key_prefix`]).
+    key_prefix: Vec<u8>,
     partitions: i32,
     counters: [IntCounter; 4], // insert, update, delete, ddl
     bytes: IntCounter,
@@ -147,7 +151,8 @@ pub struct Capture {
     filter: Filter,
     topics: TopicTemplate,
     source: v1::Source,
-    namespaces: HashMap<(String, String), Namespace>,
+    /// database -> collection -> what is worked out once for it.
+    namespaces: HashMap<String, HashMap<String, Namespace>>,
     resume: Resume,
     end: Option<Timestamp>,
     /// The transaction being published: its id and the next event's index in it.
@@ -673,30 +678,39 @@ impl Capture {
         Ok(())
     }
 
-    async fn namespace(&mut self, db: &str, coll: &str) -> Result<&Namespace, CaptureError> {
-        let key = (db.to_string(), coll.to_string());
-        if !self.namespaces.contains_key(&key) {
-            let topic = self
-                .topics
-                .topic(db, coll)
-                .map_err(|e| CaptureError::Definite(e.to_string()))?;
-            let partitions = self.publisher.ensure_topic(&topic, false).await?;
-            let m = &self.publish_metrics;
-            let counter = |op: &str| m.events.with_label_values(&[db, coll, op]);
-            let ns = Namespace {
-                topic,
-                partitions,
-                counters: [
-                    counter("insert"),
-                    counter("update"),
-                    counter("delete"),
-                    counter("ddl"),
-                ],
-                bytes: m.bytes.with_label_values(&[db, coll]),
-            };
-            self.namespaces.insert(key.clone(), ns);
+    /// Make sure the collection's topic exists and its metrics are there.
+    async fn ensure_namespace(&mut self, db: &str, coll: &str) -> Result<(), CaptureError> {
+        if self
+            .namespaces
+            .get(db)
+            .is_some_and(|m| m.contains_key(coll))
+        {
+            return Ok(());
         }
-        Ok(&self.namespaces[&key])
+        let topic = self
+            .topics
+            .topic(db, coll)
+            .map_err(|e| CaptureError::Definite(e.to_string()))?;
+        let partitions = self.publisher.ensure_topic(&topic, false).await?;
+        let m = &self.publish_metrics;
+        let counter = |op: &str| m.events.with_label_values(&[db, coll, op]);
+        let ns = Namespace {
+            topic: topic.into(),
+            key_prefix: event_key_prefix(db, coll),
+            partitions,
+            counters: [
+                counter("insert"),
+                counter("update"),
+                counter("delete"),
+                counter("ddl"),
+            ],
+            bytes: m.bytes.with_label_values(&[db, coll]),
+        };
+        self.namespaces
+            .entry(db.to_string())
+            .or_default()
+            .insert(coll.to_string(), ns);
+        Ok(())
     }
 
     async fn publish(
@@ -835,9 +849,10 @@ impl Capture {
         self.buf.clear();
         event.encode(&mut self.buf).expect("Vec grows");
         let payload = std::mem::take(&mut self.buf);
-        let key = event_key(&c.database, &c.collection, &key_values);
-        let ns = self.namespace(&c.database, &c.collection).await?;
-        let (topic, partitions) = (ns.topic.clone(), ns.partitions);
+        self.ensure_namespace(&c.database, &c.collection).await?;
+        let ns = &self.namespaces[&c.database][&c.collection];
+        let mut key = Vec::with_capacity(ns.key_prefix.len() + 32);
+        append_event_key(&ns.key_prefix, &key_values, &mut key);
         ns.bytes.inc_by(payload.len() as u64);
         ns.counters[match c.op {
             OpKind::Insert => 0,
@@ -847,20 +862,21 @@ impl Capture {
         }]
         .inc();
         if op == Op::Ddl {
-            // Every partition sees the command in order with its documents.
-            for p in 0..partitions {
-                self.publisher.send(&topic, &key, &payload, Some(p)).await?;
+            // Every partition sees the command in order with its documents (a rename also
+            // every partition of the new name's topic).
+            let mut targets = vec![(ns.topic.clone(), ns.partitions)];
+            if let Some((db, coll)) = rename_to.filter(|(_, coll)| !coll.is_empty()) {
+                self.ensure_namespace(&db, &coll).await?;
+                let to = &self.namespaces[&db][&coll];
+                targets.push((to.topic.clone(), to.partitions));
             }
-            if let Some((db, coll)) = rename_to {
-                if !coll.is_empty() {
-                    let to = self.namespace(&db, &coll).await?;
-                    let (topic, partitions) = (to.topic.clone(), to.partitions);
-                    for p in 0..partitions {
-                        self.publisher.send(&topic, &key, &payload, Some(p)).await?;
-                    }
+            for (topic, partitions) in targets {
+                for p in 0..partitions {
+                    self.publisher.send(&topic, &key, &payload, Some(p)).await?;
                 }
             }
         } else {
+            let topic = ns.topic.clone();
             self.publisher.send(&topic, &key, &payload, None).await?;
         }
         self.buf = payload;
