@@ -332,8 +332,10 @@ mongo_start() {
     javac -d "$mongo_dir/classes" -cp "$mongo_libs/*" "$here/testbed/MongoLauncher.java" ||
       die "could not compile MongoLauncher.java"
   fi
+  # Everything, the oplog included, lives in the heap and is never trimmed: the benchmarks'
+  # hundreds of thousands of documents need room.
   spawn "$mongo_dir/pid" "$mongo_dir/server.log" \
-    java -Xmx1g -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+    java -Xmx6g -XX:+UseParallelGC -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
     -cp "$mongo_libs/*:$mongo_dir/classes" MongoLauncher "$mongo_source_port" "$mongo_target_port"
   wait_for mongo 60 "$mongo_dir/server.log" port_open "$mongo_source_port"
   wait_for mongo 30 "$mongo_dir/server.log" port_open "$mongo_target_port"

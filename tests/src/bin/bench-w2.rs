@@ -81,6 +81,12 @@ async fn main() -> anyhow::Result<()> {
     let src = mongodb::Client::with_uri_str(mongo_source_url()).await?;
     let dst = mongodb::Client::with_uri_str(mongo_target_url()).await?;
     let db = unique("w2");
+    // The oplog must reach back before the start time (a fresh server's begins at its first
+    // write): one write elsewhere first.
+    src.database("w2_marker")
+        .collection::<Document>("m")
+        .insert_one(doc! {})
+        .await?;
     let start = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
