@@ -488,6 +488,15 @@ async fn starts_from_a_gtid_or_a_time() {
     } else {
         c.query_first("SELECT @@gtid_executed").await.unwrap()
     };
+    // A new binlog file created before the start time: `time:` starts reading there (or in
+    // a newer file, should the server rotate meanwhile), not at the oldest file.
+    c.query_drop("FLUSH BINARY LOGS").await.unwrap();
+    let (flushed, _): (String, u64) = c
+        .query_first("SHOW MASTER STATUS")
+        .await
+        .unwrap()
+        .map(|r: mysql_async::Row| (r.get(0).unwrap(), r.get(1).unwrap()))
+        .unwrap();
     // The next whole second: rows from then on are "after the time".
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -516,7 +525,15 @@ async fn starts_from_a_gtid_or_a_time() {
     ));
     let events = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 2).await;
     assert_eq!(keys(&events), vec![2, 3], "from time {next_second}");
-    assert_eq!(cap.stop().0, Some(0));
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    let started_in = log
+        .lines()
+        .find(|l| l.contains("the start time is in or after this binlog file"))
+        .and_then(|l| l.split("file=").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no file located for the start time: {log}"));
+    assert!(started_in >= flushed.as_str(), "started in {started_in}, before {flushed}: {log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 

@@ -296,14 +296,16 @@ impl Capture {
                     pos: row.get(1).unwrap_or(4),
                 }
             }
-            Start::Earliest | Start::Timestamp(_) => {
-                if let Start::Timestamp(t) = start {
-                    self.skip_until = Some(t);
-                }
+            Start::Earliest => BinlogPos {
+                file: self.server.binlogs.first().cloned().ok_or_else(|| {
+                    CaptureError::Definite("the server lists no binary logs".into())
+                })?,
+                pos: 4,
+            },
+            Start::Timestamp(t) => {
+                self.skip_until = Some(t);
                 BinlogPos {
-                    file: self.server.binlogs.first().cloned().ok_or_else(|| {
-                        CaptureError::Definite("the server lists no binary logs".into())
-                    })?,
+                    file: self.file_before(t).await?,
                     pos: 4,
                 }
             }
@@ -322,6 +324,59 @@ impl Capture {
         };
         tracing::info!(start = %pos, mode = %self.config.mysql.start, "starting without a checkpoint");
         Ok(pos)
+    }
+
+    /// The newest binlog file created before `t` (UNIX seconds): every event of the files
+    /// before it is older than `t`, so reading for `time:` starts there instead of at the
+    /// oldest file. A file's creation time is the timestamp of its first events (the format
+    /// description); events inside a file are then skipped up to `t`.
+    async fn file_before(&self, t: u64) -> Result<String, CaptureError> {
+        let files = &self.server.binlogs;
+        let first = files
+            .first()
+            .cloned()
+            .ok_or_else(|| CaptureError::Definite("the server lists no binary logs".into()))?;
+        for file in files.iter().rev() {
+            match self.file_created(file).await? {
+                Some(created) if u64::from(created) < t => {
+                    tracing::info!(file = %file, created, start_time = t, "the start time is in or after this binlog file");
+                    return Ok(file.clone());
+                }
+                _ => {}
+            }
+        }
+        Ok(first)
+    }
+
+    /// The timestamp of the first timed event of a binlog file, read with a short dump.
+    async fn file_created(&self, file: &str) -> Result<Option<u32>, CaptureError> {
+        let mut conn = Conn::new(self.opts.clone()).await?;
+        if self.server.mariadb {
+            conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+        }
+        let request = BinlogStreamRequest::new(self.config.mysql.server_id)
+            .with_filename(file.as_bytes())
+            .with_pos(4u64);
+        let mut stream = conn.get_binlog_stream(request).await?;
+        // The dump begins with a rotate event stamped 0, then the file's own events.
+        for _ in 0..4 {
+            let next = tokio::time::timeout(Duration::from_secs(30), stream.next())
+                .await
+                .map_err(|_| {
+                    CaptureError::Definite(format!(
+                        "no event within 30 s reading the start of binlog file {file}"
+                    ))
+                })?;
+            match next {
+                Some(Ok(event)) if event.header().timestamp() != 0 => {
+                    return Ok(Some(event.header().timestamp()))
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.into()),
+                None => break,
+            }
+        }
+        Ok(None)
     }
 
     fn check_not_purged(&self, file: &str, what: &str) -> Result<(), CaptureError> {
@@ -586,7 +641,9 @@ impl Capture {
                 }
             }
             EventData::XidEvent(_) => self.commit(end).await?,
-            EventData::TableMapEvent(_) => {
+            // While skipping to a start time, a table map is not needed: a transaction
+            // begins (ending the skip) before its own table maps.
+            EventData::TableMapEvent(_) if self.skip_until.is_none() => {
                 if let Some(tme) = table_map {
                     self.on_table_map(tme).await?;
                 }
