@@ -616,3 +616,149 @@ async fn tables_without_a_primary_key_keep_one_partition() {
     assert_eq!(cap.stop().0, Some(0));
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+/// The snapshot's rows, by table: (key values, after values), in key order of arrival.
+fn snapshot_rows(events: &BTreeMap<i32, Vec<ChangeEvent>>) -> Vec<(Vec<sluice_proto::v1::Value>, Vec<sluice_proto::v1::Value>)> {
+    let mut rows: Vec<_> = events
+        .values()
+        .flatten()
+        .filter(|e| e.key.is_some())
+        .map(|e| {
+            assert_eq!(e.op(), Op::SnapshotRead, "{e:?}");
+            (
+                e.key.clone().unwrap().values,
+                e.after.clone().unwrap().values,
+            )
+        })
+        .collect();
+    rows.sort_by_key(|(k, a)| format!("{k:?}{a:?}"));
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_reads_every_type_as_the_binlog_does() {
+    let db = unique("sluice_t_snap_edge");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        edge::create_table(&db),
+        edge::SESSION.to_string(),
+        edge::insert_rows(&db),
+    ])
+    .await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(
+        &db,
+        "end",
+        "[snapshot]\nmode = \"snapshot\"\nchunk_rows = 2\n",
+    ));
+    let (code, log) = cap.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("snapshot finished"), "{log}");
+    let events = events_of(cap.topic(&db, "edge"), |m| count_rows(m) >= 4).await;
+    let mut rows: Vec<Vec<sluice_proto::v1::Value>> =
+        snapshot_rows(&events).into_iter().map(|(_, a)| a).collect();
+    rows.sort_by_key(|r| format!("{:?}", r[0]));
+    let expected = edge::expected_rows();
+    assert_eq!(rows.len(), expected.len());
+    for (got, want) in rows.iter().zip(&expected) {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g, w, "row {:?} column {i}", want[0]);
+        }
+    }
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_of_empty_keyless_composite_and_string_keyed_tables() {
+    let db = unique("sluice_t_snap_shapes");
+    let strings = ["", "a", "B", "b2", "é", "Z", "zz", "ß", "日本", "x y", "x"];
+    let mut statements = vec![
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.empty (id INT PRIMARY KEY)"),
+        format!("CREATE TABLE `{db}`.nopk (a INT, b VARCHAR(10))"),
+        format!("INSERT INTO `{db}`.nopk VALUES (1,'x'),(1,'x'),(2,NULL),(NULL,'y'),(3,'z')"),
+        format!(
+            "CREATE TABLE `{db}`.composite (a INT, b VARCHAR(20), c INT, PRIMARY KEY (b, a))"
+        ),
+        format!(
+            "CREATE TABLE `{db}`.strpk (k VARCHAR(20) CHARACTER SET utf8mb4 \
+             COLLATE utf8mb4_general_ci PRIMARY KEY, v INT)"
+        ),
+    ];
+    let composite: Vec<String> = (0..50)
+        .map(|i| format!("({}, 'k{}', {i})", i % 7, i / 7))
+        .collect();
+    statements.push(format!(
+        "INSERT INTO `{db}`.composite VALUES {}",
+        composite.join(",")
+    ));
+    let strpk: Vec<String> = strings
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("('{s}', {i})"))
+        .collect();
+    statements.push(format!("INSERT INTO `{db}`.strpk VALUES {}", strpk.join(",")));
+    sql(&statements).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(
+        &db,
+        "end",
+        "[snapshot]\nmode = \"snapshot\"\nchunk_rows = 3\nparallel_tables = 3\n",
+    ));
+    let (code, log) = cap.wait(Duration::from_secs(90));
+    assert_eq!(code, Some(0), "{log}");
+    use sluice_proto::v1::Value as V;
+    let int = |i: i64| V {
+        kind: Some(Kind::Int(i)),
+    };
+    let text = |s: &str| V {
+        kind: Some(Kind::Text(s.into())),
+    };
+    let null = sluice_proto::value::null();
+
+    // Composite key (b, a): every row once, key in key order of the columns.
+    let events = events_of(cap.topic(&db, "composite"), |m| count_rows(m) >= 50).await;
+    let got = snapshot_rows(&events);
+    let mut want: Vec<_> = (0..50i64)
+        .map(|i| {
+            let (a, b) = (int(i % 7), text(&format!("k{}", i / 7)));
+            (vec![b.clone(), a.clone()], vec![a, b, int(i)])
+        })
+        .collect();
+    want.sort_by_key(|(k, a)| format!("{k:?}{a:?}"));
+    assert_eq!(got, want);
+
+    // String key under a case- and accent-insensitive collation: every row once.
+    let events = events_of(cap.topic(&db, "strpk"), move |m| count_rows(m) >= strings.len()).await;
+    let got = snapshot_rows(&events);
+    let mut want: Vec<_> = strings
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (vec![text(s)], vec![text(s), int(i as i64)]))
+        .collect();
+    want.sort_by_key(|(k, a)| format!("{k:?}{a:?}"));
+    assert_eq!(got, want);
+
+    // No primary key: every row, duplicates included, all with the empty key.
+    let events = events_of(cap.topic(&db, "nopk"), |m| count_rows(m) >= 5).await;
+    let got = snapshot_rows(&events);
+    let mut want = vec![
+        (vec![], vec![int(1), text("x")]),
+        (vec![], vec![int(1), text("x")]),
+        (vec![], vec![int(2), null.clone()]),
+        (vec![], vec![null, text("y")]),
+        (vec![], vec![int(3), text("z")]),
+    ];
+    want.sort_by_key(|(k, a)| format!("{k:?}{a:?}"));
+    assert_eq!(got, want);
+    assert_eq!(events.len(), 1, "a keyless table's rows keep one partition");
+
+    // The empty table: no row event.
+    let topic = cap.topic(&db, "empty");
+    let events = tokio::task::spawn_blocking(move || {
+        read_events(&topic, Duration::from_secs(3), |_| false)
+    })
+    .await
+    .unwrap();
+    assert_eq!(count_rows(&events), 0);
+    assert!(log.contains("snapshot finished"), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

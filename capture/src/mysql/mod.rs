@@ -5,6 +5,7 @@ pub mod ddl;
 pub mod decode;
 pub mod position;
 pub mod schema;
+pub mod snapshot;
 pub mod stream;
 
 use mysql_async::prelude::Queryable;
@@ -32,6 +33,8 @@ pub struct Config {
     pub filter: FilterConfig,
     #[serde(default)]
     pub publish: PublishConfig,
+    #[serde(default)]
+    pub snapshot: snapshot::SnapshotConfig,
     #[serde(default = "default_metrics")]
     pub metrics: MetricsConfig,
     #[serde(default)]
@@ -102,6 +105,7 @@ impl Validate for Config {
         self.kafka.validate()?;
         self.topics.validate()?;
         self.publish.validate()?;
+        self.snapshot.validate()?;
         self.log.validate()
     }
 }

@@ -83,6 +83,12 @@ pub struct Checkpoint {
     pub server_uuid: String,
     /// Wall-clock time of the write, seconds since the epoch.
     pub written_at: u64,
+    /// The snapshot being taken, with each table's last published key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<super::snapshot::SnapshotProgress>,
+    /// Snapshots finished (`initial`, re-snapshot request ids).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots_done: Vec<String>,
 }
 
 #[cfg(test)]

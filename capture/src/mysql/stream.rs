@@ -30,6 +30,7 @@ use sluice_proto::{event_key, mysql_version, schema_record_key, TopicTemplate, C
 use super::ddl::{self, Statement, TxControl};
 use super::decode::TableDecoder;
 use super::position::{BinlogPos, Checkpoint, Start};
+use super::snapshot::{self, Msg, SnapshotMetrics, SnapshotRun};
 use super::{schema, Config};
 /// Databases never captured.
 pub const SYSTEM_DATABASES: &[&str] = &["mysql", "information_schema", "performance_schema", "sys"];
@@ -154,6 +155,11 @@ pub struct Capture {
     /// While starting from a timestamp: skip transactions that began before it.
     skip_until: Option<u64>,
     source: v1::Source,
+    /// The end of the last event read in `file`.
+    read_to: u64,
+    snapshot: Option<SnapshotRun>,
+    snapshots_done: Vec<String>,
+    snapshot_metrics: std::sync::Arc<SnapshotMetrics>,
 }
 
 fn now_micros() -> i64 {
@@ -202,6 +208,8 @@ impl Capture {
             .map_err(|e| CaptureError::Definite(e.to_string()))?;
         let publish_metrics = PublishMetrics::new(registry).expect("metrics register once");
         let metrics = StreamMetrics::new(registry).expect("metrics register once");
+        let snapshot_metrics =
+            std::sync::Arc::new(SnapshotMetrics::new(registry).expect("metrics register once"));
         let checkpoint: Option<Checkpoint> = read_checkpoint(
             &config.kafka,
             &config.publish.checkpoint_topic,
@@ -249,9 +257,20 @@ impl Capture {
             source,
             server,
             config,
+            read_to: 4,
+            snapshot: None,
+            snapshots_done: Vec::new(),
+            snapshot_metrics,
         };
+        let (progress, done) = checkpoint
+            .as_ref()
+            .map(|c| (c.snapshot.clone(), c.snapshots_done.clone()))
+            .unwrap_or_default();
         capture.resume = capture.start_position(checkpoint).await?;
         capture.file = capture.resume.file.clone();
+        capture.read_to = capture.resume.pos;
+        capture.snapshots_done = done;
+        capture.next_snapshot(progress).await?;
         Ok(capture)
     }
 
@@ -379,6 +398,402 @@ impl Capture {
         Ok(None)
     }
 
+    /// Start the snapshot that is due: an unfinished one from the checkpoint, the initial one,
+    /// or a re-snapshot request not yet served.
+    async fn next_snapshot(
+        &mut self,
+        resume: Option<snapshot::SnapshotProgress>,
+    ) -> Result<(), CaptureError> {
+        let config = self.config.snapshot.clone();
+        let (id, only, progress) = if let Some(p) = resume {
+            let names: Vec<String> = p.tables.keys().cloned().collect();
+            (p.id.clone(), names, Some(p))
+        } else if config.initial() && !self.snapshots_done.iter().any(|d| d == snapshot::INITIAL)
+        {
+            (snapshot::INITIAL.to_string(), Vec::new(), None)
+        } else if !config.request_id.is_empty()
+            && !self.snapshots_done.contains(&config.request_id)
+        {
+            (config.request_id.clone(), config.tables.clone(), None)
+        } else {
+            return Ok(());
+        };
+        let filter = &self.filter;
+        let listed = snapshot::list_tables(
+            &mut self.schema_conn,
+            |db, t| filter.wants(db, t),
+            &only,
+        )
+        .await?;
+        let mut tables = Vec::new();
+        match &progress {
+            Some(p) => {
+                for (name, tp) in &p.tables {
+                    let Some((db, table)) = name.split_once('.') else {
+                        continue;
+                    };
+                    let estimate = listed
+                        .iter()
+                        .find(|(d, t, _)| d == db && t == table)
+                        .map(|x| x.2)
+                        .unwrap_or(0);
+                    let mut run = snapshot::new_table_run(db.into(), table.into(), estimate);
+                    snapshot::decode_key(&tp.after).map_err(CaptureError::Definite)?;
+                    run.progress = tp.clone();
+                    run.rows_at_start = tp.rows;
+                    tables.push(run);
+                }
+            }
+            None => {
+                for (db, table, estimate) in listed {
+                    tables.push(snapshot::new_table_run(db, table, estimate));
+                }
+            }
+        }
+        tracing::info!(
+            snapshot = %id,
+            tables = tables.len(),
+            resumed = progress.is_some(),
+            "snapshot starts; streaming goes on meanwhile"
+        );
+        self.snapshot = Some(SnapshotRun::new(
+            id,
+            tables,
+            &config,
+            &self.opts,
+            self.server.mariadb,
+            self.snapshot_metrics.clone(),
+        ));
+        Ok(())
+    }
+
+    /// The stream's position as a version: every event read so far is below it.
+    fn stream_version(&self) -> u64 {
+        let seq = sluice_proto::binlog_file_seq(&self.file).unwrap_or(0);
+        seq << 32 | self.read_to
+    }
+
+    fn before(&self, p: &BinlogPos) -> bool {
+        let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
+        (seq(&self.file), self.read_to) < (seq(&p.file), p.pos)
+    }
+
+    /// Between two transactions: publish the chunks read, ask for the next ones, finish the
+    /// snapshot when every table is done. Returns true when a snapshot just finished.
+    async fn snapshot_step(&mut self) -> Result<bool, CaptureError> {
+        if !self.snapshot.as_ref().is_some_and(|r| r.dirty) {
+            return Ok(false);
+        }
+        let Some(mut run) = self.snapshot.take() else {
+            return Ok(false);
+        };
+        run.dirty = false;
+        let result = self.snapshot_work(&mut run).await;
+        let finished = match result {
+            Ok(()) => run.done(),
+            Err(e) => {
+                self.snapshot = Some(run);
+                return Err(e);
+            }
+        };
+        if !finished {
+            self.snapshot = Some(run);
+            return Ok(false);
+        }
+        tracing::info!(snapshot = %run.id, "snapshot finished");
+        run.update_metrics();
+        self.snapshots_done.push(run.id.clone());
+        drop(run);
+        self.mark_now().await?;
+        self.next_snapshot(None).await?;
+        Ok(true)
+    }
+
+    async fn snapshot_work(&mut self, run: &mut SnapshotRun) -> Result<(), CaptureError> {
+        let mut progressed = false;
+        for i in 0..run.tables.len() {
+            // Keyed chunk read: publish what the stream did not touch since it was asked for.
+            let ready = run.tables[i]
+                .in_flight
+                .as_mut()
+                .and_then(|f| f.ready.take().map(|r| (r, std::mem::take(&mut f.touched))));
+            if let Some(((schema, rows), touched)) = ready {
+                let full = rows.len() as u64 >= run.chunk_rows;
+                let last = rows.last().map(|r| snapshot::key_of(&schema, r));
+                let t = &mut run.tables[i];
+                let sent = self.publish_snapshot_rows(t, &schema, rows, Some(&touched)).await?;
+                t.in_flight = None;
+                if let Some(k) = last {
+                    t.progress.after = snapshot::encode_key(&k);
+                }
+                t.progress.rows += sent;
+                t.progress.done = !full;
+                run.metrics.chunks.with_label_values(&["published"]).inc();
+                SnapshotRun::log_progress(t, t.progress.done);
+                progressed = true;
+            }
+            // Keyless table: publish its rows once the stream holds at the snapshot's position.
+            let at_hold = match run.tables[i].in_flight.as_ref().and_then(|f| f.hold.clone()) {
+                Some(Some(p)) => !self.before(&p),
+                _ => false,
+            };
+            if at_hold {
+                let t = &mut run.tables[i];
+                let f = t.in_flight.as_mut().expect("checked");
+                let rows = std::mem::take(&mut f.pending);
+                let schema = f.schema.clone().expect("set with the hold");
+                let ended = f.ended;
+                if !rows.is_empty() {
+                    let sent = self.publish_snapshot_rows(t, &schema, rows, None).await?;
+                    t.progress.rows += sent;
+                    SnapshotRun::log_progress(t, false);
+                }
+                if ended {
+                    t.in_flight = None;
+                    t.progress.done = true;
+                    run.metrics.chunks.with_label_values(&["published"]).inc();
+                    SnapshotRun::log_progress(t, true);
+                    progressed = true;
+                }
+            }
+        }
+        // Ask for more: one chunk per table, `parallel_tables` tables at a time, one keyless
+        // table at a time (it holds the stream).
+        let mut busy = run.tables.iter().filter(|t| t.in_flight.is_some()).count();
+        for i in 0..run.tables.len() {
+            if busy >= run.parallel {
+                break;
+            }
+            if run.tables[i].progress.done || run.tables[i].in_flight.is_some() {
+                continue;
+            }
+            let (db, table) = (run.tables[i].database.clone(), run.tables[i].table.clone());
+            let Some(schema) = self.schema_of(&db, &table).await? else {
+                tracing::info!(table = %run.tables[i].name, "table gone: nothing to snapshot");
+                run.tables[i].progress.done = true;
+                progressed = true;
+                continue;
+            };
+            let keyless = schema.primary_key.is_empty();
+            if keyless && run.hold().is_some() {
+                continue;
+            }
+            let after = snapshot::decode_key(&run.tables[i].progress.after)
+                .map_err(CaptureError::Definite)?;
+            let chunk = run.next_chunk;
+            run.next_chunk += 1;
+            let t = &mut run.tables[i];
+            if t.started.is_none() {
+                t.started = Some(std::time::Instant::now());
+                SnapshotRun::log_progress(t, true);
+            }
+            t.in_flight = Some(snapshot::InFlight {
+                chunk,
+                asked_at: self.stream_version(),
+                touched: Default::default(),
+                ready: None,
+                hold: keyless.then_some(None),
+                schema: None,
+                pending: Vec::new(),
+                ended: false,
+            });
+            tokio::spawn(snapshot::read_chunk(
+                run.pool.clone(),
+                run.tx.clone(),
+                chunk,
+                db,
+                table,
+                after,
+                run.chunk_rows,
+                run.mariadb,
+            ));
+            busy += 1;
+        }
+        run.refresh_watch();
+        if progressed {
+            run.update_metrics();
+            // The checkpoint carries the progress: a restart goes on from here.
+            let progress = Some(run.progress());
+            self.mark_with(progress).await?;
+        }
+        Ok(())
+    }
+
+    /// A message of a snapshot reader.
+    async fn on_snapshot_msg(&mut self, msg: Msg) -> Result<(), CaptureError> {
+        let file = self.file.clone();
+        let read_to = self.read_to;
+        let Some(run) = self.snapshot.as_mut() else {
+            return Ok(());
+        };
+        run.dirty = true;
+        let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
+        let retry = |run: &mut SnapshotRun, chunk: u64, why: &str| {
+            if let Some(t) = run.table_of(chunk) {
+                tracing::info!(table = %t.name, why, "snapshot chunk read again");
+                t.in_flight = None;
+            }
+            run.metrics.chunks.with_label_values(&["retried"]).inc();
+            run.refresh_watch();
+        };
+        match msg {
+            Msg::Chunk {
+                chunk,
+                schema,
+                rows,
+                at,
+            } => {
+                let Some(t) = run.table_of(chunk) else {
+                    return Ok(());
+                };
+                let f = t.in_flight.as_mut().expect("found by chunk");
+                if let Some(p) = &at {
+                    // The snapshot must include everything the stream read before asking.
+                    if (seq(&p.file) << 32 | p.pos) < f.asked_at {
+                        retry(run, chunk, "the snapshot is older than the stream position");
+                        return Ok(());
+                    }
+                }
+                f.ready = Some((schema, rows));
+                f.hold = None;
+            }
+            Msg::Began { chunk, schema, at } => {
+                let Some(t) = run.table_of(chunk) else {
+                    return Ok(());
+                };
+                let f = t.in_flight.as_mut().expect("found by chunk");
+                if (seq(&file), read_to) > (seq(&at.file), at.pos) {
+                    // The stream already read past the snapshot: it cannot hold there.
+                    retry(run, chunk, "the stream is past the snapshot position");
+                    return Ok(());
+                }
+                f.hold = Some(Some(at));
+                f.schema = Some(schema);
+            }
+            Msg::Batch { chunk, rows } => {
+                if let Some(t) = run.table_of(chunk) {
+                    let f = t.in_flight.as_mut().expect("found by chunk");
+                    f.pending.extend(rows);
+                }
+            }
+            Msg::Ended { chunk } => {
+                if let Some(t) = run.table_of(chunk) {
+                    t.in_flight.as_mut().expect("found by chunk").ended = true;
+                }
+            }
+            Msg::Failed {
+                chunk,
+                error,
+                transient,
+            } => {
+                if !transient {
+                    return Err(CaptureError::Definite(error));
+                }
+                tracing::warn!(%error, "snapshot read failed; it is read again");
+                retry(run, chunk, "a transient failure");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Publish snapshot rows as SNAPSHOT_READ events at the stream's position, leaving out the
+    /// keys in `touched`. Returns how many were published.
+    async fn publish_snapshot_rows(
+        &mut self,
+        t: &snapshot::TableRun,
+        schema: &TableSchema,
+        rows: Vec<v1::Row>,
+        touched: Option<&std::collections::HashSet<Vec<u8>>>,
+    ) -> Result<u64, CaptureError> {
+        self.publish_schema(schema).await?;
+        let topic = self
+            .topics
+            .topic(&t.database, &t.table)
+            .map_err(|e| CaptureError::Definite(e.to_string()))?;
+        self.publisher.ensure_topic(&topic, false).await?;
+        let at = self.read_to.max(4) - 1;
+        let version =
+            mysql_version(&self.file, at, 0).map_err(|e| CaptureError::Definite(e.to_string()))?;
+        let now = now_micros();
+        let mut event = v1::ChangeEvent {
+            contract: CONTRACT_VERSION,
+            source: Some(self.source.clone()),
+            op: Op::SnapshotRead as i32,
+            database: t.database.clone(),
+            table: t.table.clone(),
+            version,
+            position: Some(self.position(at, 0)),
+            commit_time_micros: now,
+            capture_time_micros: now,
+            transaction: None,
+            schema_id: schema.schema_id,
+            schema: None,
+            key: None,
+            before: None,
+            after: None,
+            ddl: None,
+            mongo: None,
+        };
+        let counter = self
+            .publish_metrics
+            .events
+            .with_label_values(&[&t.database, &t.table, "snapshot_read"]);
+        let bytes = self
+            .publish_metrics
+            .bytes
+            .with_label_values(&[&t.database, &t.table]);
+        let rows_counter = self
+            .snapshot_metrics
+            .rows
+            .with_label_values(&[&t.database, &t.table]);
+        let mut key_bytes = Vec::with_capacity(64);
+        let mut payload = Vec::with_capacity(512);
+        let mut sent = 0u64;
+        for row in rows {
+            let key = snapshot::key_of(schema, &row);
+            sluice_proto::append_event_key(&t.key_prefix, &key, &mut key_bytes);
+            if touched.is_some_and(|k| k.contains(&key_bytes)) {
+                continue;
+            }
+            event.key = Some(v1::Row { values: key });
+            event.after = Some(row);
+            payload.clear();
+            event.encode(&mut payload).expect("a Vec grows");
+            self.publisher
+                .send(&topic, &key_bytes, &payload, None)
+                .await?;
+            counter.inc();
+            bytes.inc_by(payload.len() as u64);
+            sent += 1;
+        }
+        rows_counter.inc_by(sent);
+        Ok(sent)
+    }
+
+    /// Queue a checkpoint at the current position (between transactions).
+    async fn mark_now(&mut self) -> Result<(), CaptureError> {
+        let progress = self.snapshot.as_ref().map(|s| s.progress());
+        self.mark_with(progress).await
+    }
+
+    async fn mark_with(
+        &mut self,
+        snapshot: Option<snapshot::SnapshotProgress>,
+    ) -> Result<(), CaptureError> {
+        let checkpoint = Checkpoint {
+            next: self.resume.clone(),
+            last_gtid: self.last_gtid.clone(),
+            server_id: self.server.server_id,
+            server_uuid: self.server.server_uuid.clone(),
+            written_at: (now_micros() / 1_000_000) as u64,
+            snapshot,
+            snapshots_done: self.snapshots_done.clone(),
+        };
+        self.publisher.mark(checkpoint).await?;
+        Ok(())
+    }
+
     fn check_not_purged(&self, file: &str, what: &str) -> Result<(), CaptureError> {
         if self.server.binlogs.iter().any(|f| f == file) {
             return Ok(());
@@ -468,14 +883,52 @@ impl Capture {
             if shutdown.is_triggered() || self.publisher.failed() {
                 return Ok(());
             }
-            // An event already buffered is taken without arming a timer.
-            let next = match futures::FutureExt::now_or_never(stream.next()) {
-                Some(n) => Ok(n),
-                None => tokio::select! {
+            if self.tx.is_none() {
+                if self.snapshot_step().await? && self.config.snapshot.stop_after() {
+                    tracing::info!("snapshot published: stopping (snapshot.mode = \"snapshot\")");
+                    return Ok(());
+                }
+                if self.snapshot.is_none() && self.config.snapshot.stop_after() {
+                    tracing::info!("no snapshot left to take (snapshot.mode = \"snapshot\")");
+                    return Ok(());
+                }
+            }
+            // A keyless table's snapshot holds the stream at its position.
+            let reading = match self.snapshot.as_ref().and_then(|s| s.hold()) {
+                None => true,
+                Some(None) => false,
+                Some(Some(p)) => self.before(&p),
+            };
+            enum Next<E> {
+                Event(E),
+                Snapshot(Option<Msg>),
+            }
+            let next = if !reading {
+                tokio::select! {
                     biased;
                     _ = shutdown.wait() => return Ok(()),
-                    n = tokio::time::timeout(heartbeat * 3, stream.next()) => n,
-                },
+                    m = recv_snapshot(&mut self.snapshot) => Next::Snapshot(m),
+                }
+            } else {
+                // An event already buffered is taken without arming a timer.
+                match futures::FutureExt::now_or_never(stream.next()) {
+                    Some(n) => Next::Event(Ok(n)),
+                    None => tokio::select! {
+                        biased;
+                        _ = shutdown.wait() => return Ok(()),
+                        m = recv_snapshot(&mut self.snapshot) => Next::Snapshot(m),
+                        n = tokio::time::timeout(heartbeat * 3, stream.next()) => Next::Event(n),
+                    },
+                }
+            };
+            let next = match next {
+                Next::Snapshot(m) => {
+                    if let Some(m) = m {
+                        self.on_snapshot_msg(m).await?;
+                    }
+                    continue;
+                }
+                Next::Event(n) => n,
             };
             let event = match next {
                 Err(_) => {
@@ -520,6 +973,7 @@ impl Capture {
         }
         if end != 0 {
             self.metrics.offset.set(end as i64);
+            self.read_to = end;
         }
         match header.event_type_raw() {
             // MariaDB GTID: seq_no u64, domain u32, flags u8 (MariaDB-specific, raw bytes).
@@ -576,6 +1030,7 @@ impl Capture {
                     self.metrics.file_number.set(seq as i64);
                 }
                 self.file = name;
+                self.read_to = r.position().max(4);
                 if self.tx.is_none() {
                     self.resume = BinlogPos {
                         file: self.file.clone(),
@@ -685,15 +1140,7 @@ impl Capture {
             file: self.file.clone(),
             pos: end,
         };
-        let checkpoint = Checkpoint {
-            next: self.resume.clone(),
-            last_gtid: self.last_gtid.clone(),
-            server_id: self.server.server_id,
-            server_uuid: self.server.server_uuid.clone(),
-            written_at: (now_micros() / 1_000_000) as u64,
-        };
-        self.publisher.mark(checkpoint).await?;
-        Ok(())
+        self.mark_now().await
     }
 
     async fn schema_of(
@@ -914,6 +1361,9 @@ impl Capture {
                     t.index = index;
                 }
                 sluice_proto::append_event_key(&key_prefix, &key, &mut key_bytes);
+                if let Some(s) = self.snapshot.as_mut() {
+                    s.touch(&key_prefix, &key_bytes);
+                }
                 event.key = Some(v1::Row { values: key });
                 event.before = before;
                 event.after = after;
@@ -957,6 +1407,9 @@ impl Capture {
             self.schemas.remove(&(db.clone(), table.clone()));
             self.decoders
                 .retain(|_, d| !(d.database == db && d.table == table));
+            if let Some(s) = self.snapshot.as_mut() {
+                s.on_ddl(&db, &table, kind == "drop" || new_name.is_some());
+            }
             if !self.filter.wants(&db, &table) {
                 continue;
             }
@@ -1023,6 +1476,14 @@ impl Capture {
             tracing::info!(database = %db, table = %table, kind, "DDL published");
         }
         Ok(())
+    }
+}
+
+/// The next message of the running snapshot's readers; never, without a snapshot.
+async fn recv_snapshot(run: &mut Option<SnapshotRun>) -> Option<Msg> {
+    match run {
+        Some(r) => r.rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
