@@ -133,9 +133,32 @@ mod tests {
             server_id: 1,
             server_uuid: String::new(),
             written_at: 1,
+            snapshot: None,
+            snapshots_done: vec![],
         };
         let text = serde_json::to_string(&c).unwrap();
         assert!(!text.contains("server_uuid"));
+        assert!(!text.contains("snapshot"));
+        assert_eq!(serde_json::from_str::<Checkpoint>(&text).unwrap(), c);
+        // With a snapshot under way.
+        let mut tables = std::collections::BTreeMap::new();
+        tables.insert(
+            "db.t".to_string(),
+            super::super::snapshot::TableProgress {
+                after: "0a020804".into(),
+                rows: 10,
+                done: false,
+            },
+        );
+        let c = Checkpoint {
+            snapshot: Some(super::super::snapshot::SnapshotProgress {
+                id: "initial".into(),
+                tables,
+            }),
+            snapshots_done: vec!["r1".into()],
+            ..c
+        };
+        let text = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<Checkpoint>(&text).unwrap(), c);
     }
 }
