@@ -207,3 +207,46 @@ pub fn count_rows(by_partition: &BTreeMap<i32, Vec<ChangeEvent>>) -> usize {
         .filter(|e| e.key.is_some())
         .count()
 }
+
+/// The last checkpoint a connector stored (JSON), from the checkpoint topic.
+pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", unique("checkpoint-reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let topic = "_sluice_checkpoints";
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(5))
+        .ok()?;
+    let partitions = md.topics().first()?.partitions().len() as i32;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for p in 0..partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(5))
+            .ok()?;
+        ends.push(high);
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut last = None;
+    let mut done = vec![false; partitions as usize];
+    for (p, end) in ends.iter().enumerate() {
+        done[p] = *end == 0;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done.iter().all(|d| *d) && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            if m.key() == Some(connector.as_bytes()) {
+                last = m.payload().and_then(|p| serde_json::from_slice(p).ok());
+            }
+            if m.offset() + 1 >= ends[m.partition() as usize] {
+                done[m.partition() as usize] = true;
+            }
+        }
+    }
+    last
+}

@@ -708,3 +708,194 @@ async fn a_rebalance_writes_the_batch_in_hand_first() {
     assert_eq!(code, Some(0), "{log}");
     assert!(log.contains("wrote the batch in hand"), "{log}");
 }
+
+/// The sum of a metric's samples (every label set) at a process's /metrics.
+fn metric(port: u16, name: &str) -> Option<f64> {
+    let body = scrape(port);
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Wait until a process's metric satisfies `ok`.
+async fn wait_metric(port: u16, name: &str, limit: Duration, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = metric(port, name) {
+            if ok(v) {
+                return v;
+            }
+        }
+        assert!(Instant::now() < deadline, "{name} at :{port}: {:?}", metric(port, name));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A source table of `rows` W1 rows.
+async fn w1_filled(db: &str, rows: u64) {
+    let mut c = w1_source(db).await;
+    for b in 0..rows.div_ceil(2000) {
+        let n = 2000.min(rows - b * 2000);
+        c.query_drop(w1_insert(db, 1 + b * 2000, n)).await.unwrap();
+    }
+}
+
+/// Changes across the whole key range until `stop`: updates, deletes, inserts and primary-key
+/// changes. Returns how many statements it ran.
+fn concurrent_writer(
+    db: &str,
+    rows: u64,
+    pause: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    let db = db.to_string();
+    tokio::spawn(async move {
+        let mut c = mysql().await;
+        let t = format!("`{db}`.binlog_field_test_1");
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // xorshift: deterministic, spread over the table.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let id = 1 + x % rows;
+            let sql = match n % 4 {
+                0 => format!(
+                    "UPDATE {t} SET testvarchar = 'w{n}', testint = {n} WHERE id = {id}"
+                ),
+                1 => format!("DELETE FROM {t} WHERE id = {id}"),
+                2 => w1_insert(&db, 1_000_000 + n, 1),
+                _ => format!("UPDATE {t} SET id = {} WHERE id = {id}", 2_000_000 + n),
+            };
+            c.query_drop(sql).await.unwrap();
+            n += 1;
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+        n
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_then_stream_under_a_concurrent_writer_equals_the_source() {
+    let db = unique("sluice_t_snap_w1");
+    let ch_db = format!("{db}_mirror");
+    ch_exec(format!("CREATE DATABASE {ch_db}")).await;
+    let rows = 100_000;
+    w1_filled(&db, rows).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = concurrent_writer(&db, rows, Duration::ZERO, stop.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(
+        &db,
+        "end",
+        "[snapshot]\nmode = \"snapshot+stream\"\nchunk_rows = 5000\n",
+    ));
+    let prefix = cap.prefix.clone();
+    let mut mirror = apply(&prefix, &ch_db, "mirror", &unique("g"), "");
+    // The writer goes on through the whole snapshot, and a little after.
+    wait_metric(
+        cap.metrics_port,
+        "sluice_capture_snapshot_rows_total",
+        Duration::from_secs(30),
+        |v| v > 0.0,
+    )
+    .await;
+    wait_metric(
+        cap.metrics_port,
+        "sluice_capture_snapshot_tables_remaining",
+        Duration::from_secs(240),
+        |v| v == 0.0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let statements = writer.await.unwrap();
+    assert!(statements > 20, "the writer ran {statements} statements");
+    let published = metric(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
+    assert!(
+        published > (rows / 2) as f64 && published <= (rows + statements) as f64,
+        "{published} snapshot rows"
+    );
+    converge(&db, &ch_db, Duration::from_secs(240)).await;
+    finish(&db, &mut [&mut cap, &mut mirror]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_capture_killed_mid_snapshot_resumes_from_the_last_chunk() {
+    let db = unique("sluice_t_snap_kill");
+    let ch_db = format!("{db}_mirror");
+    ch_exec(format!("CREATE DATABASE {ch_db}")).await;
+    let rows = 60_000;
+    w1_filled(&db, rows).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A gentler writer: the rows it adds beyond the snapshot's cursor stay few next to the
+    // rows a restart from zero would publish again.
+    let writer = concurrent_writer(&db, rows, Duration::from_millis(5), stop.clone());
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(
+        &db,
+        "end",
+        "[snapshot]\nmode = \"snapshot+stream\"\nchunk_rows = 1000\nparallel_tables = 1\n",
+    ));
+    let prefix = cap.prefix.clone();
+    let mut mirror = apply(&prefix, &ch_db, "mirror", &unique("g"), "");
+    // Kill once the stored checkpoint says a good part of the table was published.
+    let connector = cap.connector.clone();
+    let stored_rows = |c: &serde_json::Value| {
+        c["snapshot"]["tables"]
+            .as_object()
+            .map(|t| t.values().filter_map(|p| p["rows"].as_u64()).sum::<u64>())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let before = loop {
+        let c = connector.clone();
+        let stored = tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
+            .await
+            .unwrap();
+        let rows_stored = stored.as_ref().map(stored_rows).unwrap_or(0);
+        if rows_stored >= 15_000 {
+            break rows_stored;
+        }
+        assert!(Instant::now() < deadline, "no snapshot progress stored: {stored:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    cap.kill();
+    assert!(before < rows - 10_000, "killed too late: {before}");
+    cap.restart();
+    wait_metric(
+        cap.metrics_port,
+        "sluice_capture_snapshot_rows_total",
+        Duration::from_secs(60),
+        |v| v > 0.0,
+    )
+    .await;
+    wait_metric(
+        cap.metrics_port,
+        "sluice_capture_snapshot_tables_remaining",
+        Duration::from_secs(240),
+        |v| v == 0.0,
+    )
+    .await;
+    // The second run went on from a chunk, not from zero: it published well under the table.
+    let second = metric(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
+    if second >= (rows - before / 2) as f64 {
+        let (_, log) = cap.stop();
+        panic!("the restarted capture published {second} rows after {before} before the kill: {log}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
+    converge(&db, &ch_db, Duration::from_secs(240)).await;
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("resumed=true"), "{log}");
+    finish(&db, &mut [&mut mirror]).await;
+}

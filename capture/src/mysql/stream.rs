@@ -893,6 +893,13 @@ impl Capture {
                     return Ok(());
                 }
             }
+            // Snapshot messages first: a busy binlog always has an event buffered, and would
+            // otherwise starve them.
+            let message = self.snapshot.as_mut().and_then(|r| r.rx.try_recv().ok());
+            if let Some(m) = message {
+                self.on_snapshot_msg(m).await?;
+                continue;
+            }
             // A keyless table's snapshot holds the stream at its position.
             let reading = match self.snapshot.as_ref().and_then(|s| s.hold()) {
                 None => true,
