@@ -792,7 +792,9 @@ async fn snapshot_then_stream_under_a_concurrent_writer_equals_the_source() {
     let rows = 100_000;
     w1_filled(&db, rows).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = concurrent_writer(&db, rows, Duration::ZERO, stop.clone());
+    // (Paced so that this debug build's capture keeps up: a chunk is published once the
+    // stream has read as far as the chunk's snapshot.)
+    let writer = concurrent_writer(&db, rows, Duration::from_millis(1), stop.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(
         &db,
@@ -821,6 +823,12 @@ async fn snapshot_then_stream_under_a_concurrent_writer_equals_the_source() {
     let statements = writer.await.unwrap();
     assert!(statements > 20, "the writer ran {statements} statements");
     let published = metric(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
+    // The writer did change rows of chunks being read: the reconciliation was exercised.
+    let left = metric(
+        cap.metrics_port,
+        "sluice_capture_snapshot_rows_left_to_stream_total",
+    );
+    eprintln!("snapshot: {published} rows published, {left:?} left to the stream, {statements} statements");
     assert!(
         published > (rows / 2) as f64 && published <= (rows + statements) as f64,
         "{published} snapshot rows"

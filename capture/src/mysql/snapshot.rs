@@ -9,11 +9,15 @@
 //!    binlog position P the snapshot is consistent with; P >= S since the stream cannot read
 //!    past the server), reads the table's schema and `SELECT`s the next `chunk_rows` rows after
 //!    the last key, in key order, and commits.
-//! 3. Between two transactions of the stream, the loop publishes the chunk's rows as
-//!    `SNAPSHOT_READ` events, leaving out every touched key: the stream itself published a
-//!    change of those rows after S, with its full after image, so the snapshot's copy is not
-//!    needed and could be older. The events' version is the stream position at publication:
-//!    above every event published before, below every one after.
+//! 3. Once the stream has read up to P (a capture behind the server catches up first), between
+//!    two of its transactions, the loop publishes the chunk's rows as `SNAPSHOT_READ` events,
+//!    leaving out every touched key: the stream itself published a change of those rows after
+//!    S, with its full after image, so the snapshot's copy is not needed and could be older.
+//!    The other rows did not change between P and now: they are current. The events' version
+//!    is the stream position at publication: above every event published before, below every
+//!    one after. (MySQL reports no P; there the chunk is published when read: a capture far
+//!    behind then publishes rows newer than the changes it has still to read, which replay
+//!    over them and converge to the same end state.)
 //! 4. The checkpoint written after that carries the chunk's last key: a capture killed in the
 //!    middle of a snapshot goes on from the last published chunk.
 //!
@@ -184,8 +188,8 @@ pub struct InFlight {
     pub asked_at: u64,
     /// Keys of this table the stream published since then.
     pub touched: HashSet<Vec<u8>>,
-    /// The rows, once read (keyed tables).
-    pub ready: Option<(TableSchema, Vec<v1::Row>)>,
+    /// The rows, once read (keyed tables), and where the read was consistent (MariaDB).
+    pub ready: Option<(TableSchema, Vec<v1::Row>, Option<BinlogPos>)>,
     /// Keyless tables: the stream holds at this position while the rows are published.
     pub hold: Option<Option<BinlogPos>>,
     pub schema: Option<TableSchema>,
@@ -223,6 +227,8 @@ pub struct SnapshotRun {
     watch: Vec<(Vec<u8>, usize)>,
     /// Something to do: a message arrived, a chunk ended, a DDL happened.
     pub dirty: bool,
+    /// A chunk read waits for the stream to reach this position.
+    pub wait_for: Option<BinlogPos>,
 }
 
 impl SnapshotRun {
@@ -253,6 +259,7 @@ impl SnapshotRun {
             metrics,
             watch: Vec::new(),
             dirty: true,
+            wait_for: None,
         };
         run.update_metrics();
         run
@@ -377,6 +384,7 @@ impl SnapshotRun {
 
 pub struct SnapshotMetrics {
     pub rows: IntCounterVec,
+    pub left_to_stream: IntCounterVec,
     pub estimated: IntGaugeVec,
     pub tables_remaining: IntGauge,
     pub chunks: IntCounterVec,
@@ -388,6 +396,14 @@ impl SnapshotMetrics {
             MOpts::new(
                 "sluice_capture_snapshot_rows_total",
                 "Rows published by snapshots (after reconciliation with the stream).",
+            ),
+            &["database", "table"],
+        )?;
+        let left_to_stream = IntCounterVec::new(
+            MOpts::new(
+                "sluice_capture_snapshot_rows_left_to_stream_total",
+                "Rows of snapshot chunks not published because the stream changed them while \
+                 the chunk was read (the stream's newer image stands).",
             ),
             &["database", "table"],
         )?;
@@ -410,11 +426,13 @@ impl SnapshotMetrics {
             &["outcome"],
         )?;
         r.register(Box::new(rows.clone()))?;
+        r.register(Box::new(left_to_stream.clone()))?;
         r.register(Box::new(estimated.clone()))?;
         r.register(Box::new(tables_remaining.clone()))?;
         r.register(Box::new(chunks.clone()))?;
         Ok(Self {
             rows,
+            left_to_stream,
             estimated,
             tables_remaining,
             chunks,

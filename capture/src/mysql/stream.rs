@@ -473,6 +473,11 @@ impl Capture {
         seq << 32 | self.read_to
     }
 
+    fn before_pos(&self, a: &BinlogPos, b: &BinlogPos) -> bool {
+        let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
+        (seq(&a.file), a.pos) < (seq(&b.file), b.pos)
+    }
+
     fn before(&self, p: &BinlogPos) -> bool {
         let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
         (seq(&self.file), self.read_to) < (seq(&p.file), p.pos)
@@ -481,13 +486,17 @@ impl Capture {
     /// Between two transactions: publish the chunks read, ask for the next ones, finish the
     /// snapshot when every table is done. Returns true when a snapshot just finished.
     async fn snapshot_step(&mut self) -> Result<bool, CaptureError> {
-        if !self.snapshot.as_ref().is_some_and(|r| r.dirty) {
+        let due = self.snapshot.as_ref().is_some_and(|r| {
+            r.dirty || r.wait_for.as_ref().is_some_and(|p| !self.before(p))
+        });
+        if !due {
             return Ok(false);
         }
         let Some(mut run) = self.snapshot.take() else {
             return Ok(false);
         };
         run.dirty = false;
+        run.wait_for = None;
         let result = self.snapshot_work(&mut run).await;
         let finished = match result {
             Ok(()) => run.done(),
@@ -513,11 +522,24 @@ impl Capture {
         let mut progressed = false;
         for i in 0..run.tables.len() {
             // Keyed chunk read: publish what the stream did not touch since it was asked for.
+            // ... once the stream has read as far as the chunk's snapshot.
+            let reached = |f: &snapshot::InFlight| match &f.ready {
+                Some((_, _, Some(p))) => !self.before(p),
+                Some((_, _, None)) => true,
+                None => false,
+            };
             let ready = run.tables[i]
                 .in_flight
                 .as_mut()
+                .filter(|f| reached(f))
                 .and_then(|f| f.ready.take().map(|r| (r, std::mem::take(&mut f.touched))));
-            if let Some(((schema, rows), touched)) = ready {
+            if let Some(Some((_, _, Some(p)))) = run.tables[i].in_flight.as_ref().map(|f| &f.ready) {
+                // Still ahead of the stream: look again when the stream gets there.
+                if run.wait_for.as_ref().is_none_or(|w| self.before_pos(p, w)) {
+                    run.wait_for = Some(p.clone());
+                }
+            }
+            if let Some(((schema, rows, _), touched)) = ready {
                 let full = rows.len() as u64 >= run.chunk_rows;
                 let last = rows.last().map(|r| snapshot::key_of(&schema, r));
                 let t = &mut run.tables[i];
@@ -654,7 +676,7 @@ impl Capture {
                         return Ok(());
                     }
                 }
-                f.ready = Some((schema, rows));
+                f.ready = Some((schema, rows, at));
                 f.hold = None;
             }
             Msg::Began { chunk, schema, at } => {
@@ -750,10 +772,12 @@ impl Capture {
         let mut key_bytes = Vec::with_capacity(64);
         let mut payload = Vec::with_capacity(512);
         let mut sent = 0u64;
+        let mut skipped = 0u64;
         for row in rows {
             let key = snapshot::key_of(schema, &row);
             sluice_proto::append_event_key(&t.key_prefix, &key, &mut key_bytes);
             if touched.is_some_and(|k| k.contains(&key_bytes)) {
+                skipped += 1;
                 continue;
             }
             event.key = Some(v1::Row { values: key });
@@ -768,6 +792,12 @@ impl Capture {
             sent += 1;
         }
         rows_counter.inc_by(sent);
+        if skipped > 0 {
+            self.snapshot_metrics
+                .left_to_stream
+                .with_label_values(&[&t.database, &t.table])
+                .inc_by(skipped);
+        }
         Ok(sent)
     }
 
