@@ -762,3 +762,52 @@ async fn snapshots_of_empty_keyless_composite_and_string_keyed_tables() {
     assert!(log.contains("snapshot finished"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_is_snapshotted_again_on_request_while_streaming_goes_on() {
+    let db = unique("sluice_t_resnap");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.a (id INT PRIMARY KEY, v INT)"),
+        format!("CREATE TABLE `{db}`.b (id INT PRIMARY KEY, v INT)"),
+        format!("INSERT INTO `{db}`.a VALUES (1, 1), (2, 2), (3, 3)"),
+        format!("INSERT INTO `{db}`.b VALUES (1, 1)"),
+    ])
+    .await;
+    let (text, connector, prefix) = CaptureProcess::config(&db, &binlog_end().await, "");
+    let mut cap = CaptureProcess::spawn((text.clone(), connector.clone(), prefix.clone()));
+    sql(&[format!("INSERT INTO `{db}`.b VALUES (2, 2)")]).await;
+    let events = events_of(cap.topic(&db, "b"), |m| count_rows(m) >= 1).await;
+    assert_eq!(row_events(&events).len(), 1);
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+
+    // The request: table a again. Streaming goes on meanwhile.
+    let request = format!(
+        "{text}[snapshot]\ntables = [\"{db}.a\"]\nrequest_id = \"again-1\"\nchunk_rows = 2\n"
+    );
+    let mut cap = CaptureProcess::spawn((request.clone(), connector.clone(), prefix.clone()));
+    sql(&[format!("INSERT INTO `{db}`.b VALUES (3, 3)")]).await;
+    let events = events_of(cap.topic(&db, "a"), |m| count_rows(m) >= 3).await;
+    let rows = row_events(&events);
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|e| e.op() == Op::SnapshotRead), "{rows:?}");
+    let mut keys: Vec<i64> = rows.iter().map(int_key).collect();
+    keys.sort();
+    assert_eq!(keys, vec![1, 2, 3]);
+    let events = events_of(cap.topic(&db, "b"), |m| count_rows(m) >= 2).await;
+    let b: Vec<(Op, i64)> = row_events(&events).iter().map(|e| (e.op(), int_key(e))).collect();
+    assert_eq!(b, vec![(Op::Insert, 2), (Op::Insert, 3)], "b is streamed, not snapshotted");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("snapshot finished"), "{log}");
+
+    // Served once: the same request id does not run again.
+    let mut cap = CaptureProcess::spawn((request, connector, prefix));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("snapshot starts"), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
