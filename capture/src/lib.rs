@@ -7,3 +7,4 @@ pub mod filter;
 pub mod mongo;
 pub mod mysql;
 pub mod publish;
+pub mod snapshot;

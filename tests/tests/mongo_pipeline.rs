@@ -825,3 +825,160 @@ async fn ddl_is_applied_filtered_and_ordered_by_version() {
     assert_eq!(documents(&dst, &db, "b").await.len(), 2);
     dst.database(&db).drop().await.unwrap();
 }
+
+fn scrape_metric(port: u16, name: &str) -> Option<f64> {
+    let body = sluice_tests::bench::scrape(port)?;
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Snapshot + stream of a 100 000-document collection (W2-like documents) under a concurrent
+/// writer, the capture killed in the middle of the copy and restarted: the copy goes on from the
+/// stored `_id`, and the target ends equal to the source, indexes included. Also an empty
+/// collection and one with string `_id`s.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
+    let db = unique("sluice_m_snap");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let n = 100_000i32;
+    let big = src.database(&db).collection::<Document>("big");
+    for b in 0..(n / 5000) {
+        let docs: Vec<Document> = (b * 5000..(b + 1) * 5000)
+            .map(|i| {
+                doc! { "_id": i, "name": format!("name-{i}"), "age": i % 90, "city": "Lyon",
+                       "score": f64::from(i) / 7.0, "tags": ["a", "b"], "at": mongodb::bson::DateTime::from_millis(1_700_000_000_000 + i64::from(i)) }
+            })
+            .collect();
+        big.insert_many(docs).await.unwrap();
+    }
+    big.create_index(
+        mongodb::IndexModel::builder()
+            .keys(doc! { "city": 1, "age": -1 })
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .name("city_age".to_string())
+                    .build(),
+            )
+            .build(),
+    )
+    .await
+    .unwrap();
+    src.database(&db).create_collection("empty").await.unwrap();
+    let strid = src.database(&db).collection::<Document>("strid");
+    strid
+        .insert_many(["b", "a", "é", "Z", "", "aa"].iter().enumerate().map(|(i, s)| doc! { "_id": *s, "i": i as i32 }))
+        .await
+        .unwrap();
+
+    let mut cap = capture(
+        &db,
+        "mode = \"oplog\"",
+        "[snapshot]\nmode = \"snapshot+stream\"\nchunk_rows = 1000\n",
+    );
+    let mut app = apply(&cap.prefix, &unique("g"), "");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let big = big.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            let mut k = 0i32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let id = (x % n as u64) as i32;
+                match k % 4 {
+                    0 => {
+                        big.update_one(doc! { "_id": id }, doc! { "$set": { "name": format!("w{k}") }, "$unset": { "tags": "" } })
+                            .await
+                            .unwrap();
+                    }
+                    1 => {
+                        big.delete_one(doc! { "_id": id }).await.unwrap();
+                    }
+                    2 => {
+                        big.insert_one(doc! { "_id": n + k, "name": "new", "age": 1 })
+                            .await
+                            .unwrap();
+                    }
+                    _ => {
+                        big.replace_one(doc! { "_id": id }, doc! { "name": "replaced", "k": k })
+                            .await
+                            .unwrap();
+                    }
+                }
+                k += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            k
+        })
+    };
+    // Kill once the stored checkpoint says a good part was copied.
+    let connector = cap.connector.clone();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let before = loop {
+        let c = connector.clone();
+        let stored = tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
+            .await
+            .unwrap();
+        let docs = stored
+            .as_ref()
+            .and_then(|c| c["snapshot"]["collections"][format!("{db}.big")]["docs"].as_u64())
+            .unwrap_or(0);
+        if docs >= 20_000 {
+            break docs;
+        }
+        assert!(Instant::now() < deadline, "no snapshot progress stored: {stored:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    cap.kill();
+    assert!(before < 80_000, "killed too late: {before}");
+    cap.restart();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let rows = scrape_metric(cap.metrics_port, "sluice_capture_snapshot_rows_total");
+        let left = scrape_metric(cap.metrics_port, "sluice_capture_snapshot_tables_remaining");
+        if rows.is_some_and(|r| r > 0.0) && left == Some(0.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "snapshot not finished: {rows:?} {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.await.unwrap();
+    assert!(writes > 20, "{writes} writes");
+    // The restart went on from the stored _id: it copied well under the collection again.
+    let second = scrape_metric(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
+    assert!(
+        second < f64::from(n) - before as f64 / 2.0,
+        "the restarted capture copied {second} documents after {before} were stored"
+    );
+    for coll in ["big", "empty", "strid"] {
+        converge(&src, &dst, &db, coll, Duration::from_secs(240), &mut [&mut cap, &mut app]).await;
+    }
+    // The empty collection and the index exist on the target.
+    let names = dst.database(&db).list_collection_names().await.unwrap();
+    assert!(names.contains(&"empty".to_string()), "{names:?}");
+    let indexes = dst
+        .database(&db)
+        .collection::<Document>("big")
+        .list_index_names()
+        .await
+        .unwrap();
+    assert!(indexes.contains(&"city_age".to_string()), "{indexes:?}");
+    stop_all(&mut [&mut cap, &mut app]).await;
+    src.database(&db).drop().await.unwrap();
+    dst.database(&db).drop().await.unwrap();
+}

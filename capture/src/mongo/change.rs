@@ -20,6 +20,8 @@ pub enum OpKind {
     Replace,
     Delete,
     Ddl,
+    /// A document read by a snapshot: `full_document` holds it.
+    SnapshotRead,
 }
 
 /// An update's changes, as MongoDB's change streams describe them.
@@ -72,7 +74,7 @@ pub struct Change {
 }
 
 impl Change {
-    fn new(
+    pub(crate) fn new(
         op: OpKind,
         operation_type: &str,
         database: &str,
@@ -97,7 +99,7 @@ impl Change {
         }
     }
 
-    fn ddl(
+    pub(crate) fn ddl(
         kind: &'static str,
         op_type: &str,
         db: &str,

@@ -28,6 +28,8 @@ pub struct Config {
     pub filter: FilterConfig,
     #[serde(default)]
     pub publish: PublishConfig,
+    #[serde(default)]
+    pub snapshot: crate::snapshot::SnapshotConfig,
     #[serde(default = "default_metrics")]
     pub metrics: MetricsConfig,
     #[serde(default)]
@@ -190,6 +192,7 @@ impl Validate for Config {
         }
         Filter::new(&self.filter, SYSTEM_DATABASES)?;
         self.publish.validate()?;
+        self.snapshot.validate()?;
         self.kafka.validate()?;
         self.topics.validate()?;
         self.log.validate()

@@ -68,6 +68,37 @@ pub struct Checkpoint {
     pub replica_set: String,
     /// Wall-clock time of the write, seconds since the epoch.
     pub written_at: u64,
+    /// The snapshot being taken, with each collection's last published `_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotProgress>,
+    /// Snapshots finished (`initial`, re-snapshot request ids).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots_done: Vec<String>,
+}
+
+/// A snapshot under way: per `database.collection`, where its copy stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotProgress {
+    pub id: String,
+    pub collections: std::collections::BTreeMap<String, CollectionProgress>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectionProgress {
+    /// The last `_id` published, as hex of the BSON document `{v: _id}`; empty before the first.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub after: String,
+    pub docs: u64,
+    #[serde(default)]
+    pub done: bool,
+}
+
+fn hex_bytes(hex: &str) -> Result<Vec<u8>, String> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .map_err(|e| format!("{hex:?} is not hex: {e}"))
 }
 
 fn token_hex(t: &ResumeToken) -> Option<String> {
@@ -126,7 +157,7 @@ struct Namespace {
     /// The record key's bytes before the `_id` ([`sluice_proto::event_key_prefix`]).
     key_prefix: Vec<u8>,
     partitions: i32,
-    counters: [IntCounter; 4], // insert, update, delete, ddl
+    counters: [IntCounter; 5], // insert, update, delete, ddl, snapshot_read
     bytes: IntCounter,
 }
 
@@ -167,6 +198,9 @@ pub struct Capture {
     /// Oplog entries of a transaction whose last entry has not come yet.
     partial_txn: Vec<Change>,
     buf: Vec<u8>,
+    snapshot: Option<SnapshotProgress>,
+    snapshots_done: Vec<String>,
+    snapshot_metrics: crate::mysql::snapshot::SnapshotMetrics,
 }
 
 const MARK_EVERY: usize = 1000;
@@ -219,6 +253,12 @@ impl Capture {
             publish_metrics.clone(),
         )
         .await?;
+        let (progress, snapshots_done) = checkpoint
+            .as_ref()
+            .map(|c| (c.snapshot.clone(), c.snapshots_done.clone()))
+            .unwrap_or_default();
+        let snapshot_metrics = crate::mysql::snapshot::SnapshotMetrics::new(registry)
+            .expect("metrics register once");
         let resume = match checkpoint {
             Some(c) => {
                 if !c.replica_set.is_empty() && c.replica_set != replica_set {
@@ -269,6 +309,9 @@ impl Capture {
             marked: None,
             partial_txn: Vec::new(),
             buf: Vec::with_capacity(4096),
+            snapshot: progress,
+            snapshots_done,
+            snapshot_metrics,
             config,
         })
     }
@@ -276,9 +319,17 @@ impl Capture {
     /// Read until shutdown (or `[mongodb] end`), then wait for every event to be acknowledged
     /// and store the last checkpoint.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), CaptureError> {
-        let result = match self.config.mongodb.mode {
-            Mode::ChangeStream => self.read_change_stream(&shutdown).await,
-            Mode::Oplog => self.read_oplog(&shutdown).await,
+        let result = match self.snapshots(&shutdown).await {
+            Ok(()) if shutdown.is_triggered() => Ok(()),
+            Ok(()) if self.config.snapshot.stop_after() => {
+                tracing::info!("snapshot published: stopping (snapshot.mode = \"snapshot\")");
+                Ok(())
+            }
+            Ok(()) => match self.config.mongodb.mode {
+                Mode::ChangeStream => self.read_change_stream(&shutdown).await,
+                Mode::Oplog => self.read_oplog(&shutdown).await,
+            },
+            Err(e) => Err(e),
         };
         if let Err(e) = &result {
             self.publish_metrics
@@ -671,10 +722,345 @@ impl Capture {
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0),
+                snapshot: self.snapshot.clone(),
+                snapshots_done: self.snapshots_done.clone(),
             })
             .await?;
         self.since_mark = 0;
         self.marked = Some((ts, self.last_token.clone()));
+        Ok(())
+    }
+
+    /// Take the snapshots that are due, one after the other, before streaming: an unfinished
+    /// one from the checkpoint, the initial one, a re-snapshot request not yet served. The
+    /// stream then starts from where it stood before the copy (for the initial snapshot: the
+    /// source's operation time read before the first document), so every change made during
+    /// the copy is replayed over the copied documents, which converge.
+    async fn snapshots(&mut self, shutdown: &Shutdown) -> Result<(), CaptureError> {
+        use crate::snapshot::INITIAL;
+        loop {
+            if self.snapshot.is_none() {
+                let c = &self.config.snapshot;
+                let (id, only) = if c.initial() && !self.snapshots_done.iter().any(|d| d == INITIAL)
+                {
+                    (INITIAL.to_string(), Vec::new())
+                } else if !c.request_id.is_empty() && !self.snapshots_done.contains(&c.request_id)
+                {
+                    (c.request_id.clone(), c.tables.clone())
+                } else {
+                    return Ok(());
+                };
+                let mut collections = std::collections::BTreeMap::new();
+                for name in self.list_collections(&only).await? {
+                    collections.insert(name, CollectionProgress::default());
+                }
+                self.snapshot = Some(SnapshotProgress { id, collections });
+            }
+            self.snapshot_start_point().await?;
+            let snap = self.snapshot.clone().expect("set above");
+            tracing::info!(snapshot = %snap.id, collections = snap.collections.len(), "snapshot starts");
+            for (name, progress) in &snap.collections {
+                if progress.done {
+                    continue;
+                }
+                if !self.copy_collection(name, shutdown).await? {
+                    return Ok(()); // stopping
+                }
+            }
+            tracing::info!(snapshot = %snap.id, "snapshot finished");
+            self.snapshots_done.push(snap.id);
+            self.snapshot = None;
+            self.snapshot_metrics.tables_remaining.set(0);
+            self.mark().await?;
+        }
+    }
+
+    /// `database.collection` of every collection the snapshot takes (views and system
+    /// collections left out), or of the listed ones that exist.
+    async fn list_collections(&self, only: &[String]) -> Result<Vec<String>, CaptureError> {
+        let mut out = Vec::new();
+        for db in self.client.list_database_names().await? {
+            if !self.filter.wants_database(&db) {
+                continue;
+            }
+            let specs: Vec<Document> = self
+                .client
+                .database(&db)
+                .run_command(doc! { "listCollections": 1, "nameOnly": false })
+                .await
+                .map(|r| {
+                    r.get_document("cursor")
+                        .and_then(|c| c.get_array("firstBatch"))
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|b| b.as_document().cloned())
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })?;
+            for spec in specs {
+                let Ok(coll) = spec.get_str("name") else {
+                    continue;
+                };
+                let kind = spec.get_str("type").unwrap_or("collection");
+                if kind != "collection" || coll.starts_with("system.") {
+                    continue;
+                }
+                let name = format!("{db}.{coll}");
+                if !self.filter.wants(&db, coll) {
+                    continue;
+                }
+                if !only.is_empty() && !only.contains(&name) {
+                    continue;
+                }
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The point the stream starts from after the copy, set once per snapshot: without a
+    /// position yet, the source's operation time now.
+    async fn snapshot_start_point(&mut self) -> Result<(), CaptureError> {
+        if self.last_ts.is_some() {
+            return Ok(());
+        }
+        let ts = match &self.resume {
+            Resume::Token(t, ts) => {
+                self.last_token = Some(t.clone());
+                *ts
+            }
+            Resume::After(ts) => *ts,
+            Resume::At(ts) => {
+                // "At" is inclusive: stand just before it.
+                if ts.increment > 0 {
+                    Timestamp {
+                        time: ts.time,
+                        increment: ts.increment - 1,
+                    }
+                } else {
+                    Timestamp {
+                        time: ts.time.saturating_sub(1),
+                        increment: u32::MAX,
+                    }
+                }
+            }
+            Resume::Now => {
+                let ts = self.operation_time().await?;
+                self.resume = Resume::After(ts);
+                ts
+            }
+        };
+        self.last_ts = Some(ts);
+        self.metrics.oplog_time.set(i64::from(ts.time));
+        Ok(())
+    }
+
+    /// The source's operation time now: the newest oplog entry (oplog mode, or a server without
+    /// `operationTime`), else the `operationTime` of a command's reply.
+    async fn operation_time(&self) -> Result<Timestamp, CaptureError> {
+        let from_oplog = || async {
+            let last = self
+                .client
+                .database("local")
+                .collection::<RawDocumentBuf>("oplog.rs")
+                .find_one(doc! {})
+                .with_options(
+                    FindOneOptions::builder()
+                        .sort(doc! { "$natural": -1 })
+                        .build(),
+                )
+                .await
+                .ok()
+                .flatten();
+            last.and_then(|d| d.get_timestamp("ts").ok())
+        };
+        if self.config.mongodb.mode == Mode::Oplog {
+            if let Some(ts) = from_oplog().await {
+                return Ok(ts);
+            }
+        }
+        let reply = self
+            .client
+            .database("admin")
+            .run_command(doc! { "ping": 1 })
+            .await?;
+        if let Ok(ts) = reply.get_timestamp("operationTime") {
+            return Ok(ts);
+        }
+        if let Some(ts) = from_oplog().await {
+            return Ok(ts);
+        }
+        Err(CaptureError::Definite(
+            "the source reports no operation time (operationTime) and has no oplog: a snapshot              needs a replica set to know where to stream from"
+                .into(),
+        ))
+    }
+
+    /// Copy one collection: its options and indexes (as create / createIndexes DDL), then its
+    /// documents in `_id` order as snapshot reads. Returns false when stopped midway.
+    async fn copy_collection(
+        &mut self,
+        name: &str,
+        shutdown: &Shutdown,
+    ) -> Result<bool, CaptureError> {
+        let (db, coll) = name.split_once('.').expect("listed as db.coll");
+        let (db, coll) = (db.to_string(), coll.to_string());
+        let ts = self.last_ts.expect("set before the copy");
+        let progress = self.snapshot.as_ref().expect("running").collections[name].clone();
+        let started = std::time::Instant::now();
+        let estimate = self
+            .client
+            .database(&db)
+            .collection::<RawDocumentBuf>(&coll)
+            .estimated_document_count()
+            .await
+            .unwrap_or(0);
+        self.snapshot_metrics
+            .estimated
+            .with_label_values(&[&db, &coll])
+            .set(estimate as i64);
+        let remaining = self
+            .snapshot
+            .as_ref()
+            .map(|s| s.collections.values().filter(|c| !c.done).count())
+            .unwrap_or(0);
+        self.snapshot_metrics.tables_remaining.set(remaining as i64);
+        if progress.after.is_empty() && self.config.snapshot.copy_indexes {
+            self.publish_collection_ddl(&db, &coll, ts).await?;
+        }
+        let mut filter = doc! {};
+        if !progress.after.is_empty() {
+            let bytes = hex_bytes(&progress.after).map_err(CaptureError::Definite)?;
+            let wrapped = Document::from_reader(bytes.as_slice())
+                .map_err(|e| CaptureError::Definite(format!("snapshot position of {name}: {e}")))?;
+            let id = wrapped.get("v").cloned().unwrap_or(Bson::Null);
+            filter = doc! { "_id": { "$gt": id } };
+        }
+        let batch = self.config.snapshot.chunk_rows.min(u64::from(u32::MAX)) as u32;
+        let mut cursor = self
+            .client
+            .database(&db)
+            .collection::<RawDocumentBuf>(&coll)
+            .find(filter)
+            .sort(doc! { "_id": 1 })
+            .batch_size(batch)
+            .await?;
+        let rows = self.snapshot_metrics.rows.with_label_values(&[&db, &coll]);
+        let mut docs = progress.docs;
+        let mut last_log = std::time::Instant::now();
+        let mut since = 0u64;
+        while let Some(doc) = cursor.next().await {
+            let doc = doc?;
+            let id = doc
+                .get("_id")
+                .map_err(|e| CaptureError::Definite(format!("{name}: {e}")))?
+                .ok_or_else(|| CaptureError::Definite(format!("{name}: a document without _id")))?;
+            let mut key = RawDocumentBuf::new();
+            key.append_ref("_id", id);
+            let mut wrapped = RawDocumentBuf::new();
+            wrapped.append_ref("v", id);
+            let mut c = Change::new(OpKind::SnapshotRead, "snapshot", &db, &coll, ts);
+            c.document_key = Some(key);
+            c.full_document = Some(doc.clone());
+            self.publish(c, None).await?;
+            rows.inc();
+            docs += 1;
+            since += 1;
+            if since >= u64::from(batch) || last_log.elapsed().as_secs() >= 5 {
+                let p = self
+                    .snapshot
+                    .as_mut()
+                    .and_then(|s| s.collections.get_mut(name))
+                    .expect("running");
+                p.after = wrapped.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+                p.docs = docs;
+                since = 0;
+                self.mark().await?;
+                if last_log.elapsed().as_secs() >= 5 {
+                    last_log = std::time::Instant::now();
+                    let rate = (docs - progress.docs) as f64 / started.elapsed().as_secs_f64();
+                    tracing::info!(
+                        collection = %name,
+                        docs,
+                        estimated = estimate,
+                        docs_per_second = rate as u64,
+                        eta = %format!("{:.0}s", estimate.saturating_sub(docs) as f64 / rate.max(1.0)),
+                        "snapshot progress"
+                    );
+                }
+                if shutdown.is_triggered() {
+                    return Ok(false);
+                }
+            }
+        }
+        let p = self
+            .snapshot
+            .as_mut()
+            .and_then(|s| s.collections.get_mut(name))
+            .expect("running");
+        p.docs = docs;
+        p.done = true;
+        self.mark().await?;
+        tracing::info!(collection = %name, docs, seconds = started.elapsed().as_secs_f64(), "collection copied");
+        Ok(true)
+    }
+
+    /// The collection's options (`create`) and secondary indexes (`createIndexes`) as DDL
+    /// events at the snapshot's position.
+    async fn publish_collection_ddl(
+        &mut self,
+        db: &str,
+        coll: &str,
+        ts: Timestamp,
+    ) -> Result<(), CaptureError> {
+        let database = self.client.database(db);
+        let listed = database
+            .run_command(doc! { "listCollections": 1, "filter": { "name": coll } })
+            .await?;
+        let options = listed
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_array("firstBatch").ok())
+            .and_then(|a| a.first())
+            .and_then(|b| b.as_document())
+            .and_then(|d| d.get_document("options").ok())
+            .cloned()
+            .unwrap_or_default();
+        let mut create = doc! { "create": coll };
+        for (k, v) in options {
+            create.insert(k, v);
+        }
+        self.publish(Change::ddl("create", "create", db, coll, ts, create), None)
+            .await?;
+        let indexes = database
+            .run_command(doc! { "listIndexes": coll })
+            .await
+            .ok()
+            .and_then(|r| {
+                r.get_document("cursor")
+                    .ok()
+                    .and_then(|c| c.get_array("firstBatch").ok())
+                    .cloned()
+            })
+            .unwrap_or_default();
+        let indexes: Vec<Bson> = indexes
+            .into_iter()
+            .filter(|i| {
+                i.as_document()
+                    .and_then(|d| d.get_str("name").ok())
+                    .is_some_and(|n| n != "_id_")
+            })
+            .collect();
+        if !indexes.is_empty() {
+            let command = doc! { "createIndexes": coll, "indexes": indexes };
+            self.publish(
+                Change::ddl("create_indexes", "createIndexes", db, coll, ts, command),
+                None,
+            )
+            .await?;
+        }
         Ok(())
     }
 
@@ -703,6 +1089,7 @@ impl Capture {
                 counter("update"),
                 counter("delete"),
                 counter("ddl"),
+                counter("snapshot_read"),
             ],
             bytes: m.bytes.with_label_values(&[db, coll]),
         };
@@ -762,6 +1149,7 @@ impl Capture {
             OpKind::Update | OpKind::Replace => Op::Update,
             OpKind::Delete => Op::Delete,
             OpKind::Ddl => Op::Ddl,
+            OpKind::SnapshotRead => Op::SnapshotRead,
         };
         let key_values = match c.id() {
             Some(id) => {
@@ -859,6 +1247,7 @@ impl Capture {
             OpKind::Update | OpKind::Replace => 1,
             OpKind::Delete => 2,
             OpKind::Ddl => 3,
+            OpKind::SnapshotRead => 4,
         }]
         .inc();
         if op == Op::Ddl {
@@ -934,9 +1323,37 @@ mod tests {
             resume_token: Some(hex),
             replica_set: "rs0".into(),
             written_at: 3,
+            snapshot: None,
+            snapshots_done: vec![],
+        };
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(!json.contains("snapshot"));
+        assert_eq!(serde_json::from_str::<Checkpoint>(&json).unwrap(), c);
+        // A snapshot under way: the last _id as hex of {v: _id}.
+        let mut wrapped = RawDocumentBuf::new();
+        wrapped.append("v", "k-42");
+        let after: String = wrapped.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        let mut collections = std::collections::BTreeMap::new();
+        collections.insert(
+            "db.c".to_string(),
+            CollectionProgress {
+                after: after.clone(),
+                docs: 7,
+                done: false,
+            },
+        );
+        let c = Checkpoint {
+            snapshot: Some(SnapshotProgress {
+                id: "initial".into(),
+                collections,
+            }),
+            ..c
         };
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<Checkpoint>(&json).unwrap(), c);
+        let back = Document::from_reader(hex_bytes(&after).unwrap().as_slice()).unwrap();
+        assert_eq!(back.get_str("v").unwrap(), "k-42");
+        assert!(hex_bytes("0g").is_err());
         assert!(token_from_hex("zz").is_err());
     }
 }

@@ -1,0 +1,120 @@
+//! `[snapshot]`, shared by the captures: which snapshot to take, and how.
+
+use serde::{Deserialize, Serialize};
+
+/// `[snapshot]`: what to read besides the binlog.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnapshotConfig {
+    /// `stream` (changes only), `snapshot` (the tables' current rows, then stop) or
+    /// `snapshot+stream` (current rows, then the changes, without a gap). The snapshot is
+    /// taken once per connector; a capture resuming from a checkpoint goes on with an
+    /// unfinished snapshot. Default `stream`.
+    pub mode: String,
+    /// Rows per chunk (MySQL), documents per batch (MongoDB). Default 10000.
+    pub chunk_rows: u64,
+    /// Tables read at the same time. Default 2.
+    pub parallel_tables: usize,
+    /// Tables (`database.table`, MongoDB `database.collection`) to snapshot again while streaming goes on, once per
+    /// `request_id`. Default none.
+    pub tables: Vec<String>,
+    /// Names a re-snapshot request: a new id runs `tables` again. Default empty (none).
+    pub request_id: String,
+    /// MongoDB: publish each collection's options and indexes before its documents, so that
+    /// apply-mongo creates them on the target (when its DDL filter lets `create` and
+    /// `createIndexes` through). Default true.
+    pub copy_indexes: bool,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        Self {
+            mode: "stream".into(),
+            chunk_rows: 10_000,
+            parallel_tables: 2,
+            tables: Vec::new(),
+            request_id: String::new(),
+            copy_indexes: true,
+        }
+    }
+}
+
+impl SnapshotConfig {
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if !["stream", "snapshot", "snapshot+stream"].contains(&self.mode.as_str()) {
+            return Err((
+                "snapshot.mode".into(),
+                format!(
+                    "{:?}: expected stream, snapshot or snapshot+stream",
+                    self.mode
+                ),
+            ));
+        }
+        if !(1..=10_000_000).contains(&self.chunk_rows) {
+            return Err((
+                "snapshot.chunk_rows".into(),
+                "must be between 1 and 10000000".into(),
+            ));
+        }
+        if !(1..=64).contains(&self.parallel_tables) {
+            return Err((
+                "snapshot.parallel_tables".into(),
+                "must be between 1 and 64".into(),
+            ));
+        }
+        for t in &self.tables {
+            if split_name(t).is_none() {
+                return Err((
+                    "snapshot.tables".into(),
+                    format!("{t:?}: expected database.table"),
+                ));
+            }
+        }
+        if !self.tables.is_empty() && self.request_id.is_empty() {
+            return Err((
+                "snapshot.request_id".into(),
+                "must be set when snapshot.tables is: a new id asks for a new snapshot".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The initial snapshot is wanted.
+    pub fn initial(&self) -> bool {
+        self.mode != "stream"
+    }
+
+    /// Stop once the snapshot is published.
+    pub fn stop_after(&self) -> bool {
+        self.mode == "snapshot"
+    }
+}
+
+pub fn split_name(name: &str) -> Option<(String, String)> {
+    let (db, table) = name.split_once('.')?;
+    (!db.is_empty() && !table.is_empty()).then(|| (db.to_string(), table.to_string()))
+}
+
+/// The id of the snapshot a connector takes first.
+pub const INITIAL: &str = "initial";
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_is_checked() {
+        let mut c = SnapshotConfig::default();
+        assert!(c.validate().is_ok());
+        c.mode = "initial".into();
+        assert_eq!(c.validate().unwrap_err().0, "snapshot.mode");
+        c.mode = "snapshot+stream".into();
+        c.tables = vec!["db.t".into()];
+        assert_eq!(c.validate().unwrap_err().0, "snapshot.request_id");
+        c.request_id = "r1".into();
+        assert!(c.validate().is_ok());
+        c.tables = vec!["nodot".into()];
+        assert_eq!(c.validate().unwrap_err().0, "snapshot.tables");
+    }
+}
