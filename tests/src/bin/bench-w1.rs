@@ -1,7 +1,12 @@
 //! Benchmark of reference workload W1 (MySQL binlog -> ClickHouse), stage by stage.
 //!
 //!     deploy/testbed.sh start && cargo build --release --bins
-//!     cargo run --release -p sluice-tests --bin bench-w1 -- [ROWS]
+//!     cargo run --release -p sluice-tests --bin bench-w1 -- [--snapshot] [ROWS]
+//!
+//! With `--snapshot`, step 2 is a snapshot instead of a catch-up: the capture starts at the end
+//! of the binlog with `[snapshot] mode = "snapshot+stream"` and reads the table in primary-key
+//! chunks (measured until every row is published); step 5 is left out. Writes
+//! `target/bench/w1-snapshot.json`.
 //!
 //! 1. Writes ROWS (default 1 000 000) rows of the W1 all-types table into MariaDB, the pipeline
 //!    stopped.
@@ -28,8 +33,11 @@ use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let rows: u64 = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let snapshot = args.iter().any(|a| a == "--snapshot");
+    let rows: u64 = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
         .map(|a| a.parse())
         .transpose()?
         .unwrap_or(1_000_000);
@@ -60,21 +68,37 @@ async fn main() -> anyhow::Result<()> {
     }
     let write_secs = t0.elapsed().as_secs_f64();
 
-    eprintln!("2/4 capture catch-up ...");
     let prefix = unique("bench");
+    let (start, extra, counter, name) = if snapshot {
+        eprintln!("2/4 capture snapshot ...");
+        (
+            "end".to_string(),
+            "[snapshot]\nmode = \"snapshot+stream\"\nchunk_rows = 20000\n",
+            "sluice_capture_snapshot_rows_total",
+            "capture-mysql (snapshot)",
+        )
+    } else {
+        eprintln!("2/4 capture catch-up ...");
+        (
+            format!("{file}:{pos}"),
+            "",
+            "sluice_capture_produce_latency_seconds_count",
+            "capture-mysql",
+        )
+    };
     let capture_config = format!(
-        "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"{file}:{pos}\"\n\
+        "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"{start}\"\n\
          server_id = {}\n[filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
-         [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
+         [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n{extra}",
         mysql_url(),
         sluice_tests::replica_server_id(),
         kafka_brokers()
     );
     let (capture, child) = measure(
-        "capture-mysql",
+        name,
         &release.join("capture-mysql"),
         capture_config,
-        "sluice_capture_produce_latency_seconds_count",
+        counter,
         rows,
     )
     .await?;
@@ -154,10 +178,54 @@ async fn main() -> anyhow::Result<()> {
         .execute()
         .await?;
 
+    let per = |s: &Stage| rows as f64 / s.cpu;
+    if snapshot {
+        println!(
+            "W1 snapshot, {rows} rows, {} cores; checked: count and checksum equal",
+            num_cores()
+        );
+        println!("| stage | wall s | rows/s | CPU s | rows per CPU s | peak RSS MiB |");
+        println!("|---|---|---|---|---|---|");
+        let mut json = serde_json::Map::new();
+        for s in [&capture, &apply] {
+            println!(
+                "| {} | {:.2} | {:.0} | {:.2} | {:.0} | {:.1} |",
+                s.name,
+                s.wall,
+                rows as f64 / s.wall,
+                s.cpu,
+                per(s),
+                s.rss / 1048576.0
+            );
+            json.insert(
+                s.name.to_string(),
+                serde_json::json!({
+                    "wall_seconds": s.wall,
+                    "rows_per_second": rows as f64 / s.wall,
+                    "cpu_seconds": s.cpu,
+                    "rows_per_cpu_second": per(s),
+                    "peak_rss_bytes": s.rss,
+                }),
+            );
+        }
+        let out = root.join("target/bench");
+        std::fs::create_dir_all(&out)?;
+        std::fs::write(
+            out.join("w1-snapshot.json"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "benchmark": "W1 snapshot MySQL -> ClickHouse",
+                "rows": rows,
+                "cores": num_cores(),
+                "stages": json,
+                "checked": true,
+            }))?,
+        )?;
+        return Ok(());
+    }
+
     eprintln!("5/5 sustained end to end, 20 000 rows/s offered for 30 s ...");
     let e2e = sustained(&release, 20_000, 30).await?;
 
-    let per = |s: &Stage| rows as f64 / s.cpu;
     println!(
         "W1, {rows} rows, {} cores; checked: count and checksum equal",
         num_cores()

@@ -1,7 +1,11 @@
 //! Benchmark of reference workload W2 (MongoDB -> MongoDB through Kafka), stage by stage.
 //!
 //!     deploy/testbed.sh start && cargo build --release --bins
-//!     cargo run --release -p sluice-tests --bin bench-w2 -- [DOCS]
+//!     cargo run --release -p sluice-tests --bin bench-w2 -- [--snapshot] [DOCS]
+//!
+//! With `--snapshot`, step 2 copies the collections' contents instead of catching up with the
+//! oplog (`[snapshot] mode = "snapshot+stream"`), measured until every document is published;
+//! writes `target/bench/w2-snapshot.json`.
 //!
 //! 1. Writes DOCS (default 200 000) documents of 7 fields (about 140 bytes) into 10 collections
 //!    of the source, then a mix of updates ($set of one field) and deletes on a tenth of them,
@@ -64,8 +68,11 @@ async fn digest(c: &mongodb::Client, db: &str, coll: &str) -> (u64, u64) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let docs: i64 = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let snapshot = args.iter().any(|a| a == "--snapshot");
+    let docs: i64 = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
         .map(|a| a.parse())
         .transpose()?
         .unwrap_or(200_000);
@@ -117,22 +124,45 @@ async fn main() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    // 2. Capture catch-up.
+    // 2. Capture catch-up (or snapshot: the documents left, one event each).
     let prefix = unique("w2cdc");
+    let (start, extra, counter, name) = if snapshot {
+        let mut left = 0;
+        for c in 0..COLLECTIONS {
+            left += src
+                .database(&db)
+                .collection::<Document>(&format!("c{c}"))
+                .count_documents(doc! {})
+                .await?;
+        }
+        events = left;
+        (
+            "now".to_string(),
+            "[snapshot]\nmode = \"snapshot+stream\"\nchunk_rows = 10000\n",
+            "sluice_capture_snapshot_rows_total",
+            "capture-mongo (snapshot)",
+        )
+    } else {
+        (
+            format!("time:{}", start + 1),
+            "",
+            "sluice_capture_events_total",
+            "capture-mongo",
+        )
+    };
     let capture_config = format!(
-        "connector = \"{}\"\n[mongodb]\nuri = \"{}\"\nmode = \"oplog\"\nstart = \"time:{}\"\nbatch_size = 10000\n\
+        "connector = \"{}\"\n[mongodb]\nuri = \"{}\"\nmode = \"oplog\"\nstart = \"{start}\"\nbatch_size = 10000\n\
          [filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
-         [publish]\npartitions = 3\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
+         [publish]\npartitions = 3\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n{extra}",
         unique("w2conn"),
         mongo_source_url(),
-        start + 1,
         kafka_brokers()
     );
     let (capture, cap_child) = measure(
-        "capture-mongo",
+        name,
         &release.join("capture-mongo"),
         capture_config,
-        "sluice_capture_events_total",
+        counter,
         events,
     )
     .await?;
@@ -194,7 +224,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let out = root.join("target/bench");
     std::fs::create_dir_all(&out)?;
-    std::fs::write(out.join("w2.json"), format!("[{}]\n", json.join(",")))?;
+    let file = if snapshot { "w2-snapshot.json" } else { "w2.json" };
+    std::fs::write(out.join(file), format!("[{}]\n", json.join(",")))?;
     src.database(&db).drop().await?;
     dst.database(&db).drop().await?;
     Ok(())
