@@ -98,7 +98,6 @@ pub fn split_name(name: &str) -> Option<(String, String)> {
 /// The id of the snapshot a connector takes first.
 pub const INITIAL: &str = "initial";
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -732,7 +732,11 @@ async fn wait_metric(port: u16, name: &str, limit: Duration, ok: impl Fn(f64) ->
                 return v;
             }
         }
-        assert!(Instant::now() < deadline, "{name} at :{port}: {:?}", metric(port, name));
+        assert!(
+            Instant::now() < deadline,
+            "{name} at :{port}: {:?}",
+            metric(port, name)
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -767,9 +771,7 @@ fn concurrent_writer(
             x ^= x << 17;
             let id = 1 + x % rows;
             let sql = match n % 4 {
-                0 => format!(
-                    "UPDATE {t} SET testvarchar = 'w{n}', testint = {n} WHERE id = {id}"
-                ),
+                0 => format!("UPDATE {t} SET testvarchar = 'w{n}', testint = {n} WHERE id = {id}"),
                 1 => format!("DELETE FROM {t} WHERE id = {id}"),
                 2 => w1_insert(&db, 1_000_000 + n, 1),
                 _ => format!("UPDATE {t} SET id = {} WHERE id = {id}", 2_000_000 + n),
@@ -866,14 +868,18 @@ async fn a_capture_killed_mid_snapshot_resumes_from_the_last_chunk() {
     let deadline = Instant::now() + Duration::from_secs(120);
     let before = loop {
         let c = connector.clone();
-        let stored = tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
-            .await
-            .unwrap();
+        let stored =
+            tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
+                .await
+                .unwrap();
         let rows_stored = stored.as_ref().map(stored_rows).unwrap_or(0);
         if rows_stored >= 15_000 {
             break rows_stored;
         }
-        assert!(Instant::now() < deadline, "no snapshot progress stored: {stored:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot progress stored: {stored:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     cap.kill();
@@ -897,7 +903,9 @@ async fn a_capture_killed_mid_snapshot_resumes_from_the_last_chunk() {
     let second = metric(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
     if second >= (rows - before / 2) as f64 {
         let (_, log) = cap.stop();
-        panic!("the restarted capture published {second} rows after {before} before the kill: {log}");
+        panic!(
+            "the restarted capture published {second} rows after {before} before the kill: {log}"
+        );
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.await.unwrap();

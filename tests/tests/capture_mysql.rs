@@ -533,7 +533,10 @@ async fn starts_from_a_gtid_or_a_time() {
         .and_then(|l| l.split("file=").nth(1))
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("no file located for the start time: {log}"));
-    assert!(started_in >= flushed.as_str(), "started in {started_in}, before {flushed}: {log}");
+    assert!(
+        started_in >= flushed.as_str(),
+        "started in {started_in}, before {flushed}: {log}"
+    );
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -618,7 +621,9 @@ async fn tables_without_a_primary_key_keep_one_partition() {
 }
 
 /// The snapshot's rows, by table: (key values, after values), in key order of arrival.
-fn snapshot_rows(events: &BTreeMap<i32, Vec<ChangeEvent>>) -> Vec<(Vec<sluice_proto::v1::Value>, Vec<sluice_proto::v1::Value>)> {
+fn snapshot_rows(
+    events: &BTreeMap<i32, Vec<ChangeEvent>>,
+) -> Vec<(Vec<sluice_proto::v1::Value>, Vec<sluice_proto::v1::Value>)> {
     let mut rows: Vec<_> = events
         .values()
         .flatten()
@@ -676,9 +681,7 @@ async fn snapshots_of_empty_keyless_composite_and_string_keyed_tables() {
         format!("CREATE TABLE `{db}`.empty (id INT PRIMARY KEY)"),
         format!("CREATE TABLE `{db}`.nopk (a INT, b VARCHAR(10))"),
         format!("INSERT INTO `{db}`.nopk VALUES (1,'x'),(1,'x'),(2,NULL),(NULL,'y'),(3,'z')"),
-        format!(
-            "CREATE TABLE `{db}`.composite (a INT, b VARCHAR(20), c INT, PRIMARY KEY (b, a))"
-        ),
+        format!("CREATE TABLE `{db}`.composite (a INT, b VARCHAR(20), c INT, PRIMARY KEY (b, a))"),
         format!(
             "CREATE TABLE `{db}`.strpk (k VARCHAR(20) CHARACTER SET utf8mb4 \
              COLLATE utf8mb4_general_ci PRIMARY KEY, v INT)"
@@ -696,7 +699,10 @@ async fn snapshots_of_empty_keyless_composite_and_string_keyed_tables() {
         .enumerate()
         .map(|(i, s)| format!("('{s}', {i})"))
         .collect();
-    statements.push(format!("INSERT INTO `{db}`.strpk VALUES {}", strpk.join(",")));
+    statements.push(format!(
+        "INSERT INTO `{db}`.strpk VALUES {}",
+        strpk.join(",")
+    ));
     sql(&statements).await;
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(
         &db,
@@ -727,7 +733,10 @@ async fn snapshots_of_empty_keyless_composite_and_string_keyed_tables() {
     assert_eq!(got, want);
 
     // String key under a case- and accent-insensitive collation: every row once.
-    let events = events_of(cap.topic(&db, "strpk"), move |m| count_rows(m) >= strings.len()).await;
+    let events = events_of(cap.topic(&db, "strpk"), move |m| {
+        count_rows(m) >= strings.len()
+    })
+    .await;
     let got = snapshot_rows(&events);
     let mut want: Vec<_> = strings
         .iter()
@@ -753,11 +762,10 @@ async fn snapshots_of_empty_keyless_composite_and_string_keyed_tables() {
 
     // The empty table: no row event.
     let topic = cap.topic(&db, "empty");
-    let events = tokio::task::spawn_blocking(move || {
-        read_events(&topic, Duration::from_secs(3), |_| false)
-    })
-    .await
-    .unwrap();
+    let events =
+        tokio::task::spawn_blocking(move || read_events(&topic, Duration::from_secs(3), |_| false))
+            .await
+            .unwrap();
     assert_eq!(count_rows(&events), 0);
     assert!(log.contains("snapshot finished"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
@@ -796,8 +804,15 @@ async fn a_table_is_snapshotted_again_on_request_while_streaming_goes_on() {
     keys.sort();
     assert_eq!(keys, vec![1, 2, 3]);
     let events = events_of(cap.topic(&db, "b"), |m| count_rows(m) >= 2).await;
-    let b: Vec<(Op, i64)> = row_events(&events).iter().map(|e| (e.op(), int_key(e))).collect();
-    assert_eq!(b, vec![(Op::Insert, 2), (Op::Insert, 3)], "b is streamed, not snapshotted");
+    let b: Vec<(Op, i64)> = row_events(&events)
+        .iter()
+        .map(|e| (e.op(), int_key(e)))
+        .collect();
+    assert_eq!(
+        b,
+        vec![(Op::Insert, 2), (Op::Insert, 3)],
+        "b is streamed, not snapshotted"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (code, log) = cap.stop();
     assert_eq!(code, Some(0), "{log}");

@@ -876,7 +876,12 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
     src.database(&db).create_collection("empty").await.unwrap();
     let strid = src.database(&db).collection::<Document>("strid");
     strid
-        .insert_many(["b", "a", "é", "Z", "", "aa"].iter().enumerate().map(|(i, s)| doc! { "_id": *s, "i": i as i32 }))
+        .insert_many(
+            ["b", "a", "é", "Z", "", "aa"]
+                .iter()
+                .enumerate()
+                .map(|(i, s)| doc! { "_id": *s, "i": i as i32 }),
+        )
         .await
         .unwrap();
 
@@ -900,9 +905,12 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
                 let id = (x % n as u64) as i32;
                 match k % 4 {
                     0 => {
-                        big.update_one(doc! { "_id": id }, doc! { "$set": { "name": format!("w{k}") }, "$unset": { "tags": "" } })
-                            .await
-                            .unwrap();
+                        big.update_one(
+                            doc! { "_id": id },
+                            doc! { "$set": { "name": format!("w{k}") }, "$unset": { "tags": "" } },
+                        )
+                        .await
+                        .unwrap();
                     }
                     1 => {
                         big.delete_one(doc! { "_id": id }).await.unwrap();
@@ -929,9 +937,10 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
     let deadline = Instant::now() + Duration::from_secs(180);
     let before = loop {
         let c = connector.clone();
-        let stored = tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
-            .await
-            .unwrap();
+        let stored =
+            tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
+                .await
+                .unwrap();
         let docs = stored
             .as_ref()
             .and_then(|c| c["snapshot"]["collections"][format!("{db}.big")]["docs"].as_u64())
@@ -939,7 +948,10 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
         if docs >= 20_000 {
             break docs;
         }
-        assert!(Instant::now() < deadline, "no snapshot progress stored: {stored:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot progress stored: {stored:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     cap.kill();
@@ -952,7 +964,10 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
         if rows.is_some_and(|r| r > 0.0) && left == Some(0.0) {
             break;
         }
-        assert!(Instant::now() < deadline, "snapshot not finished: {rows:?} {left:?}");
+        assert!(
+            Instant::now() < deadline,
+            "snapshot not finished: {rows:?} {left:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -966,7 +981,15 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
         "the restarted capture copied {second} documents after {before} were stored"
     );
     for coll in ["big", "empty", "strid"] {
-        converge(&src, &dst, &db, coll, Duration::from_secs(240), &mut [&mut cap, &mut app]).await;
+        converge(
+            &src,
+            &dst,
+            &db,
+            coll,
+            Duration::from_secs(240),
+            &mut [&mut cap, &mut app],
+        )
+        .await;
     }
     // The empty collection and the index exist on the target.
     let names = dst.database(&db).list_collection_names().await.unwrap();

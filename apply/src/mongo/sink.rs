@@ -202,6 +202,7 @@ impl Writer {
             .collect();
         for round in rounds(&keys) {
             // Per collection, in first-seen order.
+            #[allow(clippy::type_complexity)] // (namespace, its writes with their indexes)
             let mut by_ns: Vec<((&str, &str), Vec<(usize, &Write)>)> = Vec::new();
             for i in round {
                 let it = &batch.items[i];

@@ -257,8 +257,8 @@ impl Capture {
             .as_ref()
             .map(|c| (c.snapshot.clone(), c.snapshots_done.clone()))
             .unwrap_or_default();
-        let snapshot_metrics = crate::mysql::snapshot::SnapshotMetrics::new(registry)
-            .expect("metrics register once");
+        let snapshot_metrics =
+            crate::mysql::snapshot::SnapshotMetrics::new(registry).expect("metrics register once");
         let resume = match checkpoint {
             Some(c) => {
                 if !c.replica_set.is_empty() && c.replica_set != replica_set {
@@ -744,8 +744,7 @@ impl Capture {
                 let (id, only) = if c.initial() && !self.snapshots_done.iter().any(|d| d == INITIAL)
                 {
                     (INITIAL.to_string(), Vec::new())
-                } else if !c.request_id.is_empty() && !self.snapshots_done.contains(&c.request_id)
-                {
+                } else if !c.request_id.is_empty() && !self.snapshots_done.contains(&c.request_id) {
                     (c.request_id.clone(), c.tables.clone())
                 } else {
                     return Ok(());
@@ -791,11 +790,7 @@ impl Capture {
                 .map(|r| {
                     r.get_document("cursor")
                         .and_then(|c| c.get_array("firstBatch"))
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|b| b.as_document().cloned())
-                                .collect()
-                        })
+                        .map(|a| a.iter().filter_map(|b| b.as_document().cloned()).collect())
                         .unwrap_or_default()
                 })?;
             for spec in specs {
@@ -974,7 +969,11 @@ impl Capture {
                     .as_mut()
                     .and_then(|s| s.collections.get_mut(name))
                     .expect("running");
-                p.after = wrapped.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+                p.after = wrapped
+                    .as_bytes()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
                 p.docs = docs;
                 since = 0;
                 self.mark().await?;
@@ -1332,7 +1331,11 @@ mod tests {
         // A snapshot under way: the last _id as hex of {v: _id}.
         let mut wrapped = RawDocumentBuf::new();
         wrapped.append("v", "k-42");
-        let after: String = wrapped.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        let after: String = wrapped
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let mut collections = std::collections::BTreeMap::new();
         collections.insert(
             "db.c".to_string(),

@@ -114,8 +114,7 @@ pub fn classify(sql: &str) -> Statement {
             }
             let mut tables = Vec::new();
             // DROP TABLE a, b, c; others name one table.
-            loop {
-                let Some(name) = words.get(j) else { break };
+            while let Some(name) = words.get(j) {
                 tables.push(table_ref(name));
                 if verb == "DROP" && words.get(j + 1).map(String::as_str) == Some(",") {
                     j += 2;

@@ -152,8 +152,7 @@ impl SnapshotRun {
         metrics: Arc<SnapshotMetrics>,
     ) -> Self {
         let pool_opts = mysql_async::PoolOpts::default().with_constraints(
-            mysql_async::PoolConstraints::new(0, config.parallel_tables.max(1))
-                .expect("0 <= max"),
+            mysql_async::PoolConstraints::new(0, config.parallel_tables.max(1)).expect("0 <= max"),
         );
         let opts = mysql_async::OptsBuilder::from_opts(opts.clone()).pool_opts(pool_opts);
         let (tx, rx) = mpsc::channel(16);
@@ -575,14 +574,13 @@ pub fn to_value(col: &v1::Column, v: My) -> Result<v1::Value, String> {
         (T::Bit, v) => Kind::Bits(int_of(&v).ok_or_else(|| bad(&v))? as u64),
         (T::Enum, v) => {
             let index = int_of(&v).ok_or_else(|| bad(&v))? as u32;
-            let label = match index {
-                0 => String::new(),
-                i => col
-                    .members
-                    .get(i as usize - 1)
-                    .cloned()
-                    .ok_or_else(|| format!("{}: ENUM index {i} beyond the members", col.name))?,
-            };
+            let label =
+                match index {
+                    0 => String::new(),
+                    i => col.members.get(i as usize - 1).cloned().ok_or_else(|| {
+                        format!("{}: ENUM index {i} beyond the members", col.name)
+                    })?,
+                };
             Kind::EnumValue(v1::EnumValue { index, label })
         }
         (T::Set, v) => {
@@ -617,16 +615,14 @@ pub fn to_value(col: &v1::Column, v: My) -> Result<v1::Value, String> {
                 Kind::TimestampMicros(0)
             } else {
                 let days = days_from_civil(i64::from(y), i64::from(m), i64::from(d));
-                let secs = days * 86_400
-                    + i64::from(hh) * 3600
-                    + i64::from(mm) * 60
-                    + i64::from(ss);
+                let secs =
+                    days * 86_400 + i64::from(hh) * 3600 + i64::from(mm) * 60 + i64::from(ss);
                 Kind::TimestampMicros(secs * 1_000_000 + i64::from(us))
             }
         }
         (T::Time, My::Time(neg, days, hh, mm, ss, us)) => {
-            let secs = ((i64::from(days) * 24 + i64::from(hh)) * 60 + i64::from(mm)) * 60
-                + i64::from(ss);
+            let secs =
+                ((i64::from(days) * 24 + i64::from(hh)) * 60 + i64::from(mm)) * 60 + i64::from(ss);
             let micros = secs * 1_000_000 + i64::from(us);
             Kind::TimeMicros(if neg { -micros } else { micros })
         }
@@ -672,15 +668,15 @@ async fn begin_snapshot(
     conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
         .await?;
     if mariadb {
-        let rows: Vec<(String, String)> = conn
-            .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
-            .await?;
+        let rows: Vec<(String, String)> =
+            conn.query("SHOW STATUS LIKE 'binlog_snapshot_%'").await?;
         let get = |n: &str| {
             rows.iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case(n))
                 .map(|(_, v)| v.clone())
         };
-        if let (Some(file), Some(pos)) = (get("Binlog_snapshot_file"), get("Binlog_snapshot_position"))
+        if let (Some(file), Some(pos)) =
+            (get("Binlog_snapshot_file"), get("Binlog_snapshot_position"))
         {
             if let Ok(pos) = pos.parse() {
                 return Ok(Some(BinlogPos { file, pos }));
@@ -690,7 +686,9 @@ async fn begin_snapshot(
     Ok(None)
 }
 
-async fn master_position(conn: &mut mysql_async::Conn) -> Result<Option<BinlogPos>, mysql_async::Error> {
+async fn master_position(
+    conn: &mut mysql_async::Conn,
+) -> Result<Option<BinlogPos>, mysql_async::Error> {
     let row: Option<mysql_async::Row> = conn.query_first("SHOW MASTER STATUS").await?;
     Ok(row.map(|r| BinlogPos {
         file: r.get(0).unwrap_or_default(),
@@ -707,17 +705,27 @@ fn transient(e: &mysql_async::Error) -> bool {
     }
 }
 
+/// One chunk to read.
+pub struct ChunkRequest {
+    pub chunk: u64,
+    pub database: String,
+    pub table: String,
+    /// The last key published; empty for the first chunk.
+    pub after: Vec<v1::Value>,
+    pub limit: u64,
+    pub mariadb: bool,
+}
+
 /// Read one chunk of a keyed table (in a task), or a whole keyless table, and send it back.
-pub async fn read_chunk(
-    pool: Pool,
-    tx: mpsc::Sender<Msg>,
-    chunk: u64,
-    database: String,
-    table: String,
-    after: Vec<v1::Value>,
-    limit: u64,
-    mariadb: bool,
-) {
+pub async fn read_chunk(pool: Pool, tx: mpsc::Sender<Msg>, r: ChunkRequest) {
+    let ChunkRequest {
+        chunk,
+        database,
+        table,
+        after,
+        limit,
+        mariadb,
+    } = r;
     let result = read_inner(&pool, &tx, chunk, &database, &table, &after, limit, mariadb).await;
     if let Err((error, transient)) = result {
         let _ = tx
@@ -791,7 +799,7 @@ async fn read_inner(
             .exec_iter(sql, mysql_async::Params::Positional(params))
             .await
             .map_err(my)?;
-        columns_match(&result.columns_ref().to_vec())?;
+        columns_match(result.columns_ref())?;
         let mut rows = Vec::with_capacity(limit.min(100_000) as usize);
         while let Some(row) = result.next().await.map_err(my)? {
             rows.push(row_of(&schema, row).map_err(|e| (e, false))?);
@@ -823,7 +831,7 @@ async fn read_inner(
         .query_iter(format!("SELECT {list} FROM {from}"))
         .await
         .map_err(my)?;
-    columns_match(&result.columns_ref().to_vec())?;
+    columns_match(result.columns_ref())?;
     let mut batch = Vec::with_capacity(1000);
     while let Some(row) = result.next().await.map_err(my)? {
         batch.push(row_of(&schema, row).map_err(|e| (e, false))?);
@@ -889,7 +897,13 @@ mod tests {
 
     #[test]
     fn civil_dates_round_trip() {
-        for secs in [0i64, 86_399, 951_782_400, 4_102_444_800, 1_709_208_000 + 3723] {
+        for secs in [
+            0i64,
+            86_399,
+            951_782_400,
+            4_102_444_800,
+            1_709_208_000 + 3723,
+        ] {
             let (y, m, d, hh, mm, ss) = civil_from_epoch(secs);
             let back = days_from_civil(y, i64::from(m), i64::from(d)) * 86_400
                 + i64::from(hh) * 3600
@@ -958,5 +972,4 @@ mod tests {
         );
         assert!(to_value(&schema.columns[0], My::Int(3)).is_err());
     }
-
 }

@@ -408,23 +408,18 @@ impl Capture {
         let (id, only, progress) = if let Some(p) = resume {
             let names: Vec<String> = p.tables.keys().cloned().collect();
             (p.id.clone(), names, Some(p))
-        } else if config.initial() && !self.snapshots_done.iter().any(|d| d == snapshot::INITIAL)
-        {
+        } else if config.initial() && !self.snapshots_done.iter().any(|d| d == snapshot::INITIAL) {
             (snapshot::INITIAL.to_string(), Vec::new(), None)
-        } else if !config.request_id.is_empty()
-            && !self.snapshots_done.contains(&config.request_id)
+        } else if !config.request_id.is_empty() && !self.snapshots_done.contains(&config.request_id)
         {
             (config.request_id.clone(), config.tables.clone(), None)
         } else {
             return Ok(());
         };
         let filter = &self.filter;
-        let listed = snapshot::list_tables(
-            &mut self.schema_conn,
-            |db, t| filter.wants(db, t),
-            &only,
-        )
-        .await?;
+        let listed =
+            snapshot::list_tables(&mut self.schema_conn, |db, t| filter.wants(db, t), &only)
+                .await?;
         let mut tables = Vec::new();
         match &progress {
             Some(p) => {
@@ -486,9 +481,10 @@ impl Capture {
     /// Between two transactions: publish the chunks read, ask for the next ones, finish the
     /// snapshot when every table is done. Returns true when a snapshot just finished.
     async fn snapshot_step(&mut self) -> Result<bool, CaptureError> {
-        let due = self.snapshot.as_ref().is_some_and(|r| {
-            r.dirty || r.wait_for.as_ref().is_some_and(|p| !self.before(p))
-        });
+        let due = self
+            .snapshot
+            .as_ref()
+            .is_some_and(|r| r.dirty || r.wait_for.as_ref().is_some_and(|p| !self.before(p)));
         if !due {
             return Ok(false);
         }
@@ -533,7 +529,8 @@ impl Capture {
                 .as_mut()
                 .filter(|f| reached(f))
                 .and_then(|f| f.ready.take().map(|r| (r, std::mem::take(&mut f.touched))));
-            if let Some(Some((_, _, Some(p)))) = run.tables[i].in_flight.as_ref().map(|f| &f.ready) {
+            if let Some(Some((_, _, Some(p)))) = run.tables[i].in_flight.as_ref().map(|f| &f.ready)
+            {
                 // Still ahead of the stream: look again when the stream gets there.
                 if run.wait_for.as_ref().is_none_or(|w| self.before_pos(p, w)) {
                     run.wait_for = Some(p.clone());
@@ -543,7 +540,9 @@ impl Capture {
                 let full = rows.len() as u64 >= run.chunk_rows;
                 let last = rows.last().map(|r| snapshot::key_of(&schema, r));
                 let t = &mut run.tables[i];
-                let sent = self.publish_snapshot_rows(t, &schema, rows, Some(&touched)).await?;
+                let sent = self
+                    .publish_snapshot_rows(t, &schema, rows, Some(&touched))
+                    .await?;
                 t.in_flight = None;
                 if let Some(k) = last {
                     t.progress.after = snapshot::encode_key(&k);
@@ -555,7 +554,11 @@ impl Capture {
                 progressed = true;
             }
             // Keyless table: publish its rows once the stream holds at the snapshot's position.
-            let at_hold = match run.tables[i].in_flight.as_ref().and_then(|f| f.hold.clone()) {
+            let at_hold = match run.tables[i]
+                .in_flight
+                .as_ref()
+                .and_then(|f| f.hold.clone())
+            {
                 Some(Some(p)) => !self.before(&p),
                 _ => false,
             };
@@ -622,12 +625,14 @@ impl Capture {
             tokio::spawn(snapshot::read_chunk(
                 run.pool.clone(),
                 run.tx.clone(),
-                chunk,
-                db,
-                table,
-                after,
-                run.chunk_rows,
-                run.mariadb,
+                snapshot::ChunkRequest {
+                    chunk,
+                    database: db,
+                    table,
+                    after,
+                    limit: run.chunk_rows,
+                    mariadb: run.mariadb,
+                },
             ));
             busy += 1;
         }
@@ -757,10 +762,11 @@ impl Capture {
             ddl: None,
             mongo: None,
         };
-        let counter = self
-            .publish_metrics
-            .events
-            .with_label_values(&[&t.database, &t.table, "snapshot_read"]);
+        let counter = self.publish_metrics.events.with_label_values(&[
+            &t.database,
+            &t.table,
+            "snapshot_read",
+        ]);
         let bytes = self
             .publish_metrics
             .bytes
@@ -1360,8 +1366,7 @@ impl Capture {
             let row = row as u32;
             let version = mysql_version(&self.file, start, row)
                 .map_err(|e| CaptureError::Definite(e.to_string()))?;
-            let mut out: Vec<(Op, Vec<v1::Value>, Option<v1::Row>, Option<v1::Row>)> =
-                Vec::with_capacity(1);
+            let mut out: Vec<RowOut> = Vec::with_capacity(1);
             match (before, after) {
                 (None, Some(a)) => out.push((Op::Insert, key_of(&a), None, Some(a))),
                 (Some(b), None) => out.push((Op::Delete, key_of(&b), Some(b), None)),
@@ -1523,6 +1528,9 @@ async fn recv_snapshot(run: &mut Option<SnapshotRun>) -> Option<Msg> {
         None => std::future::pending().await,
     }
 }
+
+/// One event a row change becomes: op, key, before, after.
+type RowOut = (Op, Vec<v1::Value>, Option<v1::Row>, Option<v1::Row>);
 
 fn op_label(op: Op) -> &'static str {
     match op {

@@ -224,7 +224,11 @@ async fn main() -> anyhow::Result<()> {
     }
     let out = root.join("target/bench");
     std::fs::create_dir_all(&out)?;
-    let file = if snapshot { "w2-snapshot.json" } else { "w2.json" };
+    let file = if snapshot {
+        "w2-snapshot.json"
+    } else {
+        "w2.json"
+    };
     std::fs::write(out.join(file), format!("[{}]\n", json.join(",")))?;
     src.database(&db).drop().await?;
     dst.database(&db).drop().await?;
