@@ -826,3 +826,27 @@ async fn a_table_is_snapshotted_again_on_request_while_streaming_goes_on() {
     assert!(!log.contains("snapshot starts"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_capture_killed_before_any_change_resumes_where_it_started() {
+    let db = unique("sluice_t_cap_first");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY)"),
+    ])
+    .await;
+    // start = "end": the position is resolved at start and must be stored at once, or a
+    // restart would resolve a later "end" and lose what came in between.
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, "end", ""));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    cap.kill();
+    sql(&[format!("INSERT INTO `{db}`.t VALUES (1), (2)")]).await;
+    cap.restart();
+    let events = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 2).await;
+    let keys: Vec<i64> = row_events(&events).iter().map(int_key).collect();
+    assert_eq!(keys, vec![1, 2]);
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("resuming from the checkpoint"), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

@@ -637,6 +637,12 @@ impl Capture {
             }
         }
         tracing::info!(from = %ts_string(from), inclusive, "tailing local.oplog.rs");
+        if self.last_ts.is_none() && !inclusive {
+            // A new capture stores where it starts before anything else: killed before its
+            // first change is checkpointed, it must not start again at a later "now".
+            self.advance(from);
+            self.mark().await?;
+        }
         let await_time = Duration::from_millis(self.config.mongodb.max_await_ms);
         loop {
             let filter = if inclusive {

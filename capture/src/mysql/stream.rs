@@ -262,6 +262,7 @@ impl Capture {
             snapshots_done: Vec::new(),
             snapshot_metrics,
         };
+        let fresh = checkpoint.is_none();
         let (progress, done) = checkpoint
             .as_ref()
             .map(|c| (c.snapshot.clone(), c.snapshots_done.clone()))
@@ -271,6 +272,11 @@ impl Capture {
         capture.read_to = capture.resume.pos;
         capture.snapshots_done = done;
         capture.next_snapshot(progress).await?;
+        if fresh && !capture.resume.file.is_empty() && capture.skip_until.is_none() {
+            // A new capture stores where it starts before anything else: killed before its
+            // first transaction is checkpointed, it must not start again at a later `end`.
+            capture.mark_now().await?;
+        }
         Ok(capture)
     }
 
