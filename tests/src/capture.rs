@@ -250,3 +250,61 @@ pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
     }
     last
 }
+
+/// The sum of a metric's samples (every label set) at a process's /metrics; None when the
+/// process does not serve it (yet).
+pub fn metric_at(port: u16, name: &str) -> Option<f64> {
+    let body = crate::bench::scrape(port)?;
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Wait until a capture's snapshot has published rows and has no table left.
+pub async fn wait_snapshot_done(port: u16, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let rows = metric_at(port, "sluice_capture_snapshot_rows_total");
+        let left = metric_at(port, "sluice_capture_snapshot_tables_remaining");
+        if rows.is_some_and(|r| r > 0.0) && left == Some(0.0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "snapshot not finished after {limit:?}: {rows:?} rows, {left:?} tables left"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Wait until the connector's stored checkpoint counts at least `at_least` snapshot rows
+/// (as `count` reads them from the checkpoint's JSON); returns the count.
+pub async fn wait_stored_snapshot_rows(
+    connector: &str,
+    at_least: u64,
+    limit: Duration,
+    count: impl Fn(&serde_json::Value) -> u64,
+) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let c = connector.to_string();
+        let stored = tokio::task::spawn_blocking(move || last_checkpoint(&c))
+            .await
+            .unwrap();
+        let n = stored.as_ref().map(&count).unwrap_or(0);
+        if n >= at_least {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot progress stored: {stored:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use serde::Deserialize;
-use sluice_tests::capture::{binlog_end, CaptureProcess};
+use sluice_tests::capture::{
+    binlog_end, metric_at, wait_snapshot_done, wait_stored_snapshot_rows, CaptureProcess,
+};
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 fn ch() -> clickhouse::Client {
@@ -709,38 +711,6 @@ async fn a_rebalance_writes_the_batch_in_hand_first() {
     assert!(log.contains("wrote the batch in hand"), "{log}");
 }
 
-/// The sum of a metric's samples (every label set) at a process's /metrics.
-fn metric(port: u16, name: &str) -> Option<f64> {
-    let body = scrape(port);
-    let values: Vec<f64> = body
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
-}
-
-/// Wait until a process's metric satisfies `ok`.
-async fn wait_metric(port: u16, name: &str, limit: Duration, ok: impl Fn(f64) -> bool) -> f64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = metric(port, name) {
-            if ok(v) {
-                return v;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} at :{port}: {:?}",
-            metric(port, name)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// A source table of `rows` W1 rows.
 async fn w1_filled(db: &str, rows: u64) {
     let mut c = w1_source(db).await;
@@ -806,27 +776,14 @@ async fn snapshot_then_stream_under_a_concurrent_writer_equals_the_source() {
     let prefix = cap.prefix.clone();
     let mut mirror = apply(&prefix, &ch_db, "mirror", &unique("g"), "");
     // The writer goes on through the whole snapshot, and a little after.
-    wait_metric(
-        cap.metrics_port,
-        "sluice_capture_snapshot_rows_total",
-        Duration::from_secs(30),
-        |v| v > 0.0,
-    )
-    .await;
-    wait_metric(
-        cap.metrics_port,
-        "sluice_capture_snapshot_tables_remaining",
-        Duration::from_secs(240),
-        |v| v == 0.0,
-    )
-    .await;
+    wait_snapshot_done(cap.metrics_port, Duration::from_secs(240)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let statements = writer.await.unwrap();
     assert!(statements > 20, "the writer ran {statements} statements");
-    let published = metric(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
-    // The writer did change rows of chunks being read: the reconciliation was exercised.
-    let left = metric(
+    let published = metric_at(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
+    // How many chunk rows the writer changed while their chunk was read (left to the stream).
+    let left = metric_at(
         cap.metrics_port,
         "sluice_capture_snapshot_rows_left_to_stream_total",
     );
@@ -858,49 +815,19 @@ async fn a_capture_killed_mid_snapshot_resumes_from_the_last_chunk() {
     let prefix = cap.prefix.clone();
     let mut mirror = apply(&prefix, &ch_db, "mirror", &unique("g"), "");
     // Kill once the stored checkpoint says a good part of the table was published.
-    let connector = cap.connector.clone();
-    let stored_rows = |c: &serde_json::Value| {
+    let before = wait_stored_snapshot_rows(&cap.connector, 15_000, Duration::from_secs(120), |c| {
         c["snapshot"]["tables"]
             .as_object()
             .map(|t| t.values().filter_map(|p| p["rows"].as_u64()).sum::<u64>())
             .unwrap_or(0)
-    };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let before = loop {
-        let c = connector.clone();
-        let stored =
-            tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
-                .await
-                .unwrap();
-        let rows_stored = stored.as_ref().map(stored_rows).unwrap_or(0);
-        if rows_stored >= 15_000 {
-            break rows_stored;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no snapshot progress stored: {stored:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     cap.kill();
     assert!(before < rows - 10_000, "killed too late: {before}");
     cap.restart();
-    wait_metric(
-        cap.metrics_port,
-        "sluice_capture_snapshot_rows_total",
-        Duration::from_secs(60),
-        |v| v > 0.0,
-    )
-    .await;
-    wait_metric(
-        cap.metrics_port,
-        "sluice_capture_snapshot_tables_remaining",
-        Duration::from_secs(240),
-        |v| v == 0.0,
-    )
-    .await;
+    wait_snapshot_done(cap.metrics_port, Duration::from_secs(240)).await;
     // The second run went on from a chunk, not from zero: it published well under the table.
-    let second = metric(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
+    let second = metric_at(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
     if second >= (rows - before / 2) as f64 {
         let (_, log) = cap.stop();
         panic!(

@@ -16,7 +16,9 @@ use mongodb::bson::{
     Regex, Timestamp,
 };
 use mongodb::Client;
-use sluice_tests::capture::CaptureProcess;
+use sluice_tests::capture::{
+    metric_at, wait_snapshot_done, wait_stored_snapshot_rows, CaptureProcess,
+};
 use sluice_tests::{kafka_brokers, mongo_source_url, mongo_target_url, unique};
 
 async fn client(url: String) -> Client {
@@ -826,19 +828,6 @@ async fn ddl_is_applied_filtered_and_ordered_by_version() {
     dst.database(&db).drop().await.unwrap();
 }
 
-fn scrape_metric(port: u16, name: &str) -> Option<f64> {
-    let body = sluice_tests::bench::scrape(port)?;
-    let values: Vec<f64> = body
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
-}
-
 /// Snapshot + stream of a 100 000-document collection (W2-like documents) under a concurrent
 /// writer, the capture killed in the middle of the copy and restarted: the copy goes on from the
 /// stored `_id`, and the target ends equal to the source, indexes included. Also an empty
@@ -933,49 +922,23 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
         })
     };
     // Kill once the stored checkpoint says a good part was copied.
-    let connector = cap.connector.clone();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let before = loop {
-        let c = connector.clone();
-        let stored =
-            tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
-                .await
-                .unwrap();
-        let docs = stored
-            .as_ref()
-            .and_then(|c| c["snapshot"]["collections"][format!("{db}.big")]["docs"].as_u64())
-            .unwrap_or(0);
-        if docs >= 20_000 {
-            break docs;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no snapshot progress stored: {stored:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let big_docs = format!("{db}.big");
+    let before = wait_stored_snapshot_rows(&cap.connector, 20_000, Duration::from_secs(180), |c| {
+        c["snapshot"]["collections"][&big_docs]["docs"]
+            .as_u64()
+            .unwrap_or(0)
+    })
+    .await;
     cap.kill();
     assert!(before < 80_000, "killed too late: {before}");
     cap.restart();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let rows = scrape_metric(cap.metrics_port, "sluice_capture_snapshot_rows_total");
-        let left = scrape_metric(cap.metrics_port, "sluice_capture_snapshot_tables_remaining");
-        if rows.is_some_and(|r| r > 0.0) && left == Some(0.0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "snapshot not finished: {rows:?} {left:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_snapshot_done(cap.metrics_port, Duration::from_secs(300)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let writes = writer.await.unwrap();
     assert!(writes > 20, "{writes} writes");
     // The restart went on from the stored _id: it copied well under the collection again.
-    let second = scrape_metric(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
+    let second = metric_at(cap.metrics_port, "sluice_capture_snapshot_rows_total").unwrap();
     assert!(
         second < f64::from(n) - before as f64 / 2.0,
         "the restarted capture copied {second} documents after {before} were stored"
