@@ -86,6 +86,14 @@ impl CaptureProcess {
         }
     }
 
+    /// Add TOML (new sections) to the config, for the next [`CaptureProcess::restart`].
+    pub fn append_config(&mut self, extra: &str) {
+        let mut text = std::fs::read_to_string(self.config.path()).unwrap();
+        text.push('\n');
+        text.push_str(extra);
+        std::fs::write(self.config.path(), text).unwrap();
+    }
+
     /// The same capture (connector, prefix, config) started again, after the last one exited
     /// or was killed.
     pub fn restart(&mut self) {

@@ -968,3 +968,91 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
     src.database(&db).drop().await.unwrap();
     dst.database(&db).drop().await.unwrap();
 }
+
+/// A re-snapshot on request: one collection copied again while the others stream, once per
+/// request id.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_collection_is_copied_again_on_request() {
+    let db = unique("sluice_m_resnap");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let (a, b) = (
+        src.database(&db).collection::<Document>("a"),
+        src.database(&db).collection::<Document>("b"),
+    );
+    a.insert_many((0..5).map(|i| doc! { "_id": i, "v": i }))
+        .await
+        .unwrap();
+    let mut cap = capture(&db, "mode = \"oplog\"", "");
+    let mut app = apply(&cap.prefix, &unique("g"), "");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.insert_one(doc! { "_id": 1, "v": 1 }).await.unwrap();
+    converge(
+        &src,
+        &dst,
+        &db,
+        "b",
+        Duration::from_secs(60),
+        &mut [&mut cap, &mut app],
+    )
+    .await;
+    // Streaming only: a's documents, written before the capture started, are not there.
+    assert_eq!(
+        dst.database(&db)
+            .collection::<Document>("a")
+            .count_documents(doc! {})
+            .await
+            .unwrap(),
+        0
+    );
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+
+    cap.append_config(&format!(
+        "[snapshot]\ntables = [\"{db}.a\"]\nrequest_id = \"again-1\"\n"
+    ));
+    cap.restart();
+    b.insert_one(doc! { "_id": 2, "v": 2 }).await.unwrap();
+    converge(
+        &src,
+        &dst,
+        &db,
+        "a",
+        Duration::from_secs(60),
+        &mut [&mut cap, &mut app],
+    )
+    .await;
+    converge(
+        &src,
+        &dst,
+        &db,
+        "b",
+        Duration::from_secs(60),
+        &mut [&mut cap, &mut app],
+    )
+    .await;
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("snapshot finished"), "{log}");
+    assert_eq!(
+        lines_with(&log, "collection copied"),
+        1,
+        "only a is copied: {log}"
+    );
+
+    // Served once.
+    cap.restart();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("snapshot starts"), "{log}");
+    stop_all(&mut [&mut app]).await;
+    src.database(&db).drop().await.unwrap();
+    dst.database(&db).drop().await.unwrap();
+}
+
+fn lines_with(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
