@@ -115,3 +115,52 @@ pub fn num_cores() -> usize {
         .map(|n| n.get())
         .unwrap_or(0)
 }
+
+/// The machine a benchmark ran on.
+pub struct Machine {
+    pub cores: usize,
+    pub memory_gib: f64,
+    pub cpu: String,
+}
+
+pub fn machine() -> Machine {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib: f64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    Machine {
+        cores: num_cores(),
+        memory_gib: kib / 1024.0 / 1024.0,
+        cpu,
+    }
+}
+
+impl Machine {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "cores": self.cores,
+            "memory_gib": (self.memory_gib * 10.0).round() / 10.0,
+            "cpu": self.cpu,
+        })
+    }
+}
+
+/// A published figure range beside ours: (measure, the report's, ours).
+pub fn print_comparison(title: &str, rows: &[(&str, String, String)]) {
+    println!("\n{title}\n");
+    println!("| measure | report | sluice, this machine |");
+    println!("|---|---|---|");
+    for (m, theirs, ours) in rows {
+        println!("| {m} | {theirs} | {ours} |");
+    }
+}

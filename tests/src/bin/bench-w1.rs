@@ -16,12 +16,17 @@
 //!    (mirror mode) and measures until ClickHouse acknowledged every row.
 //! 4. Checks the result: row count and a checksum of the mirror equal the source's, so a fast
 //!    wrong run cannot report.
-//! 5. Sustained end to end: both stages running, a writer inserts batches of 1000 rows at
-//!    20 000 rows/s for 30 s; each batch's latency runs from MariaDB acknowledging its INSERT to
-//!    ClickHouse counting its rows (polled every 20 ms): p50, p99, max, and the rate achieved.
+//! 5. Sustained end to end, the report's load generator (`insertDataTest`): both stages
+//!    running, `--tables N` W1 tables (default 5), one writer each, inserting `--batch B` rows
+//!    (default 1000) every `--every-ms T` ms (default 100) for `--seconds S` (default 30), i.e.
+//!    50 000 rows/s offered by default; each batch's latency runs from MariaDB acknowledging its
+//!    INSERT to ClickHouse counting its rows (polled every 20 ms): p50, p99, max, and the rate
+//!    achieved.
 //!
 //! For each stage: wall time, rows/s, CPU seconds of the process (from /proc), rows per CPU
-//! second and peak resident memory. Prints a table and writes `target/bench/w1.json`.
+//! second and peak resident memory. Prints a table, the machine and server versions, the
+//! report's figures beside ours (per CPU second of our processes, since the report ran on other
+//! hardware), and writes `target/bench/w1.json`.
 
 use std::time::{Duration, Instant};
 
@@ -35,9 +40,40 @@ use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let snapshot = args.iter().any(|a| a == "--snapshot");
-    let rows: u64 = args
-        .iter()
-        .find(|a| !a.starts_with("--"))
+    // `--name VALUE` options; the first bare word is ROWS.
+    let option = |name: &str, default: u64| -> anyhow::Result<u64> {
+        match args.iter().position(|a| a == name) {
+            Some(i) => Ok(args
+                .get(i + 1)
+                .ok_or_else(|| anyhow::anyhow!("{name} needs a value"))?
+                .parse()?),
+            None => Ok(default),
+        }
+    };
+    let load = Load {
+        tables: option("--tables", 5)? as usize,
+        batch: option("--batch", 1000)?,
+        every_ms: option("--every-ms", 100)?,
+        seconds: option("--seconds", 30)?,
+    };
+    anyhow::ensure!(
+        (1..=5).contains(&load.tables) && load.batch > 0 && load.every_ms > 0,
+        "--tables 1..5, --batch and --every-ms above 0"
+    );
+    let mut bare = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == "--snapshot" {
+            i += 1;
+        } else if args[i].starts_with("--") {
+            i += 2;
+        } else {
+            bare.push(args[i].clone());
+            i += 1;
+        }
+    }
+    let rows: u64 = bare
+        .first()
         .map(|a| a.parse())
         .transpose()?
         .unwrap_or(1_000_000);
@@ -223,9 +259,31 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
-    eprintln!("5/5 sustained end to end, 20 000 rows/s offered for 30 s ...");
-    let e2e = sustained(&release, 20_000, 30).await?;
+    eprintln!(
+        "5/5 sustained end to end: {} tables, {} rows every {} ms each ({} rows/s offered) for {} s ...",
+        load.tables,
+        load.batch,
+        load.every_ms,
+        load.offered(),
+        load.seconds
+    );
+    let e2e = sustained(&release, load).await?;
 
+    let machine = sluice_tests::bench::machine();
+    let mariadb: String = c.query_first("SELECT VERSION()").await?.unwrap_or_default();
+    let clickhouse: String = ch
+        .query("SELECT version()")
+        .fetch_one()
+        .await
+        .unwrap_or_default();
+    println!(
+        "Machine: {} cores ({}), {:.1} GiB; MariaDB {mariadb}, ClickHouse {clickhouse}, Kafka at {}; \
+         every server on the same machine",
+        machine.cores,
+        machine.cpu,
+        machine.memory_gib,
+        kafka_brokers()
+    );
     println!(
         "W1, {rows} rows, {} cores; checked: count and checksum equal",
         num_cores()
@@ -252,11 +310,14 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     println!(
-        "Sustained end to end: {} rows/s offered for {} s ({} rows): achieved {:.0} rows/s; \
+        "Sustained end to end ({} tables x {} rows every {} ms): {} rows/s offered for {} s ({} rows): achieved {:.0} rows/s; \
          latency MariaDB commit -> visible in ClickHouse p50 {:.3} s, p99 {:.3} s, max {:.3} s; \
          CPU capture {:.1} s, apply {:.1} s; peak RSS capture {:.1} MiB, apply {:.1} MiB",
-        e2e.offered,
-        e2e.seconds,
+        e2e.load.tables,
+        e2e.load.batch,
+        e2e.load.every_ms,
+        e2e.load.offered(),
+        e2e.load.seconds,
         e2e.rows,
         e2e.achieved,
         e2e.p50,
@@ -266,6 +327,54 @@ async fn main() -> anyhow::Result<()> {
         e2e.apply_cpu,
         e2e.capture_rss / 1048576.0,
         e2e.apply_rss / 1048576.0
+    );
+    let both_cpu = capture.cpu + apply.cpu;
+    sluice_tests::bench::print_comparison(
+        "Beside the report (Bifrost v1.6.2, W1: 4-core VMs, sync tool alone on one)",
+        &[
+            (
+                "throughput, rows/s",
+                "43 000 – 47 000 (its ceiling)".into(),
+                format!(
+                    "catch-up {:.0}, drain {:.0}; sustained {:.0} achieved of {} offered",
+                    rows as f64 / capture.wall,
+                    rows as f64 / apply.wall,
+                    e2e.achieved,
+                    e2e.load.offered()
+                ),
+            ),
+            (
+                "rows per CPU second of the sync process(es)",
+                "20 500 – 29 400 (at 160 – 210 % CPU)".into(),
+                format!(
+                    "{:.0} for both stages (capture {:.0}, apply {:.0})",
+                    rows as f64 / both_cpu,
+                    per(&capture),
+                    per(&apply)
+                ),
+            ),
+            (
+                "CPU seconds per million rows",
+                "34 – 49".into(),
+                format!("{:.1}", both_cpu / rows as f64 * 1e6),
+            ),
+            (
+                "memory",
+                "220 – 700 MB".into(),
+                format!(
+                    "capture {:.0} MiB + apply {:.0} MiB (peaks in the drain), {:.0} + {:.0} MiB sustained",
+                    capture.rss / 1048576.0,
+                    apply.rss / 1048576.0,
+                    e2e.capture_rss / 1048576.0,
+                    e2e.apply_rss / 1048576.0
+                ),
+            ),
+            (
+                "latency, commit -> visible",
+                "not reported".into(),
+                format!("p50 {:.3} s, p99 {:.3} s", e2e.p50, e2e.p99),
+            ),
+        ],
     );
     let stage_json = |s: &Stage| {
         serde_json::json!({
@@ -281,12 +390,24 @@ async fn main() -> anyhow::Result<()> {
         "benchmark": "W1 MySQL binlog -> ClickHouse",
         "rows": rows,
         "cores": num_cores(),
+        "machine": machine.json(),
+        "servers": { "mariadb": mariadb, "clickhouse": clickhouse, "kafka": kafka_brokers() },
+        "reference": {
+            "report": "Bifrost v1.6.2",
+            "rows_per_second": [43000, 47000],
+            "rows_per_cpu_second": [20500, 29400],
+            "memory_bytes": [220e6, 700e6],
+        },
+        "rows_per_cpu_second_both_stages": rows as f64 / both_cpu,
         "source_insert_seconds": write_secs,
         "capture_catch_up": stage_json(&capture),
         "apply_drain": stage_json(&apply),
         "sustained": {
-            "offered_rows_per_second": e2e.offered,
-            "seconds": e2e.seconds,
+            "tables": e2e.load.tables,
+            "batch_rows": e2e.load.batch,
+            "every_ms": e2e.load.every_ms,
+            "offered_rows_per_second": e2e.load.offered(),
+            "seconds": e2e.load.seconds,
             "rows": e2e.rows,
             "achieved_rows_per_second": e2e.achieved,
             "latency_p50_seconds": e2e.p50,
@@ -305,8 +426,14 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// INSERT of `n` W1 rows (ids from AUTO_INCREMENT), values derived from `from..from + n`.
+/// INSERT of `n` W1 rows into `binlog_field_test_1` (ids from AUTO_INCREMENT), values derived
+/// from `from..from + n`.
 fn insert_sql(db: &str, from: u64, n: u64) -> String {
+    insert_into(db, 1, from, n)
+}
+
+/// The same into `binlog_field_test_<table>`.
+fn insert_into(db: &str, table: usize, from: u64, n: u64) -> String {
     let values: Vec<String> = (from..from + n)
         .map(|k| {
             format!(
@@ -322,7 +449,7 @@ fn insert_sql(db: &str, from: u64, n: u64) -> String {
         })
         .collect();
     format!(
-        "INSERT INTO `{db}`.binlog_field_test_1 (testvarchar,testchar,testenum,testset,testtime,\
+        "INSERT INTO `{db}`.binlog_field_test_{table} (testvarchar,testchar,testenum,testset,testtime,\
          testdate,testyear,testtimestamp,testdatetime,testfloat,testdouble,testdecimal,testtext,\
          testblob,testbit,testbool,testmediumblob,testlongblob,testtinyblob,\
          test_unsinged_tinyint,test_unsinged_smallint,test_unsinged_mediumint,\
@@ -331,12 +458,26 @@ fn insert_sql(db: &str, from: u64, n: u64) -> String {
     )
 }
 
-/// Offered rate and latency, end to end: a writer inserting batches of 1000 rows at a fixed
-/// rate while both stages run; a batch's latency is from its INSERT's acknowledgement by
-/// MariaDB to the moment ClickHouse counts all its rows.
-struct Sustained {
-    offered: u64,
+/// The report's load generator (`insertDataTest`): `tables` W1 tables, one writer each,
+/// inserting `batch` rows every `every_ms` ms, for `seconds`, while both stages run. A batch's
+/// latency runs from MariaDB acknowledging its INSERT to ClickHouse counting its rows (every
+/// table's count polled every 20 ms).
+#[derive(Clone, Copy)]
+struct Load {
+    tables: usize,
+    batch: u64,
+    every_ms: u64,
     seconds: u64,
+}
+
+impl Load {
+    fn offered(&self) -> u64 {
+        self.tables as u64 * self.batch * 1000 / self.every_ms
+    }
+}
+
+struct Sustained {
+    load: Load,
     rows: u64,
     achieved: f64,
     p50: f64,
@@ -348,18 +489,17 @@ struct Sustained {
     apply_rss: f64,
 }
 
-async fn sustained(
-    release: &std::path::Path,
-    offered: u64,
-    seconds: u64,
-) -> anyhow::Result<Sustained> {
+async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sustained> {
     let db = unique("sluice_bench_e2e");
     let ch_db = format!("{db}_mirror");
     let prefix = unique("bench_e2e");
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
-    let ddl = sluice_tests::w1_create_table(&db);
     c.query_drop(format!("CREATE DATABASE `{db}`")).await?;
-    c.query_drop(ddl).await?;
+    let ddl = sluice_tests::w1_create_table(&db);
+    for t in 1..=load.tables {
+        c.query_drop(ddl.replace("binlog_field_test_1", &format!("binlog_field_test_{t}")))
+            .await?;
+    }
     let ch = clickhouse::Client::default()
         .with_url(clickhouse_url())
         .with_validation(false);
@@ -386,79 +526,111 @@ async fn sustained(
             kafka_brokers()
         ),
     )?;
-    let count = |ch: clickhouse::Client, ch_db: String| async move {
-        ch.query(&format!("SELECT count() FROM {ch_db}.binlog_field_test_1"))
-            .fetch_one::<u64>()
-            .await
-            .unwrap_or(0)
+    // Every table's row count in one query.
+    let counts_sql = (1..=load.tables)
+        .map(|t| format!("SELECT {t} AS t, count() AS n FROM {ch_db}.binlog_field_test_{t}"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let counts = |ch: clickhouse::Client, sql: String, tables: usize| async move {
+        #[derive(clickhouse::Row, serde::Deserialize)]
+        struct Count {
+            t: u8,
+            n: u64,
+        }
+        let mut out = vec![0u64; tables + 1];
+        if let Ok(rows) = ch.query(&sql).fetch_all::<Count>().await {
+            for r in rows {
+                out[r.t as usize] = r.n;
+            }
+        }
+        out
     };
-    // Warm-up: one row through the whole pipeline (topic, group, table all in place).
+    // Warm-up: one row per table through the whole pipeline (topics, group, tables in place).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    c.query_drop(insert_sql(&db, 0, 1)).await?;
+    for t in 1..=load.tables {
+        c.query_drop(insert_into(&db, t, 0, 1)).await?;
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while count(ch.clone(), ch_db.clone()).await < 1 {
-        anyhow::ensure!(Instant::now() < deadline, "warm-up row never arrived");
+    while counts(ch.clone(), counts_sql.clone(), load.tables).await[1..]
+        .iter()
+        .any(|n| *n < 1)
+    {
+        anyhow::ensure!(Instant::now() < deadline, "warm-up rows never arrived");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The watcher: (time, rows visible) every 20 ms.
+    // The watcher: (time, rows visible per table) every 20 ms.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {
-        let (ch, ch_db, stop) = (ch.clone(), ch_db.clone(), stop.clone());
+        let (ch, sql, stop) = (ch.clone(), counts_sql.clone(), stop.clone());
         tokio::spawn(async move {
             let mut seen = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let n = count(ch.clone(), ch_db.clone()).await;
+                let n = counts(ch.clone(), sql.clone(), load.tables).await;
                 seen.push((Instant::now(), n));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             seen
         })
     };
-    let batches = offered * seconds / 1000;
-    let interval = Duration::from_micros(1_000_000_000 / offered);
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let mut acked = Vec::with_capacity(batches as usize);
+    let batches = load.seconds * 1000 / load.every_ms;
     let started = Instant::now();
-    for k in 0..batches {
-        ticker.tick().await;
-        c.query_drop(insert_sql(&db, 1 + k * 1000, 1000)).await?;
-        acked.push(Instant::now());
+    let mut writers = Vec::new();
+    for t in 1..=load.tables {
+        let db = db.clone();
+        writers.push(tokio::spawn(async move {
+            let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
+            let mut ticker = tokio::time::interval(Duration::from_millis(load.every_ms));
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut acked = Vec::with_capacity(batches as usize);
+            for k in 0..batches {
+                ticker.tick().await;
+                c.query_drop(insert_into(&db, t, 1 + k * load.batch, load.batch))
+                    .await?;
+                acked.push(Instant::now());
+            }
+            anyhow::Ok(acked)
+        }));
     }
-    let total = 1 + batches * 1000;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while count(ch.clone(), ch_db.clone()).await < total {
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.push(w.await??);
+    }
+    let per_table = 1 + batches * load.batch;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while counts(ch.clone(), counts_sql.clone(), load.tables).await[1..]
+        .iter()
+        .any(|n| *n < per_table)
+    {
         anyhow::ensure!(Instant::now() < deadline, "the pipeline never caught up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let seen = watcher.await?;
-    let mut lat: Vec<f64> = acked
-        .iter()
-        .enumerate()
-        .map(|(k, t)| {
-            let need = 1 + (k as u64 + 1) * 1000;
+    let mut lat = Vec::new();
+    for (t, times) in acked.iter().enumerate() {
+        for (k, at) in times.iter().enumerate() {
+            let need = 1 + (k as u64 + 1) * load.batch;
             let visible = seen
                 .iter()
-                .find(|(at, n)| *n >= need && at >= t)
-                .map(|(at, _)| *at)
+                .find(|(when, n)| n[t + 1] >= need && when >= at)
+                .map(|(when, _)| *when)
                 .unwrap_or_else(Instant::now);
-            visible.duration_since(*t).as_secs_f64()
-        })
-        .collect();
+            lat.push(visible.duration_since(*at).as_secs_f64());
+        }
+    }
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
     let last_visible = seen
         .iter()
-        .find(|(_, n)| *n >= total)
+        .find(|(_, n)| n[1..].iter().all(|x| *x >= per_table))
         .map(|(at, _)| *at)
         .unwrap_or_else(Instant::now);
+    let rows = batches * load.batch * load.tables as u64;
     let result = Sustained {
-        offered,
-        seconds,
-        rows: batches * 1000,
-        achieved: (batches * 1000) as f64 / last_visible.duration_since(started).as_secs_f64(),
+        load,
+        rows,
+        achieved: rows as f64 / last_visible.duration_since(started).as_secs_f64(),
         p50: pct(0.5),
         p99: pct(0.99),
         max: *lat.last().unwrap_or(&0.0),

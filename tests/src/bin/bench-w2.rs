@@ -172,12 +172,14 @@ async fn main() -> anyhow::Result<()> {
     // 3. Apply drain.
     let apply_config = format!(
         "[mongodb]\nuri = \"{}\"\nmeta_database = \"{}\"\n[consumer]\ngroup_id = \"{}\"\n\
-         topics = [\"^{}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n",
+         topics = [\"^{}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n{}",
         mongo_target_url(),
         unique("w2meta"),
         unique("w2g"),
         prefix,
-        kafka_brokers()
+        kafka_brokers(),
+        // Extra apply-mongo TOML, for experiments (e.g. consumer properties).
+        std::env::var("BENCH_APPLY_EXTRA").unwrap_or_default()
     );
     let (apply, app_child) = measure(
         "apply-mongo",
@@ -201,6 +203,24 @@ async fn main() -> anyhow::Result<()> {
     println!("check: all {COLLECTIONS} target collections equal their sources (count and hash)");
 
     let cores = num_cores();
+    let machine = sluice_tests::bench::machine();
+    let version = |c: mongodb::Client| async move {
+        c.database("admin")
+            .run_command(doc! { "buildInfo": 1 })
+            .await
+            .ok()
+            .and_then(|r| r.get_str("version").ok().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let (src_version, dst_version) = (version(src.clone()).await, version(dst.clone()).await);
+    println!(
+        "\nMachine: {} cores ({}), {:.1} GiB; source MongoDB-protocol server {src_version}, \
+         target {dst_version}, Kafka at {}; every server on the same machine",
+        machine.cores,
+        machine.cpu,
+        machine.memory_gib,
+        kafka_brokers()
+    );
     println!("\nW2, {events} changes, {cores} cores\n");
     println!("| stage | wall s | events/s | CPU s | events per CPU s | peak RSS MiB |");
     println!("|---|---|---|---|---|---|");
@@ -222,6 +242,45 @@ async fn main() -> anyhow::Result<()> {
             "{{\"stage\":\"{name}\",\"events\":{events},\"wall_s\":{wall:.3},\"cpu_s\":{cpu:.3},\"peak_rss_bytes\":{rss:.0}}}"
         ));
     }
+    let both_cpu = capture.cpu + apply.cpu;
+    sluice_tests::bench::print_comparison(
+        "Beside the report (D2T real-time sync, W2: 40-core Xeon, replica sets)",
+        &[
+            (
+                "throughput, events/s",
+                "72 000 – 120 000".into(),
+                format!(
+                    "catch-up {:.0}, drain {:.0} (each alone; the servers set the wall time here)",
+                    events as f64 / capture.wall,
+                    events as f64 / apply.wall
+                ),
+            ),
+            (
+                "events per CPU second of the sync process(es)",
+                "20 000 – 50 000 (at 240 – 360 % CPU)".into(),
+                format!(
+                    "{:.0} for both stages (capture {:.0}, apply {:.0})",
+                    events as f64 / both_cpu,
+                    events as f64 / capture.cpu.max(0.01),
+                    events as f64 / apply.cpu.max(0.01)
+                ),
+            ),
+            (
+                "memory",
+                "8 – 15.7 GB".into(),
+                format!(
+                    "capture {:.0} MiB + apply {:.0} MiB (peaks)",
+                    capture.rss / 1048576.0,
+                    apply.rss / 1048576.0
+                ),
+            ),
+        ],
+    );
+    json.push(format!(
+        "{{\"machine\":{},\"servers\":{{\"source\":\"{src_version}\",\"target\":\"{dst_version}\"}},\
+         \"reference\":{{\"report\":\"D2T\",\"events_per_second\":[72000,120000],\"events_per_cpu_second\":[20000,50000],\"memory_bytes\":[8e9,15.7e9]}}}}",
+        machine.json()
+    ));
     let out = root.join("target/bench");
     std::fs::create_dir_all(&out)?;
     let file = if snapshot {
