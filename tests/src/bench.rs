@@ -164,3 +164,51 @@ pub fn print_comparison(title: &str, rows: &[(&str, String, String)]) {
         println!("| {m} | {theirs} | {ours} |");
     }
 }
+
+/// Command-line options of the benchmarks: `--name VALUE` options, `--flag` switches (listed in
+/// `switches`), and bare words.
+pub struct Args {
+    args: Vec<String>,
+    switches: &'static [&'static str],
+}
+
+impl Args {
+    pub fn from_env(switches: &'static [&'static str]) -> Self {
+        Self {
+            args: std::env::args().skip(1).collect(),
+            switches,
+        }
+    }
+
+    pub fn switch(&self, name: &str) -> bool {
+        self.args.iter().any(|a| a == name)
+    }
+
+    /// The value of `--name VALUE`, or `default`.
+    pub fn option(&self, name: &str, default: u64) -> anyhow::Result<u64> {
+        match self.args.iter().position(|a| a == name) {
+            Some(i) => Ok(self
+                .args
+                .get(i + 1)
+                .ok_or_else(|| anyhow::anyhow!("{name} needs a value"))?
+                .parse()?),
+            None => Ok(default),
+        }
+    }
+
+    /// The first word that is neither an option, a switch nor an option's value.
+    pub fn first_bare(&self) -> Option<&str> {
+        let mut i = 0;
+        while i < self.args.len() {
+            let a = &self.args[i];
+            if self.switches.contains(&a.as_str()) {
+                i += 1;
+            } else if a.starts_with("--") {
+                i += 2;
+            } else {
+                return Some(a);
+            }
+        }
+        None
+    }
+}

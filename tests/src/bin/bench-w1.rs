@@ -1,7 +1,7 @@
 //! Benchmark of reference workload W1 (MySQL binlog -> ClickHouse), stage by stage.
 //!
 //!     deploy/testbed.sh start && cargo build --release --bins
-//!     cargo run --release -p sluice-tests --bin bench-w1 -- [--snapshot] [ROWS]
+//!     cargo run --release -p sluice-tests --bin bench-w1 -- [--snapshot] [ROWS] [--tables N] [--batch B] [--every-ms T] [--seconds S]
 //!
 //! With `--snapshot`, step 2 is a snapshot instead of a catch-up: the capture starts at the end
 //! of the binlog with `[snapshot] mode = "snapshot+stream"` and reads the table in primary-key
@@ -19,7 +19,8 @@
 //! 5. Sustained end to end, the report's load generator (`insertDataTest`): both stages
 //!    running, `--tables N` W1 tables (default 5), one writer each, inserting `--batch B` rows
 //!    (default 1000) every `--every-ms T` ms (default 100) for `--seconds S` (default 30), i.e.
-//!    50 000 rows/s offered by default; each batch's latency runs from MariaDB acknowledging its
+//!    50 000 rows/s offered by default (`--every-ms 0`: as fast as the writers go, as many
+//!    batches as 10 ms apart would make); each batch's latency runs from MariaDB acknowledging its
 //!    INSERT to ClickHouse counting its rows (polled every 20 ms): p50, p99, max, and the rate
 //!    achieved.
 //!
@@ -38,42 +39,20 @@ use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let snapshot = args.iter().any(|a| a == "--snapshot");
-    // `--name VALUE` options; the first bare word is ROWS.
-    let option = |name: &str, default: u64| -> anyhow::Result<u64> {
-        match args.iter().position(|a| a == name) {
-            Some(i) => Ok(args
-                .get(i + 1)
-                .ok_or_else(|| anyhow::anyhow!("{name} needs a value"))?
-                .parse()?),
-            None => Ok(default),
-        }
-    };
+    let args = sluice_tests::bench::Args::from_env(&["--snapshot"]);
+    let snapshot = args.switch("--snapshot");
     let load = Load {
-        tables: option("--tables", 5)? as usize,
-        batch: option("--batch", 1000)?,
-        every_ms: option("--every-ms", 100)?,
-        seconds: option("--seconds", 30)?,
+        tables: args.option("--tables", 5)? as usize,
+        batch: args.option("--batch", 1000)?,
+        every_ms: args.option("--every-ms", 100)?,
+        seconds: args.option("--seconds", 30)?,
     };
     anyhow::ensure!(
-        (1..=5).contains(&load.tables) && load.batch > 0 && load.every_ms > 0,
-        "--tables 1..5, --batch and --every-ms above 0"
+        (1..=5).contains(&load.tables) && load.batch > 0,
+        "--tables 1..5, --batch above 0"
     );
-    let mut bare = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        if args[i] == "--snapshot" {
-            i += 1;
-        } else if args[i].starts_with("--") {
-            i += 2;
-        } else {
-            bare.push(args[i].clone());
-            i += 1;
-        }
-    }
-    let rows: u64 = bare
-        .first()
+    let rows: u64 = args
+        .first_bare()
         .map(|a| a.parse())
         .transpose()?
         .unwrap_or(1_000_000);
@@ -471,8 +450,11 @@ struct Load {
 }
 
 impl Load {
+    /// Rows per second offered; 0 = as fast as the writers go (`--every-ms 0`).
     fn offered(&self) -> u64 {
-        self.tables as u64 * self.batch * 1000 / self.every_ms
+        (self.tables as u64 * self.batch * 1000)
+            .checked_div(self.every_ms)
+            .unwrap_or(0)
     }
 }
 
@@ -572,18 +554,22 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
             seen
         })
     };
-    let batches = load.seconds * 1000 / load.every_ms;
+    // As fast as possible: as many batches as 10 ms apart would make.
+    let batches = load.seconds * 1000 / load.every_ms.max(10);
     let started = Instant::now();
     let mut writers = Vec::new();
     for t in 1..=load.tables {
         let db = db.clone();
         writers.push(tokio::spawn(async move {
             let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
-            let mut ticker = tokio::time::interval(Duration::from_millis(load.every_ms));
+            // --every-ms 0: as fast as the writer goes.
+            let mut ticker = tokio::time::interval(Duration::from_millis(load.every_ms.max(1)));
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             let mut acked = Vec::with_capacity(batches as usize);
             for k in 0..batches {
-                ticker.tick().await;
+                if load.every_ms > 0 {
+                    ticker.tick().await;
+                }
                 c.query_drop(insert_into(&db, t, 1 + k * load.batch, load.batch))
                     .await?;
                 acked.push(Instant::now());

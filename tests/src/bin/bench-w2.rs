@@ -1,7 +1,7 @@
 //! Benchmark of reference workload W2 (MongoDB -> MongoDB through Kafka), stage by stage.
 //!
 //!     deploy/testbed.sh start && cargo build --release --bins
-//!     cargo run --release -p sluice-tests --bin bench-w2 -- [--snapshot] [DOCS]
+//!     cargo run --release -p sluice-tests --bin bench-w2 -- [--snapshot] [DOCS] [--batch B] [--every-ms T] [--seconds S]
 //!
 //! With `--snapshot`, step 2 copies the collections' contents instead of catching up with the
 //! oplog (`[snapshot] mode = "snapshot+stream"`), measured until every document is published;
@@ -17,6 +17,13 @@
 //! 4. Checks the result: every target collection equals its source collection (count and an
 //!    order-independent hash of the documents), so a fast wrong run cannot report.
 //!
+//! 5. Sustained end to end (not with `--snapshot`): both stages running, one writer per
+//!    collection inserting `--batch B` documents (default 100) every `--every-ms T` ms (default
+//!    100) for `--seconds S` (default 10), i.e. 10 000 documents/s offered (mongo-java-server
+//!    keeps everything in its heap and falls behind at higher rates here); each batch's latency
+//!    runs from the source acknowledging its insert to the target counting its documents
+//!    (polled every 20 ms): p50, p99, max, and the rate achieved.
+//!
 //! For each stage: wall time, events/s, CPU seconds of the process, events per CPU second and
 //! peak resident memory. Prints a table and writes `target/bench/w2.json`.
 
@@ -25,7 +32,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use mongodb::bson::raw::RawDocumentBuf;
 use mongodb::bson::{doc, Document};
-use sluice_tests::bench::{measure, num_cores, stop_child, Stage};
+use sluice_tests::bench::{
+    cpu_seconds, measure, num_cores, peak_rss, spawn_stage, stop_child, Stage,
+};
 use sluice_tests::{kafka_brokers, mongo_source_url, mongo_target_url, unique};
 
 const COLLECTIONS: usize = 10;
@@ -68,11 +77,10 @@ async fn digest(c: &mongodb::Client, db: &str, coll: &str) -> (u64, u64) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let snapshot = args.iter().any(|a| a == "--snapshot");
+    let args = sluice_tests::bench::Args::from_env(&["--snapshot"]);
+    let snapshot = args.switch("--snapshot");
     let docs: i64 = args
-        .iter()
-        .find(|a| !a.starts_with("--"))
+        .first_bare()
         .map(|a| a.parse())
         .transpose()?
         .unwrap_or(200_000);
@@ -202,6 +210,22 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("check: all {COLLECTIONS} target collections equal their sources (count and hash)");
 
+    // 5. Sustained end to end (not with --snapshot).
+    let e2e = if snapshot {
+        None
+    } else {
+        let (batch, every_ms, seconds) = (
+            args.option("--batch", 100)?,
+            args.option("--every-ms", 100)?,
+            args.option("--seconds", 10)?,
+        );
+        anyhow::ensure!(batch > 0 && every_ms > 0, "--batch and --every-ms above 0");
+        eprintln!(
+            "5/5 sustained: {COLLECTIONS} collections x {batch} documents every {every_ms} ms for {seconds} s ..."
+        );
+        Some(sustained(&release, &src, &dst, batch, every_ms, seconds).await?)
+    };
+
     let cores = num_cores();
     let machine = sluice_tests::bench::machine();
     let version = |c: mongodb::Client| async move {
@@ -240,6 +264,44 @@ async fn main() -> anyhow::Result<()> {
         );
         json.push(format!(
             "{{\"stage\":\"{name}\",\"events\":{events},\"wall_s\":{wall:.3},\"cpu_s\":{cpu:.3},\"peak_rss_bytes\":{rss:.0}}}"
+        ));
+    }
+    if let Some(e) = &e2e {
+        println!(
+            "\nSustained end to end ({COLLECTIONS} collections x {} documents every {} ms): {} \
+             documents/s offered for {} s ({} documents): achieved {:.0}/s; latency insert \
+             acknowledged -> counted in the target p50 {:.3} s, p99 {:.3} s, max {:.3} s; CPU \
+             capture {:.1} s, apply {:.1} s; peak RSS capture {:.0} MiB, apply {:.0} MiB",
+            e.batch,
+            e.every_ms,
+            e.offered,
+            e.seconds,
+            e.docs,
+            e.achieved,
+            e.p50,
+            e.p99,
+            e.max,
+            e.capture_cpu,
+            e.apply_cpu,
+            e.capture_rss / 1048576.0,
+            e.apply_rss / 1048576.0
+        );
+        json.push(format!(
+            "{{\"stage\":\"sustained\",\"offered_per_second\":{},\"seconds\":{},\"documents\":{},\
+             \"achieved_per_second\":{:.1},\"latency_p50_s\":{:.4},\"latency_p99_s\":{:.4},\
+             \"latency_max_s\":{:.4},\"capture_cpu_s\":{:.3},\"apply_cpu_s\":{:.3},\
+             \"capture_peak_rss_bytes\":{:.0},\"apply_peak_rss_bytes\":{:.0}}}",
+            e.offered,
+            e.seconds,
+            e.docs,
+            e.achieved,
+            e.p50,
+            e.p99,
+            e.max,
+            e.capture_cpu,
+            e.apply_cpu,
+            e.capture_rss,
+            e.apply_rss
         ));
     }
     let both_cpu = capture.cpu + apply.cpu;
@@ -292,4 +354,176 @@ async fn main() -> anyhow::Result<()> {
     src.database(&db).drop().await?;
     dst.database(&db).drop().await?;
     Ok(())
+}
+
+struct Sustained {
+    batch: u64,
+    every_ms: u64,
+    seconds: u64,
+    offered: u64,
+    docs: u64,
+    achieved: f64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    capture_cpu: f64,
+    apply_cpu: f64,
+    capture_rss: f64,
+    apply_rss: f64,
+}
+
+/// Both stages running: one writer per collection inserting `batch` W2 documents every
+/// `every_ms` ms for `seconds`; a batch's latency runs from the source acknowledging its
+/// insert to the target counting its documents (every collection counted every 20 ms).
+async fn sustained(
+    release: &std::path::Path,
+    src: &mongodb::Client,
+    dst: &mongodb::Client,
+    batch: u64,
+    every_ms: u64,
+    seconds: u64,
+) -> anyhow::Result<Sustained> {
+    let db = unique("w2e2e");
+    let prefix = unique("w2e2ecdc");
+    // The oplog must reach back before the capture's start: one write first.
+    src.database(&db)
+        .collection::<Document>("warm")
+        .insert_one(doc! {})
+        .await?;
+    let (capture, _, _cf) = spawn_stage(
+        &release.join("capture-mongo"),
+        &format!(
+            "connector = \"{}\"\n[mongodb]\nuri = \"{}\"\nmode = \"oplog\"\nmax_await_ms = 100\n\
+             [filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
+             [publish]\npartitions = 3\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
+            unique("w2e2econn"),
+            mongo_source_url(),
+            kafka_brokers()
+        ),
+    )?;
+    let (apply, _, _af) = spawn_stage(
+        &release.join("apply-mongo"),
+        &format!(
+            "[mongodb]\nuri = \"{}\"\nmeta_database = \"{}\"\n[consumer]\ngroup_id = \"{}\"\n\
+             topics = [\"^{prefix}\\\\..*\"]\n[batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
+            mongo_target_url(),
+            unique("w2e2emeta"),
+            unique("w2e2eg"),
+            kafka_brokers()
+        ),
+    )?;
+    let counts = |dst: mongodb::Client, db: String| async move {
+        let mut out = vec![0u64; COLLECTIONS];
+        for (c, n) in out.iter_mut().enumerate() {
+            *n = dst
+                .database(&db)
+                .collection::<Document>(&format!("c{c}"))
+                .estimated_document_count()
+                .await
+                .unwrap_or(0);
+        }
+        out
+    };
+    // Warm-up: one document per collection through the whole pipeline.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for c in 0..COLLECTIONS {
+        src.database(&db)
+            .collection::<Document>(&format!("c{c}"))
+            .insert_one(w2_doc(1_000_000_000))
+            .await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counts(dst.clone(), db.clone()).await.iter().any(|n| *n < 1) {
+        anyhow::ensure!(Instant::now() < deadline, "warm-up documents never arrived");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (dst, db, stop) = (dst.clone(), db.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = counts(dst.clone(), db.clone()).await;
+                seen.push((Instant::now(), n));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            seen
+        })
+    };
+    let batches = seconds * 1000 / every_ms;
+    let started = Instant::now();
+    let mut writers = Vec::new();
+    for c in 0..COLLECTIONS {
+        let coll = src.database(&db).collection::<Document>(&format!("c{c}"));
+        writers.push(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(Duration::from_millis(every_ms));
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut acked = Vec::with_capacity(batches as usize);
+            for k in 0..batches {
+                ticker.tick().await;
+                let from = (k * batch) as i64;
+                coll.insert_many((from..from + batch as i64).map(w2_doc))
+                    .await?;
+                acked.push(Instant::now());
+            }
+            anyhow::Ok(acked)
+        }));
+    }
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.push(w.await??);
+    }
+    let want = 1 + batches * batch;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while counts(dst.clone(), db.clone())
+        .await
+        .iter()
+        .any(|n| *n < want)
+    {
+        anyhow::ensure!(Instant::now() < deadline, "the pipeline never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = watcher.await?;
+    let mut lat = Vec::new();
+    for (c, times) in acked.iter().enumerate() {
+        for (k, at) in times.iter().enumerate() {
+            let need = 1 + (k as u64 + 1) * batch;
+            let visible = seen
+                .iter()
+                .find(|(when, n)| n[c] >= need && when >= at)
+                .map(|(when, _)| *when)
+                .unwrap_or_else(Instant::now);
+            lat.push(visible.duration_since(*at).as_secs_f64());
+        }
+    }
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
+    let last_visible = seen
+        .iter()
+        .find(|(_, n)| n.iter().all(|x| *x >= want))
+        .map(|(at, _)| *at)
+        .unwrap_or_else(Instant::now);
+    let docs = batches * batch * COLLECTIONS as u64;
+    let result = Sustained {
+        batch,
+        every_ms,
+        seconds,
+        offered: COLLECTIONS as u64 * batch * 1000 / every_ms,
+        docs,
+        achieved: docs as f64 / last_visible.duration_since(started).as_secs_f64(),
+        p50: pct(0.5),
+        p99: pct(0.99),
+        max: *lat.last().unwrap_or(&0.0),
+        capture_cpu: cpu_seconds(capture.id())?,
+        apply_cpu: cpu_seconds(apply.id())?,
+        capture_rss: peak_rss(capture.id())?,
+        apply_rss: peak_rss(apply.id())?,
+    };
+    stop_child(capture);
+    stop_child(apply);
+    src.database(&db).drop().await?;
+    dst.database(&db).drop().await?;
+    Ok(result)
 }
