@@ -129,9 +129,11 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let apply_config = format!(
         "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n[consumer]\ngroup_id = \"{prefix}\"\n\
-         topics = [\"^{prefix}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n",
+         topics = [\"^{prefix}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n{}",
         clickhouse_url(),
-        kafka_brokers()
+        kafka_brokers(),
+        // Extra apply-clickhouse TOML, for experiments (e.g. consumer properties).
+        std::env::var("BENCH_APPLY_EXTRA").unwrap_or_default()
     );
     let (apply, child) = measure(
         "apply-clickhouse",
