@@ -72,6 +72,31 @@ fn apply(prefix: &str, group: &str, extra: &str) -> CaptureProcess {
     CaptureProcess::spawn_binary("apply-mongo", (text, String::new(), String::new()))
 }
 
+/// Wait until a capture reading from "now" has fixed its start: in oplog mode it stores that
+/// position as its first checkpoint; change streams get a few seconds to open.
+async fn started(cap: &CaptureProcess, oplog: bool) {
+    if !oplog {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let c = cap.connector.clone();
+        let stored =
+            tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
+                .await
+                .unwrap();
+        if stored.is_some() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the capture stored no start position in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Every document of a collection, raw, in `_id` order (the server's own order of BSON values).
 async fn documents(c: &Client, db: &str, coll: &str) -> Vec<RawDocumentBuf> {
     c.database(db)
@@ -286,7 +311,7 @@ async fn changes_of_every_kind(mode: &str) {
         &format!("exclude = [\"{db}\\\\.skipped\"]"),
     );
     let mut app = apply(&cap.prefix, &unique("g"), "");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    started(&cap, mode == "oplog").await;
     if !scope.is_empty() {
         dst.database(&db)
             .collection::<Document>("a")
@@ -461,7 +486,7 @@ async fn kill_nine_of_both_stages_under_load_loses_nothing() {
     let mut cap = capture(&db, "mode = \"oplog\"", "");
     let group = unique("g");
     let mut app = apply(&cap.prefix, &group, "");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    started(&cap, true).await;
     let writer = {
         let src = src.clone();
         let db = db.clone();
@@ -544,7 +569,7 @@ async fn refused_writes_are_dead_lettered_and_the_stream_goes_on() {
         &unique("g"),
         &format!("[errors]\ndead_letter_topic = \"{dead_topic}\"\n[namespaces]\n\"{db}\" = \"{mapped}\"\n"),
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    started(&cap, true).await;
     let a = src.database(&db).collection::<Document>("a");
     a.insert_one(doc! { "_id": 1, "email": "x@example.com" })
         .await
@@ -987,7 +1012,7 @@ async fn a_collection_is_copied_again_on_request() {
         .unwrap();
     let mut cap = capture(&db, "mode = \"oplog\"", "");
     let mut app = apply(&cap.prefix, &unique("g"), "");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    started(&cap, true).await;
     b.insert_one(doc! { "_id": 1, "v": 1 }).await.unwrap();
     converge(
         &src,
