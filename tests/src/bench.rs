@@ -212,3 +212,16 @@ impl Args {
         None
     }
 }
+
+/// The workspace's `target/release`, checked to hold the stages a benchmark runs.
+pub fn release_dir(binaries: &[&str]) -> anyhow::Result<std::path::PathBuf> {
+    let release = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release");
+    for b in binaries {
+        anyhow::ensure!(
+            release.join(b).exists(),
+            "{} is missing: run `cargo build --release --bins` first",
+            release.join(b).display()
+        );
+    }
+    Ok(release)
+}

@@ -57,14 +57,7 @@ async fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(1_000_000);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let release = root.join("target/release");
-    for b in ["capture-mysql", "apply-clickhouse"] {
-        anyhow::ensure!(
-            release.join(b).exists(),
-            "{} is missing: run `cargo build --release --bins` first",
-            release.join(b).display()
-        );
-    }
+    let release = sluice_tests::bench::release_dir(&["capture-mysql", "apply-clickhouse"])?;
     let db = unique("sluice_bench");
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
     let ddl = sluice_tests::w1_create_table(&db);

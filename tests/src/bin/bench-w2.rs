@@ -85,14 +85,7 @@ async fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(200_000);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let release = root.join("target/release");
-    for b in ["capture-mongo", "apply-mongo"] {
-        anyhow::ensure!(
-            release.join(b).exists(),
-            "{} is missing: run `cargo build --release --bins` first",
-            release.join(b).display()
-        );
-    }
+    let release = sluice_tests::bench::release_dir(&["capture-mongo", "apply-mongo"])?;
     let src = mongodb::Client::with_uri_str(mongo_source_url()).await?;
     let dst = mongodb::Client::with_uri_str(mongo_target_url()).await?;
     let db = unique("w2");
