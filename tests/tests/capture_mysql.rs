@@ -850,3 +850,93 @@ async fn a_new_capture_killed_before_any_change_resumes_where_it_started() {
     assert!(log.contains("resuming from the checkpoint"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyless_table_snapshot_under_a_writer_has_every_row_once() {
+    let db = unique("sluice_t_snap_nopk");
+    let mut statements = vec![
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.nopk (v INT, pad VARCHAR(40))"),
+    ];
+    for b in 0..20 {
+        let values: Vec<String> = (b * 1000..(b + 1) * 1000)
+            .map(|v| format!("({v}, 'row {v}')"))
+            .collect();
+        statements.push(format!(
+            "INSERT INTO `{db}`.nopk VALUES {}",
+            values.join(",")
+        ));
+    }
+    sql(&statements).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (db, stop) = (db.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+                .await
+                .unwrap();
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                c.query_drop(format!(
+                    "INSERT INTO `{db}`.nopk VALUES ({}, 'new')",
+                    100_000 + n
+                ))
+                .await
+                .unwrap();
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            n
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(
+        &db,
+        "end",
+        "[snapshot]\nmode = \"snapshot+stream\"\n",
+    ));
+    sluice_tests::capture::wait_snapshot_done(cap.metrics_port, Duration::from_secs(120)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let inserted = writer.await.unwrap();
+    assert!(inserted > 10, "the writer inserted {inserted} rows");
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    let mut want: Vec<i64> = c.query(format!("SELECT v FROM `{db}`.nopk")).await.unwrap();
+    want.sort();
+    let n = want.len();
+    let events = events_of(cap.topic(&db, "nopk"), move |m| count_rows(m) >= n).await;
+    let mut got: Vec<i64> = events
+        .values()
+        .flatten()
+        .filter(|e| e.key.is_some())
+        .map(|e| match e.after.as_ref().unwrap().values[0].kind {
+            Some(Kind::Int(v)) => v,
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    got.sort();
+    // Every row once: the snapshot's (as of its position) and the inserts after it.
+    if got != want {
+        let g: std::collections::BTreeMap<i64, usize> =
+            got.iter().fold(Default::default(), |mut m, v| {
+                *m.entry(*v).or_default() += 1;
+                m
+            });
+        let twice: Vec<_> = g.iter().filter(|(_, n)| **n > 1).take(10).collect();
+        let missing: Vec<_> = want
+            .iter()
+            .filter(|v| !g.contains_key(v))
+            .take(10)
+            .collect();
+        panic!(
+            "{} events for {} rows; published twice {twice:?}; missing {missing:?}",
+            got.len(),
+            want.len()
+        );
+    }
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

@@ -218,6 +218,13 @@ impl SnapshotRun {
         }
     }
 
+    /// The table (by key prefix) is in this snapshot and not published yet.
+    pub fn pending_table(&self, key_prefix: &[u8]) -> bool {
+        self.tables
+            .iter()
+            .any(|t| !t.progress.done && t.key_prefix == key_prefix)
+    }
+
     /// Rebuild the list of tables whose keys are watched (after chunks were asked or ended).
     pub fn refresh_watch(&mut self) {
         self.watch = self

@@ -565,7 +565,15 @@ impl Capture {
                 .as_ref()
                 .and_then(|f| f.hold.clone())
             {
-                Some(Some(p)) => !self.before(&p),
+                Some(Some(p)) if self.before(&p) => {
+                    // The stream has still to get there: look again when it does (its rows
+                    // may all have come already, and no message would wake us).
+                    if run.wait_for.as_ref().is_none_or(|w| self.before_pos(&p, w)) {
+                        run.wait_for = Some(p);
+                    }
+                    false
+                }
+                Some(Some(_)) => true,
                 _ => false,
             };
             if at_hold {
@@ -1316,6 +1324,16 @@ impl Capture {
         let Some(entry) = self.decoders.get(&rows.table_id()) else {
             return Ok(()); // a table the filter leaves out
         };
+        if entry.schema.primary_key.is_empty()
+            && self
+                .snapshot
+                .as_ref()
+                .is_some_and(|r| r.pending_table(&entry.key_prefix))
+        {
+            // A keyless table waiting for its snapshot: the snapshot, taken at a later
+            // position, holds these rows; published here too they would be there twice.
+            return Ok(());
+        }
         let changes = entry
             .decoder
             .decode_event(rows)
