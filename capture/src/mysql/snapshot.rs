@@ -138,6 +138,9 @@ pub struct SnapshotRun {
     watch: Vec<(Vec<u8>, usize)>,
     /// Something to do: a message arrived, a chunk ended, a DDL happened.
     pub dirty: bool,
+    /// The progress as the checkpoints carry it, rebuilt when it changes (every checkpoint
+    /// holds it, and one is queued per transaction).
+    shared: Arc<SnapshotProgress>,
     /// A chunk read waits for the stream to reach this position.
     pub wait_for: Option<BinlogPos>,
 }
@@ -156,7 +159,7 @@ impl SnapshotRun {
         );
         let opts = mysql_async::OptsBuilder::from_opts(opts.clone()).pool_opts(pool_opts);
         let (tx, rx) = mpsc::channel(16);
-        let run = Self {
+        let mut run = Self {
             id,
             tables,
             parallel: config.parallel_tables,
@@ -170,20 +173,28 @@ impl SnapshotRun {
             watch: Vec::new(),
             dirty: true,
             wait_for: None,
+            shared: Arc::default(),
         };
+        run.refresh_progress();
         run.update_metrics();
         run
     }
 
-    pub fn progress(&self) -> SnapshotProgress {
-        SnapshotProgress {
+    /// The progress for a checkpoint (shared, not copied).
+    pub fn progress(&self) -> Arc<SnapshotProgress> {
+        self.shared.clone()
+    }
+
+    /// Rebuild the shared progress after a table's progress changed.
+    pub fn refresh_progress(&mut self) {
+        self.shared = Arc::new(SnapshotProgress {
             id: self.id.clone(),
             tables: self
                 .tables
                 .iter()
                 .map(|t| (t.name.clone(), t.progress.clone()))
                 .collect(),
-        }
+        });
     }
 
     pub fn done(&self) -> bool {
@@ -251,6 +262,7 @@ impl SnapshotRun {
                 }
             }
         }
+        self.refresh_progress();
         self.refresh_watch();
     }
 

@@ -271,7 +271,9 @@ impl Capture {
         capture.file = capture.resume.file.clone();
         capture.read_to = capture.resume.pos;
         capture.snapshots_done = done;
-        capture.next_snapshot(progress).await?;
+        capture
+            .next_snapshot(progress.map(|p| (*p).clone()))
+            .await?;
         if fresh && !capture.resume.file.is_empty() && capture.skip_until.is_none() {
             // A new capture stores where it starts before anything else: killed before its
             // first transaction is checkpointed, it must not start again at a later `end`.
@@ -654,6 +656,7 @@ impl Capture {
         if progressed {
             run.update_metrics();
             // The checkpoint carries the progress: a restart goes on from here.
+            run.refresh_progress();
             let progress = Some(run.progress());
             self.mark_with(progress).await?;
         }
@@ -829,7 +832,7 @@ impl Capture {
 
     async fn mark_with(
         &mut self,
-        snapshot: Option<snapshot::SnapshotProgress>,
+        snapshot: Option<std::sync::Arc<snapshot::SnapshotProgress>>,
     ) -> Result<(), CaptureError> {
         let checkpoint = Checkpoint {
             next: self.resume.clone(),
