@@ -89,7 +89,7 @@ sqlq "CREATE DATABASE $db;
       DELETE FROM $db.orders WHERE id = 2;"
 echo "(4 row changes and a CREATE TABLE in $db.orders; the events on topic demo.$db.orders:)"
 sleep 1
-"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --count 8 ||
+"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --count 8 --wait 30 ||
   { echo "capture-mysql said:"; cat "$demo_config.log"; exit 1; }
 echo
 echo "(and the mirror table demo.orders in ClickHouse, SELECT ... FINAL WHERE _deleted = 0:)"
@@ -152,7 +152,7 @@ mongo "$SLUICE_MONGO_SOURCE_URL" '{"update": "orders", "updates": [
   {"q": {"_id": 1}, "u": {"$set": {"price": {"$numberDecimal": "3.75"}}, "$unset": {"tags": ""}}}]}' >/dev/null
 mongo "$SLUICE_MONGO_SOURCE_URL" '{"delete": "orders", "deletes": [{"q": {"_id": 2}, "limit": 1}]}' >/dev/null
 echo "(2 inserts, an update and a delete in $mdb.orders; the events on topic demo.$mdb.orders:)"
-"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$mdb.orders" --count 4 ||
+"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$mdb.orders" --count 4 --wait 30 ||
   { echo "capture-mongo said:"; cat "$mcap_config.log"; exit 1; }
 echo
 echo "(and $mdb.orders in the target MongoDB:)"

@@ -2,6 +2,7 @@
 //! the schema topic (MongoDB documents as relaxed extended JSON). For operators and the demo.
 //!
 //!     sluice-events --brokers 127.0.0.1:9092 --topic sluice.shop.orders [--count 10] [--follow]
+//!         [--wait SECONDS]
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -32,6 +33,10 @@ struct Args {
     /// Keep waiting for new events (otherwise stop at the end of the topic).
     #[arg(long)]
     follow: bool,
+    /// Wait up to this many seconds for the topic to exist and, with --count, for that many
+    /// events (for scripts that write and then look).
+    #[arg(long, default_value_t = 0)]
+    wait: u64,
 }
 
 fn consumer(brokers: &str) -> BaseConsumer {
@@ -45,31 +50,43 @@ fn consumer(brokers: &str) -> BaseConsumer {
 }
 
 /// Read a topic from the beginning to its end (or forever with `follow`).
-fn read(brokers: &str, topic: &str, follow: bool, mut each: impl FnMut(&[u8]) -> bool) {
+fn read(
+    brokers: &str,
+    topic: &str,
+    follow: bool,
+    wait: Duration,
+    mut each: impl FnMut(&[u8]) -> bool,
+) -> bool {
     let c = consumer(brokers);
-    let md = match c.fetch_metadata(Some(topic), Duration::from_secs(10)) {
-        Ok(md) => md,
-        Err(e) => {
-            eprintln!("sluice-events: {topic}: {e}");
-            std::process::exit(1);
+    let deadline = Instant::now() + wait;
+    let t = loop {
+        let md = match c.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+            Ok(md) => md,
+            Err(e) => {
+                eprintln!("sluice-events: {topic}: {e}");
+                std::process::exit(1);
+            }
+        };
+        if let Some(t) = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+        {
+            break t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>();
         }
-    };
-    let Some(t) = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic && t.error().is_none())
-    else {
-        eprintln!("sluice-events: topic {topic} does not exist");
-        std::process::exit(1);
+        if Instant::now() >= deadline {
+            return false; // no such topic
+        }
+        std::thread::sleep(Duration::from_millis(200));
     };
     let mut tpl = TopicPartitionList::new();
-    for p in t.partitions() {
-        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+    for p in &t {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)
             .expect("partition");
     }
     c.assign(&tpl).expect("assign");
     let mut at_end = 0;
-    let partitions = t.partitions().len();
+    let partitions = t.len();
     let mut idle_since = Instant::now();
     loop {
         match c.poll(Duration::from_millis(200)) {
@@ -77,24 +94,42 @@ fn read(brokers: &str, topic: &str, follow: bool, mut each: impl FnMut(&[u8]) ->
                 idle_since = Instant::now();
                 if let Some(p) = m.payload() {
                     if !each(p) {
-                        return;
+                        return true;
                     }
                 }
             }
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => {
                 at_end += 1;
-                if at_end >= partitions && !follow {
-                    return;
+                if at_end >= partitions && !follow && Instant::now() >= deadline {
+                    return true;
                 }
             }
             Some(Err(e)) => {
                 eprintln!("sluice-events: {e}");
                 std::process::exit(1);
             }
-            None if !follow && idle_since.elapsed() > Duration::from_secs(10) => return,
+            None if !follow
+                && idle_since.elapsed() > Duration::from_secs(10)
+                && Instant::now() >= deadline =>
+            {
+                return true;
+            }
             None => {}
         }
     }
+}
+
+/// Every schema of the schema topic, by id.
+fn load_schemas(brokers: &str, topic: &str, schemas: &mut HashMap<u64, TableSchema>) {
+    // No schema topic (a MongoDB-only deployment): no column names to show.
+    let _ = read(brokers, topic, false, Duration::ZERO, |p| {
+        if let Ok(r) = SchemaRecord::decode(p) {
+            if let Some(s) = r.schema {
+                schemas.insert(s.schema_id, s);
+            }
+        }
+        true
+    });
 }
 
 fn render(v: &Value) -> String {
@@ -176,20 +211,18 @@ fn row(schema: Option<&TableSchema>, values: &[Value]) -> String {
 fn main() {
     let args = Args::parse();
     let mut schemas: HashMap<u64, TableSchema> = HashMap::new();
-    read(&args.brokers, &args.schema_topic, false, |p| {
-        if let Ok(r) = SchemaRecord::decode(p) {
-            if let Some(s) = r.schema {
-                schemas.insert(s.schema_id, s);
-            }
-        }
-        true
-    });
+    load_schemas(&args.brokers, &args.schema_topic, &mut schemas);
     let mut printed = 0;
-    read(&args.brokers, &args.topic, args.follow, |p| {
+    let wait = Duration::from_secs(args.wait);
+    let found = read(&args.brokers, &args.topic, args.follow, wait, |p| {
         let Ok(e) = ChangeEvent::decode(p) else {
             println!("(not a change event: {} bytes)", p.len());
             return true;
         };
+        if e.schema_id != 0 && !schemas.contains_key(&e.schema_id) {
+            // A schema published after the schema topic was read.
+            load_schemas(&args.brokers, &args.schema_topic, &mut schemas);
+        }
         let schema = schemas.get(&e.schema_id).or(e.schema.as_ref());
         let op = format!("{:?}", e.op()).to_uppercase();
         let mut line = format!("{op:<8} {}.{} v{}", e.database, e.table, e.version);
@@ -225,4 +258,8 @@ fn main() {
         printed += 1;
         args.count.is_none_or(|n| printed < n)
     });
+    if !found {
+        eprintln!("sluice-events: topic {} does not exist", args.topic);
+        std::process::exit(1);
+    }
 }
