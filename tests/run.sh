@@ -23,6 +23,11 @@ if [ ${#services[@]} -gt 0 ]; then
   for s in "${services[@]}"; do
     grep -q "^$s *running" <<<"$status" || started+=("$s")
   done
+  # mongo-java-server keeps every document and oplog entry in its heap, which a long-lived one
+  # fills until it slows down: each run gets a fresh one (it holds nothing worth keeping).
+  if [[ " ${services[*]} " == *" mongo "* ]] && grep -q "^mongo *running" <<<"$status"; then
+    deploy/testbed.sh stop mongo
+  fi
   deploy/testbed.sh start "${services[@]}"
 fi
 stop_started() {
