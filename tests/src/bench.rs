@@ -225,3 +225,42 @@ pub fn release_dir(binaries: &[&str]) -> anyhow::Result<std::path::PathBuf> {
     }
     Ok(release)
 }
+
+/// Latencies of a sustained run: writer `w`'s batch `k` (acknowledged at `acked[w][k]`) is
+/// visible at the first poll (`seen`: time, rows counted per writer's target) at or after its
+/// acknowledgement that counts `1 + (k + 1) * batch` rows (one warm-up row each).
+pub struct Latencies {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    /// When every writer's rows were all visible.
+    pub all_visible: Instant,
+}
+
+pub fn latencies(acked: &[Vec<Instant>], seen: &[(Instant, Vec<u64>)], batch: u64) -> Latencies {
+    let mut lat = Vec::new();
+    for (w, times) in acked.iter().enumerate() {
+        for (k, at) in times.iter().enumerate() {
+            let need = 1 + (k as u64 + 1) * batch;
+            let visible = seen
+                .iter()
+                .find(|(when, n)| n[w] >= need && when >= at)
+                .map(|(when, _)| *when)
+                .unwrap_or_else(Instant::now);
+            lat.push(visible.duration_since(*at).as_secs_f64());
+        }
+    }
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
+    let want: Vec<u64> = acked.iter().map(|t| 1 + t.len() as u64 * batch).collect();
+    Latencies {
+        p50: pct(0.5),
+        p99: pct(0.99),
+        max: *lat.last().unwrap_or(&0.0),
+        all_visible: seen
+            .iter()
+            .find(|(_, n)| n.iter().zip(&want).all(|(x, w)| x >= w))
+            .map(|(at, _)| *at)
+            .unwrap_or_else(Instant::now),
+    }
+}

@@ -514,10 +514,10 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
             t: u8,
             n: u64,
         }
-        let mut out = vec![0u64; tables + 1];
+        let mut out = vec![0u64; tables];
         if let Ok(rows) = ch.query(&sql).fetch_all::<Count>().await {
             for r in rows {
-                out[r.t as usize] = r.n;
+                out[r.t as usize - 1] = r.n;
             }
         }
         out
@@ -528,7 +528,8 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
         c.query_drop(insert_into(&db, t, 0, 1)).await?;
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while counts(ch.clone(), counts_sql.clone(), load.tables).await[1..]
+    while counts(ch.clone(), counts_sql.clone(), load.tables)
+        .await
         .iter()
         .any(|n| *n < 1)
     {
@@ -578,7 +579,8 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
     }
     let per_table = 1 + batches * load.batch;
     let deadline = Instant::now() + Duration::from_secs(180);
-    while counts(ch.clone(), counts_sql.clone(), load.tables).await[1..]
+    while counts(ch.clone(), counts_sql.clone(), load.tables)
+        .await
         .iter()
         .any(|n| *n < per_table)
     {
@@ -588,33 +590,15 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
     tokio::time::sleep(Duration::from_millis(50)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let seen = watcher.await?;
-    let mut lat = Vec::new();
-    for (t, times) in acked.iter().enumerate() {
-        for (k, at) in times.iter().enumerate() {
-            let need = 1 + (k as u64 + 1) * load.batch;
-            let visible = seen
-                .iter()
-                .find(|(when, n)| n[t + 1] >= need && when >= at)
-                .map(|(when, _)| *when)
-                .unwrap_or_else(Instant::now);
-            lat.push(visible.duration_since(*at).as_secs_f64());
-        }
-    }
-    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
-    let last_visible = seen
-        .iter()
-        .find(|(_, n)| n[1..].iter().all(|x| *x >= per_table))
-        .map(|(at, _)| *at)
-        .unwrap_or_else(Instant::now);
+    let l = sluice_tests::bench::latencies(&acked, &seen, load.batch);
     let rows = batches * load.batch * load.tables as u64;
     let result = Sustained {
         load,
         rows,
-        achieved: rows as f64 / last_visible.duration_since(started).as_secs_f64(),
-        p50: pct(0.5),
-        p99: pct(0.99),
-        max: *lat.last().unwrap_or(&0.0),
+        achieved: rows as f64 / l.all_visible.duration_since(started).as_secs_f64(),
+        p50: l.p50,
+        p99: l.p99,
+        max: l.max,
         capture_cpu: cpu_seconds(capture.id())?,
         apply_cpu: cpu_seconds(apply.id())?,
         capture_rss: peak_rss(capture.id())?,

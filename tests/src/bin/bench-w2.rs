@@ -479,25 +479,7 @@ async fn sustained(
     tokio::time::sleep(Duration::from_millis(50)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let seen = watcher.await?;
-    let mut lat = Vec::new();
-    for (c, times) in acked.iter().enumerate() {
-        for (k, at) in times.iter().enumerate() {
-            let need = 1 + (k as u64 + 1) * batch;
-            let visible = seen
-                .iter()
-                .find(|(when, n)| n[c] >= need && when >= at)
-                .map(|(when, _)| *when)
-                .unwrap_or_else(Instant::now);
-            lat.push(visible.duration_since(*at).as_secs_f64());
-        }
-    }
-    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
-    let last_visible = seen
-        .iter()
-        .find(|(_, n)| n.iter().all(|x| *x >= want))
-        .map(|(at, _)| *at)
-        .unwrap_or_else(Instant::now);
+    let l = sluice_tests::bench::latencies(&acked, &seen, batch);
     let docs = batches * batch * COLLECTIONS as u64;
     let result = Sustained {
         batch,
@@ -505,10 +487,10 @@ async fn sustained(
         seconds,
         offered: COLLECTIONS as u64 * batch * 1000 / every_ms,
         docs,
-        achieved: docs as f64 / last_visible.duration_since(started).as_secs_f64(),
-        p50: pct(0.5),
-        p99: pct(0.99),
-        max: *lat.last().unwrap_or(&0.0),
+        achieved: docs as f64 / l.all_visible.duration_since(started).as_secs_f64(),
+        p50: l.p50,
+        p99: l.p99,
+        max: l.max,
         capture_cpu: cpu_seconds(capture.id())?,
         apply_cpu: cpu_seconds(apply.id())?,
         capture_rss: peak_rss(capture.id())?,
