@@ -885,6 +885,7 @@ fn row_of(schema: &TableSchema, row: mysql_async::Row) -> Result<v1::Row, String
     Ok(v1::Row { values: out })
 }
 
+/// The primary-key values of a row (empty for keyless tables).
 pub fn key_of(schema: &TableSchema, row: &v1::Row) -> Vec<v1::Value> {
     schema
         .primary_key
@@ -892,8 +893,6 @@ pub fn key_of(schema: &TableSchema, row: &v1::Row) -> Vec<v1::Value> {
         .map(|i| row.values[*i as usize].clone())
         .collect()
 }
-
-pub type SharedSchema = Arc<TableSchema>;
 
 #[cfg(test)]
 mod tests {

@@ -1382,13 +1382,7 @@ impl Capture {
         };
         let mut payload = Vec::with_capacity(512);
         let mut key_bytes = Vec::with_capacity(64);
-        let key_of = |r: &v1::Row| -> Vec<v1::Value> {
-            schema
-                .primary_key
-                .iter()
-                .map(|i| r.values[*i as usize].clone())
-                .collect()
-        };
+        let key_of = |r: &v1::Row| snapshot::key_of(&schema, r);
         for (row, (before, after)) in changes.into_iter().enumerate() {
             let row = row as u32;
             let version = mysql_version(&self.file, start, row)
