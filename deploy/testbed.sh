@@ -6,6 +6,9 @@
 #   deploy/testbed.sh status               what runs where
 #   deploy/testbed.sh env                  the environment variables the tests and tools read
 #   deploy/testbed.sh clean                stop everything and delete the test bed's data
+#   deploy/testbed.sh tools                install the deployment files' checkers (hadolint,
+#                                          check-jsonschema, kubernetes-validate) in a
+#                                          virtualenv under the cache; print its bin folder
 #
 # SERVICE is one of: mariadb kafka clickhouse mongo (default: all).
 #
@@ -345,6 +348,24 @@ mongo_start() {
 mongo_stop() { stop_pidfile mongo "$mongo_dir/pid"; }
 
 # ---------------------------------------------------------------------------------------------
+# The checkers of the deployment files, pinned in testbed/tools-requirements.txt; reinstalled
+# when that file changes.
+
+tools() {
+  local venv=$cache/tools req=$here/testbed/tools-requirements.txt
+  local want
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$want" ]; then
+    command -v python3 >/dev/null || die "python3 is needed for the deployment checkers"
+    log "installing the deployment checkers into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv" || die "cannot create a virtualenv in $venv (python3 -m venv)"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$req" >&2 ||
+      die "cannot install $req from PyPI"
+    echo "$want" >"$venv/.installed"
+  fi
+  echo "$venv/bin"
+}
 
 print_env() {
   cat <<EOF
@@ -400,6 +421,10 @@ case $cmd in
     ;;
   status) status ;;
   env) print_env ;;
+  tools)
+    mkdir -p "$cache"
+    tools
+    ;;
   clean)
     "$0" stop
     rm -rf "$state"

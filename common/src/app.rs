@@ -2,7 +2,7 @@
 //!
 //! A binary declares its config struct (implementing [`AppConfig`]), its preflight checks and an
 //! async body; [`main`] does the rest:
-//! 1. parse `--config FILE`, `--check`, `--print-config`;
+//! 1. parse `--config FILE`, `--check`, `--print-config`, `--healthcheck`;
 //! 2. load the config (file + `SLUICE__...` environment overrides), refusing unknown keys and
 //!    bad values with the key's name (exit 2);
 //! 3. start logging; run the preflight checks: print them for `--check`, otherwise refuse to
@@ -41,6 +41,11 @@ pub struct CommonArgs {
     /// Print the effective configuration (defaults, file and environment) as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Ask the running process with this configuration whether it is up (`GET /healthz` on
+    /// `[metrics] listen`, on loopback when it listens on all addresses); exit 0 when it
+    /// answers `ok`, 1 otherwise. For container health checks: the images have no shell.
+    #[arg(long, conflicts_with_all = ["check", "print_config"])]
+    pub healthcheck: bool,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -122,6 +127,15 @@ where
                 return ExitCode::FAILURE;
             }
         }
+    }
+    if args.healthcheck {
+        return match metrics::probe(config.metrics().listen, std::time::Duration::from_secs(3)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{binary}: unhealthy: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     logging::init(config.log());
     let runtime = match tokio::runtime::Builder::new_multi_thread()

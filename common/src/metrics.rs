@@ -42,6 +42,51 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// The `--healthcheck` probe: `GET /healthz` on the endpoint a process configured with `listen`
+/// serves (loopback when `listen` is an unspecified address), within `timeout`. `Ok` when it
+/// answers 200 `ok`; otherwise what went wrong, naming the address.
+pub fn probe(listen: SocketAddr, timeout: std::time::Duration) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    if listen.port() == 0 {
+        return Err(format!(
+            "metrics.listen {listen} has port 0 (a port picked at start): the endpoint cannot be found"
+        ));
+    }
+    let mut addr = listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        });
+    }
+    let fail = |what: &str, e: std::io::Error| format!("{what} http://{addr}/healthz: {e}");
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| fail("cannot connect to", e))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| fail("cannot set timeouts for", e))?;
+    stream
+        .write_all(b"GET /healthz HTTP/1.0\r\n\r\n")
+        .map_err(|e| fail("cannot send to", e))?;
+    let mut answer = Vec::new();
+    stream
+        .take(4096)
+        .read_to_end(&mut answer)
+        .map_err(|e| fail("no answer from", e))?;
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer.lines().next().unwrap_or("");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").trim();
+    if status.split_whitespace().nth(1) == Some("200") && body == "ok" {
+        Ok(())
+    } else {
+        Err(format!(
+            "http://{addr}/healthz answered {status:?} {body:?}"
+        ))
+    }
+}
+
 /// Serve `registry` on `listener` until `shutdown` fires.
 pub async fn serve(listener: TcpListener, registry: Registry, shutdown: Shutdown) {
     loop {
@@ -114,4 +159,28 @@ async fn handle(mut stream: TcpStream, registry: &Registry) -> std::io::Result<(
     stream.write_all(header.as_bytes()).await?;
     stream.write_all(&body).await?;
     stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_probe_says_up_only_while_the_endpoint_answers() {
+        let listener = bind("0.0.0.0:0".parse().unwrap()).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let listen: SocketAddr = format!("0.0.0.0:{port}").parse().unwrap();
+        let shutdown = Shutdown::new();
+        let server = tokio::spawn(serve(listener, registry("test"), shutdown.clone()));
+        let probe_now =
+            move || tokio::task::spawn_blocking(move || probe(listen, Duration::from_secs(2)));
+        assert_eq!(probe_now().await.unwrap(), Ok(()));
+        shutdown.trigger();
+        server.await.unwrap();
+        let down = probe_now().await.unwrap().unwrap_err();
+        assert!(down.contains(&format!("127.0.0.1:{port}")), "{down}");
+        let zero = probe("127.0.0.1:0".parse().unwrap(), Duration::from_secs(1)).unwrap_err();
+        assert!(zero.contains("port 0"), "{zero}");
+    }
 }
