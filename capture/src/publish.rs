@@ -1,27 +1,31 @@
 //! Publishing change events to Kafka, and the checkpoints that make a restart lose nothing.
 //!
-//! Every record is handed to an idempotent `acks=all` producer without waiting; its delivery
-//! future goes, in order, into a bounded queue that one task (the acker) awaits front to back.
-//! The capture puts a *mark* into the same queue at each transaction commit. When the acker
-//! reaches a mark, every record before it is acknowledged, so the mark's position is safe to
-//! resume from; the acker writes it to the checkpoint topic (compacted, key = connector name)
-//! at most every `checkpoint_interval_ms`, and always when the capture stops.
+//! Every record is handed to an idempotent `acks=all` producer without waiting, numbered in the
+//! order it was handed over. librdkafka's delivery callbacks tick the numbers off in a
+//! [`Ledger`], which publishes how many records are acknowledged without a gap. At each
+//! transaction commit the capture queues a *mark*: the checkpoint and the count of records sent
+//! before it. One task (the acker) takes the marks in order; once the gap-free count reaches a
+//! mark, every record before it is acknowledged, so the mark's position is safe to resume from.
+//! The acker writes it to the checkpoint topic (compacted, key = connector name) at most every
+//! `checkpoint_interval_ms`, and always when the capture stops.
 //!
-//! The queue is bounded (`max_in_flight`): a slow broker slows the reader instead of growing
-//! memory. A record that cannot be delivered (librdkafka gave up) stops the capture; on restart
+//! At most `max_in_flight` records are unacknowledged: a slow broker slows the reader instead
+//! of growing memory. A record that cannot be delivered (librdkafka gave up) stops the capture; on restart
 //! it resumes from the last checkpoint, and replays are harmless because events carry versions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use sluice_common::KafkaConfig;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -176,26 +180,181 @@ impl PublishMetrics {
     }
 }
 
-enum Pending<C> {
-    Delivery {
-        fut: DeliveryFuture,
-        topic: std::sync::Arc<str>,
-        sent: Instant,
-    },
-    Mark(C),
+/// Delivery bookkeeping, shared with librdkafka's delivery callbacks (which run on the
+/// producer's polling thread). Every record gets the next sequence number as its delivery
+/// opaque; `acked` publishes the count of records acknowledged without a gap (every sequence
+/// number below it is delivered). No per-record future, channel message or allocation.
+pub struct Ledger {
+    state: std::sync::Mutex<LedgerState>,
+    acked: watch::Sender<u64>,
+    /// Turns true at the first failure.
+    failed: watch::Sender<bool>,
+    latency: Histogram,
+}
+
+struct LedgerState {
+    /// Every sequence number below `base` is acknowledged.
+    base: u64,
+    /// Acknowledged or not, for `base`, `base + 1`, ...
+    done: VecDeque<bool>,
+    /// The first failure: the topic and librdkafka's reason. Nothing at or after a failed
+    /// record is ever counted as acknowledged.
+    failure: Option<(String, String)>,
+}
+
+impl Ledger {
+    fn new(latency: Histogram) -> Self {
+        Self {
+            state: std::sync::Mutex::new(LedgerState {
+                base: 0,
+                done: VecDeque::new(),
+                failure: None,
+            }),
+            acked: watch::channel(0).0,
+            failed: watch::channel(false).0,
+            latency,
+        }
+    }
+
+    fn fail(&self, topic: &str, reason: String) {
+        let mut s = self.state.lock().expect("ledger lock");
+        s.failure.get_or_insert_with(|| (topic.to_string(), reason));
+        drop(s);
+        // Wake every waiter so it sees the failure.
+        self.failed.send_replace(true);
+        self.acked.send_modify(|_| {});
+    }
+
+    fn failure(&self) -> Option<PublishError> {
+        let s = self.state.lock().expect("ledger lock");
+        s.failure
+            .as_ref()
+            .map(|(topic, reason)| PublishError::Delivery {
+                topic: topic.clone(),
+                reason: reason.clone(),
+            })
+    }
+
+    /// Record `seq` as acknowledged; returns the new gap-free count when it moved.
+    fn done(&self, seq: u64) -> Option<u64> {
+        let mut s = self.state.lock().expect("ledger lock");
+        let Some(idx) = seq.checked_sub(s.base) else {
+            return None; // cannot happen: each sequence number is acknowledged once
+        };
+        let idx = idx as usize;
+        if idx >= s.done.len() {
+            s.done.resize(idx + 1, false);
+        }
+        s.done[idx] = true;
+        let mut moved = 0;
+        while s.done.front() == Some(&true) {
+            s.done.pop_front();
+            moved += 1;
+        }
+        if moved == 0 {
+            return None;
+        }
+        s.base += moved;
+        Some(s.base)
+    }
+
+    /// Wait until every record below `upto` is acknowledged, or one failed.
+    async fn wait(&self, rx: &mut watch::Receiver<u64>, upto: u64) -> Result<(), PublishError> {
+        loop {
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
+            if *rx.borrow_and_update() >= upto {
+                return Ok(());
+            }
+            rx.changed().await.map_err(|_| PublishError::AckerGone)?;
+        }
+    }
+}
+
+impl ClientContext for Ledger {}
+
+impl ProducerContext for Ledger {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        match result {
+            Ok(m) => {
+                if let Some(sent) = m.timestamp().to_millis() {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_millis() as i64)
+                        .unwrap_or(sent);
+                    self.latency.observe((now - sent).max(0) as f64 / 1000.0);
+                }
+                if let Some(acked) = self.done(seq as u64) {
+                    self.acked.send_replace(acked);
+                }
+            }
+            Err((e, m)) => self.fail(m.topic(), e.to_string()),
+        }
+    }
+}
+
+type KafkaProducer = ThreadedProducer<Ledger>;
+
+/// A point the acker waits for: every record below `upto` acknowledged.
+enum Mark<C> {
+    /// ... makes `checkpoint` safe to resume from.
+    At { upto: u64, checkpoint: C },
+    /// ... and then the acker writes the last checkpoint and returns.
+    End { upto: u64 },
 }
 
 /// Hands records to Kafka in order and marks safe resume points. See the module docs.
 pub struct Publisher<C> {
-    producer: FutureProducer,
+    producer: Arc<KafkaProducer>,
     kafka: KafkaConfig,
     client_id: String,
     config: PublishConfig,
-    /// Topics known to exist, with their partition counts (and a shared copy of the name).
-    topics: HashMap<String, (i32, std::sync::Arc<str>)>,
-    queue: mpsc::Sender<Pending<C>>,
+    /// Topics known to exist, with their partition counts.
+    topics: HashMap<String, i32>,
+    /// The next record's sequence number (shared with the acker's checkpoint records).
+    next: Arc<AtomicU64>,
+    /// The gap-free acknowledged count, and the last value read of it.
+    acked: watch::Receiver<u64>,
+    acked_seen: u64,
+    marks: mpsc::Sender<Mark<C>>,
     acker: tokio::task::JoinHandle<Result<Option<C>, PublishError>>,
     timeout: Duration,
+}
+
+/// Hand one record to the producer, waiting while its queue is full; returns its sequence
+/// number.
+async fn produce(
+    producer: &KafkaProducer,
+    next: &AtomicU64,
+    topic: &str,
+    key: &[u8],
+    payload: &[u8],
+    partition: Option<i32>,
+) -> Result<u64, PublishError> {
+    let seq = next.fetch_add(1, Ordering::Relaxed);
+    let mut record = BaseRecord::with_opaque_to(topic, seq as usize)
+        .key(key)
+        .payload(payload);
+    if let Some(p) = partition {
+        record = record.partition(p);
+    }
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(seq),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Err((e, _)) => {
+                // The sequence number will never be acknowledged: nothing after it counts.
+                producer.context().fail(topic, e.to_string());
+                return Err(e.into());
+            }
+        }
+    }
 }
 
 impl<C> Publisher<C>
@@ -214,11 +373,18 @@ where
         let mut producer_config = kafka.producer_config(client_id);
         producer_config.set("message.timeout.ms", config.delivery_timeout_ms.to_string());
         producer_config.set("message.max.bytes", config.max_message_bytes.to_string());
-        let producer: FutureProducer = producer_config.create()?;
-        let (tx, rx) = mpsc::channel(config.max_in_flight);
+        let producer: KafkaProducer =
+            producer_config.create_with_context(Ledger::new(metrics.produce_latency.clone()))?;
+        let producer = Arc::new(producer);
+        let acked = producer.context().acked.subscribe();
+        let next = Arc::new(AtomicU64::new(0));
+        // Marks come once per source transaction; the bound only keeps a stalled broker from
+        // growing memory (records are bounded by max_in_flight).
+        let (tx, rx) = mpsc::channel(config.max_in_flight.clamp(1, 65536));
         let acker = tokio::spawn(ack_loop(
             rx,
             producer.clone(),
+            next.clone(),
             config.checkpoint_topic.clone(),
             connector.to_string(),
             Duration::from_millis(config.checkpoint_interval_ms),
@@ -230,7 +396,10 @@ where
             client_id: client_id.to_string(),
             config: config.clone(),
             topics: HashMap::new(),
-            queue: tx,
+            next,
+            acked,
+            acked_seen: 0,
+            marks: tx,
             acker,
             timeout: kafka.request_timeout(),
         };
@@ -246,7 +415,7 @@ where
         topic: &str,
         compacted: bool,
     ) -> Result<i32, PublishError> {
-        if let Some((n, _)) = self.topics.get(topic) {
+        if let Some(n) = self.topics.get(topic) {
             return Ok(*n);
         }
         let partitions = if compacted { 1 } else { self.config.partitions };
@@ -269,7 +438,7 @@ where
             tracing::info!(topic, partitions, compacted, "created topic");
         }
         let n = self.partition_count(topic).await?;
-        self.topics.insert(topic.to_string(), (n, topic.into()));
+        self.topics.insert(topic.to_string(), n);
         Ok(n)
     }
 
@@ -295,7 +464,8 @@ where
         }
     }
 
-    /// Hand a record to the producer (waiting while its queue is full) and queue its delivery.
+    /// Hand a record to the producer, waiting while `max_in_flight` records are unacknowledged
+    /// or the producer's queue is full.
     pub async fn send(
         &mut self,
         topic: &str,
@@ -303,58 +473,45 @@ where
         payload: &[u8],
         partition: Option<i32>,
     ) -> Result<(), PublishError> {
-        let mut record = FutureRecord::to(topic).key(key).payload(payload);
-        if let Some(p) = partition {
-            record = record.partition(p);
-        }
-        let fut = loop {
-            match self.producer.send_result(record) {
-                Ok(fut) => break fut,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+        let max = self.config.max_in_flight as u64;
+        if self.next.load(Ordering::Relaxed) - self.acked_seen >= max {
+            let ledger = self.producer.context();
+            loop {
+                self.acked_seen = *self.acked.borrow_and_update();
+                if let Some(e) = ledger.failure() {
+                    return Err(e);
                 }
-                Err((e, _)) => return Err(e.into()),
+                if self.next.load(Ordering::Relaxed) - self.acked_seen < max {
+                    break;
+                }
+                self.acked
+                    .changed()
+                    .await
+                    .map_err(|_| PublishError::AckerGone)?;
             }
-        };
-        let topic = match self.topics.get(topic) {
-            Some((_, name)) => name.clone(),
-            None => topic.into(),
-        };
-        self.queue
-            .send(Pending::Delivery {
-                fut,
-                topic,
-                sent: Instant::now(),
-            })
-            .await
-            .map_err(|_| PublishError::AckerGone)
+        }
+        produce(&self.producer, &self.next, topic, key, payload, partition).await?;
+        Ok(())
     }
 
-    /// Publish one record and wait for its acknowledgement (schema records).
+    /// Publish one record and wait for its acknowledgement, and that of every record before
+    /// it (schema records).
     pub async fn send_and_wait(
         &self,
         topic: &str,
         key: &[u8],
         payload: &[u8],
     ) -> Result<(), PublishError> {
-        self.producer
-            .send(
-                FutureRecord::to(topic).key(key).payload(payload),
-                Duration::from_millis(self.config.delivery_timeout_ms),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|(e, _)| PublishError::Delivery {
-                topic: topic.to_string(),
-                reason: e.to_string(),
-            })
+        let seq = produce(&self.producer, &self.next, topic, key, payload, None).await?;
+        let mut rx = self.acked.clone();
+        self.producer.context().wait(&mut rx, seq + 1).await
     }
 
     /// Everything sent so far, once acknowledged, makes `checkpoint` safe to resume from.
     pub async fn mark(&mut self, checkpoint: C) -> Result<(), PublishError> {
-        self.queue
-            .send(Pending::Mark(checkpoint))
+        let upto = self.next.load(Ordering::Relaxed);
+        self.marks
+            .send(Mark::At { upto, checkpoint })
             .await
             .map_err(|_| PublishError::AckerGone)
     }
@@ -364,9 +521,11 @@ where
         self.acker.is_finished()
     }
 
-    /// Wait for every queued record, write the last safe checkpoint, and return it.
+    /// Wait for every record sent, write the last safe checkpoint, and return it.
     pub async fn finish(self) -> Result<Option<C>, PublishError> {
-        drop(self.queue);
+        let upto = self.next.load(Ordering::Relaxed);
+        let _ = self.marks.send(Mark::End { upto }).await;
+        drop(self.marks);
         let last = self.acker.await.map_err(|_| PublishError::AckerGone)??;
         let _ = self.producer.flush(self.timeout);
         Ok(last)
@@ -374,35 +533,49 @@ where
 }
 
 async fn ack_loop<C: Serialize + Clone>(
-    mut rx: mpsc::Receiver<Pending<C>>,
-    producer: FutureProducer,
+    mut rx: mpsc::Receiver<Mark<C>>,
+    producer: Arc<KafkaProducer>,
+    next: Arc<AtomicU64>,
     topic: String,
     connector: String,
     interval: Duration,
     metrics: PublishMetrics,
 ) -> Result<Option<C>, PublishError> {
+    let ledger = producer.context();
+    let mut acked = ledger.acked.subscribe();
+    let mut failed = ledger.failed.subscribe();
     let mut safe: Option<C> = None;
     let mut written = true; // nothing to write yet
     let mut last_write = Instant::now();
+    // Write `c` to the checkpoint topic and wait for it (and every record before it).
     let write = |c: C| {
         let producer = producer.clone();
+        let next = next.clone();
         let topic = topic.clone();
         let connector = connector.clone();
         let metrics = metrics.clone();
         async move {
             let payload = serde_json::to_vec(&c).expect("checkpoints serialize");
-            let r = producer
-                .send(
-                    FutureRecord::to(&topic).key(&connector).payload(&payload),
-                    Duration::from_secs(60),
+            let result = async {
+                let seq = produce(
+                    &producer,
+                    &next,
+                    &topic,
+                    connector.as_bytes(),
+                    &payload,
+                    None,
                 )
-                .await;
-            match r {
-                Ok(_) => {
+                .await?;
+                let mut rx = producer.context().acked.subscribe();
+                producer.context().wait(&mut rx, seq + 1).await
+            }
+            .await;
+            match result {
+                Ok(()) => {
                     metrics.checkpoints.with_label_values(&["ok"]).inc();
                     Ok(())
                 }
-                Err((e, _)) => {
+                Err(e) => {
                     metrics.checkpoints.with_label_values(&["error"]).inc();
                     Err(PublishError::Checkpoint {
                         topic: topic.clone(),
@@ -412,45 +585,50 @@ async fn ack_loop<C: Serialize + Clone>(
             }
         }
     };
+    let due = |last_write: Instant| tokio::time::Instant::from_std(last_write + interval);
     loop {
-        let next = if written {
-            rx.recv().await
-        } else {
-            // A checkpoint is waiting: write it when the interval is up, or at the end.
-            match tokio::time::timeout_at(
-                tokio::time::Instant::from_std(last_write + interval),
-                rx.recv(),
-            )
-            .await
-            {
-                Ok(n) => n,
-                Err(_) => {
+        // The next mark; meanwhile a checkpoint held is written when its interval is up, and a
+        // failed delivery ends the loop.
+        let mark = tokio::select! {
+            m = rx.recv() => m,
+            _ = tokio::time::sleep_until(due(last_write)), if !written => {
+                write(safe.clone().expect("pending")).await?;
+                written = true;
+                last_write = Instant::now();
+                continue;
+            }
+            changed = failed.changed() => {
+                changed.map_err(|_| PublishError::AckerGone)?;
+                if let Some(e) = ledger.failure() {
+                    return Err(e);
+                }
+                continue;
+            }
+        };
+        let (upto, checkpoint) = match mark {
+            Some(Mark::At { upto, checkpoint }) => (upto, Some(checkpoint)),
+            Some(Mark::End { upto }) => (upto, None),
+            None => (next.load(Ordering::Relaxed), None),
+        };
+        // Wait for the mark's records, writing a held checkpoint when its interval is up.
+        loop {
+            if let Some(e) = ledger.failure() {
+                return Err(e);
+            }
+            if *acked.borrow_and_update() >= upto {
+                break;
+            }
+            tokio::select! {
+                changed = acked.changed() => changed.map_err(|_| PublishError::AckerGone)?,
+                _ = tokio::time::sleep_until(due(last_write)), if !written => {
                     write(safe.clone().expect("pending")).await?;
                     written = true;
                     last_write = Instant::now();
-                    continue;
                 }
             }
-        };
-        match next {
-            Some(Pending::Delivery { fut, topic, sent }) => match fut.await {
-                Ok(Ok(_)) => metrics
-                    .produce_latency
-                    .observe(sent.elapsed().as_secs_f64()),
-                Ok(Err((e, _))) => {
-                    return Err(PublishError::Delivery {
-                        topic: topic.to_string(),
-                        reason: e.to_string(),
-                    })
-                }
-                Err(_) => {
-                    return Err(PublishError::Delivery {
-                        topic: topic.to_string(),
-                        reason: "the producer dropped the record".into(),
-                    })
-                }
-            },
-            Some(Pending::Mark(c)) => {
+        }
+        match checkpoint {
+            Some(c) => {
                 safe = Some(c);
                 written = false;
                 if last_write.elapsed() >= interval {
@@ -539,4 +717,39 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
     })
     .await
     .map_err(|_| PublishError::AckerGone)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger() -> Ledger {
+        Ledger::new(Histogram::with_opts(HistogramOpts::new("t", "t")).unwrap())
+    }
+
+    #[test]
+    fn the_ledger_counts_only_acknowledgements_without_a_gap() {
+        let l = ledger();
+        // Partitions acknowledge out of order: 2 and 1 before 0.
+        assert_eq!(l.done(2), None);
+        assert_eq!(l.done(1), None);
+        assert_eq!(l.done(0), Some(3));
+        assert_eq!(l.done(4), None);
+        assert_eq!(l.done(3), Some(5));
+        assert_eq!(l.done(5), Some(6));
+    }
+
+    #[tokio::test]
+    async fn a_failed_record_stops_every_waiter_and_nothing_after_it_counts() {
+        let l = ledger();
+        let mut rx = l.acked.subscribe();
+        assert_eq!(l.done(0), Some(1));
+        l.acked.send_replace(1);
+        assert!(l.wait(&mut rx, 1).await.is_ok());
+        // Record 1 fails; 2 is acknowledged, but the count stays at 1.
+        l.fail("t.db.x", "Message timed out".into());
+        assert_eq!(l.done(2), None);
+        let err = l.wait(&mut rx, 3).await.unwrap_err().to_string();
+        assert!(err.contains("t.db.x") && err.contains("timed out"), "{err}");
+    }
 }
