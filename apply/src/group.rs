@@ -10,7 +10,7 @@ use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
-use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Message, Statistics};
 use sluice_common::Shutdown;
@@ -21,7 +21,7 @@ use sluice_common::Shutdown;
 pub struct Offsets(pub HashMap<String, HashMap<i32, i64>>);
 
 impl Offsets {
-    pub fn record(&mut self, m: &OwnedMessage) {
+    pub fn record<M: Message>(&mut self, m: &M) {
         match self.0.get_mut(m.topic()) {
             Some(p) => {
                 p.insert(m.partition(), m.offset());
@@ -37,6 +37,13 @@ impl Offsets {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Add `later`'s offsets (of events after these): per partition the later one wins.
+    pub fn merge(&mut self, later: Offsets) {
+        for (topic, partitions) in later.0 {
+            self.0.entry(topic).or_default().extend(partitions);
+        }
     }
 
     pub fn store<C: Consumer<X>, X: ConsumerContext>(&self, consumer: &C) {
@@ -151,7 +158,7 @@ pub struct DeadLetters {
 }
 
 impl DeadLetters {
-    pub async fn send(&self, m: &OwnedMessage, reason: &str) -> Result<(), String> {
+    pub async fn send<M: Message>(&self, m: &M, reason: &str) -> Result<(), String> {
         let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
         tracing::warn!(at = %where_, reason, "dead-lettering an event");
         let partition = m.partition().to_string();
@@ -197,18 +204,28 @@ impl DeadLetters {
 pub(crate) trait BatchSink {
     type Drain: Drain;
     type Error;
-    fn consumer(&self) -> &StreamConsumer<GroupContext<Self::Drain>>;
+    /// The group's consumer (shared, so that a message can borrow it while the sink handles
+    /// the message).
+    fn consumer(&self) -> Arc<StreamConsumer<GroupContext<Self::Drain>>>;
     /// When the batch in hand got its first event, if it has any.
     fn batch_started(&self) -> Option<Instant>;
     /// The batch in hand reached its size limits.
     fn batch_full(&self) -> bool;
     /// How long a batch may wait after its first event.
     fn max_wait(&self) -> Duration;
-    /// Take one event into the batch (its offset is stored once the batch is written).
-    async fn on_message(&mut self, m: OwnedMessage, shutdown: &Shutdown)
-        -> Result<(), Self::Error>;
-    /// Write the batch in hand, then store its offsets.
+    /// Take one event into the batch (its offset is stored once the batch is written). The
+    /// message is librdkafka's own, not copied; a sink that keeps it detaches it.
+    async fn on_message(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        shutdown: &Shutdown,
+    ) -> Result<(), Self::Error>;
+    /// Write the batch in hand (or start writing it); its offsets are stored once written.
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), Self::Error>;
+    /// Wait for every write started, storing their offsets.
+    async fn settle(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }
 
 /// Consume until shutdown or an error: a batch is written when full or `max_wait` after its
@@ -216,16 +233,38 @@ pub(crate) trait BatchSink {
 /// the group.
 pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), S::Error> {
     let max_wait = sink.max_wait();
+    let consumer = sink.consumer();
     let result = loop {
-        let deadline = sink
-            .batch_started()
-            .map(|s| s + max_wait)
-            .unwrap_or_else(|| Instant::now() + max_wait);
-        let step = tokio::select! {
-            biased;
-            _ = shutdown.wait() => break Ok(()),
-            _ = tokio::time::sleep_until(deadline.into()) => None,
-            m = sink.consumer().recv() => Some(m.map(|m| m.detach())),
+        if shutdown.is_triggered() {
+            break Ok(());
+        }
+        // A message already fetched is taken without arming a timer; the batch's deadline is
+        // checked against the clock only now and then (it is a bound on waiting, not a beat).
+        let ready = futures::FutureExt::now_or_never(consumer.recv());
+        let step = match ready {
+            Some(m) => {
+                let overdue = sink
+                    .batch_started()
+                    .is_some_and(|s| s.elapsed() >= max_wait);
+                if overdue {
+                    if let Err(e) = sink.write_held(shutdown).await {
+                        break Err(e);
+                    }
+                }
+                Some(m)
+            }
+            None => {
+                let deadline = sink
+                    .batch_started()
+                    .map(|s| s + max_wait)
+                    .unwrap_or_else(|| Instant::now() + max_wait);
+                tokio::select! {
+                    biased;
+                    _ = shutdown.wait() => break Ok(()),
+                    _ = tokio::time::sleep_until(deadline.into()) => None,
+                    m = consumer.recv() => Some(m),
+                }
+            }
         };
         let r = match step {
             None => sink.write_held(shutdown).await,
@@ -233,7 +272,7 @@ pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Resu
                 tracing::warn!(error = %e, "consumer error");
                 Ok(())
             }
-            Some(Ok(m)) => match sink.on_message(m, shutdown).await {
+            Some(Ok(m)) => match sink.on_message(&m, shutdown).await {
                 Ok(()) if sink.batch_full() => sink.write_held(shutdown).await,
                 other => other,
             },
@@ -245,6 +284,7 @@ pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Resu
     if result.is_ok() {
         // Write what is held (no longer interruptible), then commit synchronously.
         sink.write_held(&Shutdown::new()).await?;
+        sink.settle().await?;
         if let Err(e) = sink.consumer().commit_consumer_state(CommitMode::Sync) {
             tracing::debug!(error = %e, "final commit (nothing to commit?)");
         }

@@ -29,7 +29,7 @@ use bytes::Bytes;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use prost::Message as _;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::OwnedMessage;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{Column, Op, TableSchema};
@@ -53,6 +53,7 @@ pub enum ApplyError {
     Definite(String),
 }
 
+#[derive(Clone)]
 struct Metrics {
     rows: IntCounterVec,
     batch_rows: Histogram,
@@ -121,8 +122,19 @@ impl Metrics {
 /// Writes the batch in hand before partitions are let go (see [`crate::group`]).
 pub(crate) struct ChDrain {
     batch: Arc<Mutex<Batch>>,
+    in_flight: Arc<Mutex<InFlight>>,
     writer: Writer,
     runtime: tokio::runtime::Handle,
+}
+
+/// The batch being written while the next one is gathered: at most one. Its offsets are
+/// stored once it is written, before any later batch's.
+#[derive(Default)]
+struct InFlight {
+    task: Option<tokio::task::JoinHandle<Result<Offsets, ApplyError>>>,
+    /// A write that failed where the sink did not see it (in the rebalance callback): the sink
+    /// stops instead of storing later offsets past it.
+    failed: Option<String>,
 }
 
 type Context = GroupContext<ChDrain>;
@@ -131,9 +143,27 @@ impl Drain for ChDrain {
     /// If the write fails, nothing is stored: the next owner reads those events again
     /// (harmless).
     fn drain(&self) -> Option<Offsets> {
+        // First the batch being written: its offsets come before the batch in hand's.
+        let task = self.in_flight.lock().expect("in-flight lock").task.take();
+        let mut offsets = Offsets::default();
+        if let Some(task) = task {
+            match block_on(&self.runtime, task) {
+                Ok(Ok(o)) => offsets = o,
+                failed => {
+                    let why = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        Err(e) => format!("the write task ended: {e}"),
+                        Ok(Ok(_)) => unreachable!(),
+                    };
+                    tracing::warn!(error = %why, "the batch being written failed; its partitions' next owner reads it again");
+                    self.in_flight.lock().expect("in-flight lock").failed = Some(why);
+                    return None;
+                }
+            }
+        }
         let taken = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
         if taken.offsets.is_empty() {
-            return None;
+            return (!offsets.is_empty()).then_some(offsets);
         }
         let write = async {
             for (name, tb) in &taken.tables {
@@ -147,7 +177,8 @@ impl Drain for ChDrain {
                     rows = taken.rows,
                     "wrote the batch in hand before letting partitions go"
                 );
-                Some(taken.offsets)
+                offsets.merge(taken.offsets);
+                Some(offsets)
             }
             Err(e) => {
                 tracing::warn!(error = %e, rows = taken.rows,
@@ -184,14 +215,24 @@ impl Writer {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let body = Bytes::from(tb.body.clone());
+        // The full pieces are shared, not copied; the one being filled is copied (at most about
+        // a piece).
+        let tail = Bytes::copy_from_slice(&tb.body);
+        let pieces = tb.done.iter().chain(std::iter::once(&tail));
         let mut insert = self.client.insert_formatted_with(sql);
         if self.dedup_token {
             // Only servers that know the setting get a token (hashing the batch costs CPU).
-            let token = format!("{:016x}-{}", fnv(&body), body.len());
+            let (hash, len) = pieces
+                .clone()
+                .fold((FNV_START, 0usize), |(h, n), p| (fnv(h, p), n + p.len()));
+            let token = format!("{hash:016x}-{len}");
             insert = insert.with_setting("insert_deduplication_token", token);
         }
-        insert.send(body).await?;
+        for piece in pieces {
+            if !piece.is_empty() {
+                insert.send(piece.clone()).await?;
+            }
+        }
         insert.end().await?;
         self.rows.with_label_values(&[name]).inc_by(tb.rows as u64);
         Ok(())
@@ -223,11 +264,31 @@ struct Plan {
     insert_columns: std::sync::Arc<Vec<String>>,
 }
 
-/// One table's part of a batch: the INSERT's column list and RowBinary rows.
+/// One table's part of a batch: the INSERT's column list and RowBinary rows, in pieces of
+/// about [`PIECE`] bytes that each end at a row's end. A large batch never reallocates (and
+/// copies) one buffer as it grows, and each piece is compressed and sent on its own, so the
+/// INSERT holds no second copy of the batch.
 struct TableBatch {
     columns: std::sync::Arc<Vec<String>>,
+    /// Full pieces.
+    done: Vec<Bytes>,
+    /// The piece being filled.
     body: Vec<u8>,
     rows: usize,
+}
+
+const PIECE: usize = 1 << 20;
+
+impl TableBatch {
+    /// After a row: start a new piece once this one is full.
+    fn row_done(&mut self) {
+        if self.body.len() >= PIECE {
+            // Later pieces are sized at once: this table's part is a large one.
+            let next = Vec::with_capacity(PIECE + PIECE / 8);
+            self.done
+                .push(Bytes::from(std::mem::replace(&mut self.body, next)));
+        }
+    }
 }
 
 #[derive(Default)]
@@ -245,13 +306,15 @@ pub struct Sink {
     config: Config,
     client: clickhouse::Client,
     features: Features,
-    consumer: StreamConsumer<Context>,
+    consumer: Arc<StreamConsumer<Context>>,
     dead: DeadLetters,
     schemas: SchemaCache,
     targets: HashMap<String, Target>,
     plans: HashMap<u64, std::sync::Arc<Plan>>,
     /// Shared with the rebalance callback, which drains it before partitions go.
     batch: Arc<Mutex<Batch>>,
+    /// The batch being written; shared with the rebalance callback too.
+    in_flight: Arc<Mutex<InFlight>>,
     writer: Writer,
     metrics: Metrics,
 }
@@ -283,6 +346,7 @@ impl Sink {
             .consumer_config("apply-clickhouse", &config.consumer.group_id);
         cc.set("statistics.interval.ms", "5000");
         let batch = Arc::new(Mutex::new(Batch::default()));
+        let in_flight = Arc::new(Mutex::new(InFlight::default()));
         let writer = Writer {
             client: client.clone(),
             database: config.clickhouse.database.clone(),
@@ -293,6 +357,7 @@ impl Sink {
             metrics: metrics.group.clone(),
             drain: ChDrain {
                 batch: batch.clone(),
+                in_flight: in_flight.clone(),
                 writer: writer.clone(),
                 runtime: tokio::runtime::Handle::current(),
             },
@@ -324,12 +389,13 @@ impl Sink {
         Ok(Self {
             client,
             features,
-            consumer,
+            consumer: Arc::new(consumer),
             dead,
             schemas,
             targets: HashMap::new(),
             plans: HashMap::new(),
             batch,
+            in_flight,
             writer,
             metrics,
             config,
@@ -352,7 +418,7 @@ impl Sink {
 
     async fn handle(
         &mut self,
-        m: &rdkafka::message::OwnedMessage,
+        m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
     ) -> Result<(), ApplyError> {
         self.batch().started.get_or_insert_with(Instant::now);
@@ -367,7 +433,7 @@ impl Sink {
     /// `Err(reason)` means: this event can never be written.
     async fn apply_event(
         &mut self,
-        m: &rdkafka::message::OwnedMessage,
+        m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
     ) -> Result<(), String> {
         let payload = m.payload().unwrap_or_default();
@@ -383,6 +449,7 @@ impl Sink {
             Op::Ddl | Op::Truncate => {
                 // Ordered with the rows of this partition: write what came before.
                 self.flush(shutdown).await.map_err(|e| e.to_string())?;
+                self.settle().await.map_err(|e| e.to_string())?;
                 self.apply_ddl(&event).await;
                 Ok(())
             }
@@ -635,6 +702,7 @@ impl Sink {
                 .entry(plan.target.clone())
                 .or_insert_with(|| TableBatch {
                     columns: plan.insert_columns.clone(),
+                    done: Vec::new(),
                     body: Vec::with_capacity(1 << 16),
                     rows: 0,
                 }),
@@ -674,6 +742,7 @@ impl Sink {
         }
         let len = tb.body.len() - start;
         tb.rows += 1;
+        tb.row_done();
         batch.rows += 1;
         batch.bytes += len;
         if event.commit_time_micros > 0 {
@@ -749,75 +818,73 @@ impl Sink {
     }
 
     /// Write one table's part of the batch now (before a schema change of that table).
+    /// Write one table's part now (its column list changes), after the batch being written.
     async fn flush_table(&mut self, name: &str) -> Result<(), ApplyError> {
+        self.settle().await?;
         let part = self.batch().tables.remove(name);
         if let Some(tb) = part {
-            self.insert(name, tb, &Shutdown::new()).await?;
+            insert(&self.writer, &self.metrics, name, tb, &Shutdown::new()).await?;
         }
         Ok(())
     }
 
-    /// Write every table's part, then store the offsets.
+    /// Start writing the batch in hand (after the one being written, whose offsets are stored
+    /// first); the next batch is gathered meanwhile. Its offsets are stored once it is written.
     async fn flush(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
-        let started = Instant::now();
-        let mut batch = std::mem::take(&mut *self.batch());
-        let rows = batch.rows;
-        for (name, tb) in std::mem::take(&mut batch.tables) {
-            // On failure nothing of this batch is stored; it is read again after a restart.
-            self.insert(&name, tb, shutdown).await?;
+        self.settle().await?;
+        let batch = std::mem::take(&mut *self.batch());
+        if batch.tables.is_empty() {
+            // Only events without rows (heartbeats, dead letters): nothing to wait for.
+            batch.offsets.store(&*self.consumer);
+            return Ok(());
         }
-        // On success only: the offset of each partition's last handled event.
-        batch.offsets.store(&self.consumer);
-        if rows > 0 {
-            self.metrics.batch_rows.observe(rows as f64);
-            self.metrics
+        let (writer, metrics, shutdown) =
+            (self.writer.clone(), self.metrics.clone(), shutdown.clone());
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let mut batch = batch;
+            for (name, tb) in std::mem::take(&mut batch.tables) {
+                // On failure nothing of this batch is stored; it is read again after a restart.
+                insert(&writer, &metrics, &name, tb, &shutdown).await?;
+            }
+            metrics.batch_rows.observe(batch.rows as f64);
+            metrics
                 .batch_seconds
                 .observe(started.elapsed().as_secs_f64());
-        }
-        if let Some(c) = batch.oldest_commit_micros {
-            self.metrics
-                .latency
-                .observe((now_micros() - c).max(0) as f64 / 1e6);
-        }
+            if let Some(c) = batch.oldest_commit_micros {
+                metrics
+                    .latency
+                    .observe((now_micros() - c).max(0) as f64 / 1e6);
+            }
+            Ok(batch.offsets)
+        });
+        self.in_flight.lock().expect("in-flight lock").task = Some(task);
         Ok(())
     }
 
-    async fn insert(
-        &self,
-        name: &str,
-        tb: TableBatch,
-        shutdown: &Shutdown,
-    ) -> Result<(), ApplyError> {
-        let mut backoff = Duration::from_millis(500);
-        loop {
-            match self.writer.insert_once(name, &tb).await {
-                Ok(()) => return Ok(()),
-                Err(e) if is_definite(&e) => {
-                    return Err(ApplyError::ClickHouse(format!(
-                        "INSERT into {name} refused: {e}"
-                    )))
-                }
-                Err(e) => {
-                    self.metrics.retries.inc();
-                    tracing::warn!(table = name, error = %e, retry_in = ?backoff, "INSERT failed; retrying");
-                    if shutdown.is_triggered() {
-                        return Err(ApplyError::ClickHouse(format!(
-                            "stopping with an unwritten batch for {name} (it is read again on restart): {e}"
-                        )));
-                    }
-                    tokio::select! {
-                        _ = shutdown.wait() => {}
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                }
-            }
+    /// Wait for the batch being written, if any, and store its offsets.
+    async fn settle(&mut self) -> Result<(), ApplyError> {
+        let (task, failed) = {
+            let mut f = self.in_flight.lock().expect("in-flight lock");
+            (f.task.take(), f.failed.take())
+        };
+        if let Some(why) = failed {
+            return Err(ApplyError::ClickHouse(format!(
+                "a batch could not be written before a rebalance: {why}"
+            )));
         }
+        if let Some(task) = task {
+            let offsets = task
+                .await
+                .map_err(|e| ApplyError::ClickHouse(format!("the write task ended: {e}")))??;
+            offsets.store(&*self.consumer);
+        }
+        Ok(())
     }
 
     async fn dead_letter(
         &mut self,
-        m: &rdkafka::message::OwnedMessage,
+        m: &BorrowedMessage<'_>,
         reason: &str,
     ) -> Result<(), ApplyError> {
         let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
@@ -834,6 +901,42 @@ impl Sink {
             .send(m, reason)
             .await
             .map_err(ApplyError::Definite)
+    }
+}
+
+/// One table's part, retried until written, refused for good (an error the data will always
+/// get) or shut down.
+async fn insert(
+    writer: &Writer,
+    metrics: &Metrics,
+    name: &str,
+    tb: TableBatch,
+    shutdown: &Shutdown,
+) -> Result<(), ApplyError> {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match writer.insert_once(name, &tb).await {
+            Ok(()) => return Ok(()),
+            Err(e) if is_definite(&e) => {
+                return Err(ApplyError::ClickHouse(format!(
+                    "INSERT into {name} refused: {e}"
+                )))
+            }
+            Err(e) => {
+                metrics.retries.inc();
+                tracing::warn!(table = name, error = %e, retry_in = ?backoff, "INSERT failed; retrying");
+                if shutdown.is_triggered() {
+                    return Err(ApplyError::ClickHouse(format!(
+                        "stopping with an unwritten batch for {name} (it is read again on restart): {e}"
+                    )));
+                }
+                tokio::select! {
+                    _ = shutdown.wait() => {}
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
     }
 }
 
@@ -882,8 +985,10 @@ fn is_definite(e: &clickhouse::error::Error) -> bool {
     }
 }
 
-fn fnv(b: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a of `b`, continuing from `h` (start with [`FNV_START`]).
+fn fnv(mut h: u64, b: &[u8]) -> u64 {
     for x in b {
         h ^= u64::from(*x);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -895,8 +1000,8 @@ impl BatchSink for Sink {
     type Drain = ChDrain;
     type Error = ApplyError;
 
-    fn consumer(&self) -> &StreamConsumer<Context> {
-        &self.consumer
+    fn consumer(&self) -> Arc<StreamConsumer<Context>> {
+        self.consumer.clone()
     }
 
     fn batch_started(&self) -> Option<Instant> {
@@ -911,11 +1016,19 @@ impl BatchSink for Sink {
         Duration::from_millis(self.config.batch.max_wait_ms)
     }
 
-    async fn on_message(&mut self, m: OwnedMessage, shutdown: &Shutdown) -> Result<(), ApplyError> {
-        self.handle(&m, shutdown).await
+    async fn on_message(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        shutdown: &Shutdown,
+    ) -> Result<(), ApplyError> {
+        self.handle(m, shutdown).await
     }
 
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
         self.flush(shutdown).await
+    }
+
+    async fn settle(&mut self) -> Result<(), ApplyError> {
+        Sink::settle(self).await
     }
 }

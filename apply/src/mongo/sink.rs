@@ -29,7 +29,7 @@ use mongodb::bson::{doc, Bson, Document};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 use prost::Message as _;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::OwnedMessage;
+use rdkafka::message::{BorrowedMessage, OwnedMessage};
 use rdkafka::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::Op;
@@ -349,7 +349,7 @@ type Context = GroupContext<MongoDrain>;
 pub struct Sink {
     config: Config,
     client: mongodb::Client,
-    consumer: StreamConsumer<Context>,
+    consumer: Arc<StreamConsumer<Context>>,
     batch: Arc<Mutex<Batch>>,
     writer: Writer,
     metrics: Metrics,
@@ -434,7 +434,7 @@ impl Sink {
         let mut sink = Self {
             config,
             client,
-            consumer,
+            consumer: Arc::new(consumer),
             batch,
             writer,
             metrics,
@@ -753,7 +753,7 @@ impl Sink {
             .settle(&batch, outcome)
             .await
             .map_err(ApplyError::Definite)?;
-        batch.offsets.store(&self.consumer);
+        batch.offsets.store(&*self.consumer);
         if batch.events > 0 {
             self.metrics.batch_events.observe(batch.events as f64);
             self.metrics
@@ -773,8 +773,8 @@ impl BatchSink for Sink {
     type Drain = MongoDrain;
     type Error = ApplyError;
 
-    fn consumer(&self) -> &StreamConsumer<Context> {
-        &self.consumer
+    fn consumer(&self) -> Arc<StreamConsumer<Context>> {
+        self.consumer.clone()
     }
 
     fn batch_started(&self) -> Option<Instant> {
@@ -789,8 +789,13 @@ impl BatchSink for Sink {
         Duration::from_millis(self.config.batch.max_wait_ms)
     }
 
-    async fn on_message(&mut self, m: OwnedMessage, shutdown: &Shutdown) -> Result<(), ApplyError> {
-        self.handle(m, shutdown).await
+    async fn on_message(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        shutdown: &Shutdown,
+    ) -> Result<(), ApplyError> {
+        // Kept in the batch (dead letters after a refused bulk write): detached.
+        self.handle(m.detach(), shutdown).await
     }
 
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
