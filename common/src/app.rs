@@ -103,6 +103,7 @@ where
     BFut: Future<Output = anyhow::Result<()>>,
 {
     use clap::{Args as _, FromArgMatches as _};
+    crate::release_memory_promptly();
     let command = CommonArgs::augment_args(
         clap::Command::new(binary)
             .about(about)

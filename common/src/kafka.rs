@@ -132,8 +132,13 @@ impl KafkaConfig {
         // Topics matching a subscribed pattern are found at metadata refreshes: a new table's
         // topic should be picked up within seconds, not librdkafka's default 5 minutes.
         c.set("topic.metadata.refresh.interval.ms", "3000");
-        // librdkafka prefetches up to 64 MiB per consumer by default; a batch is held anyway.
-        c.set("queued.max.messages.kbytes", "16384");
+        // Prefetch: librdkafka queues up to 64 MiB per partition by default, and pauses a
+        // partition's fetching for a whole second (fetch.queue.backoff.ms) once its queue is
+        // full. A small queue refilled at once keeps the same pace with a fraction of the
+        // memory: the apply stages write one batch while gathering the next anyway
+        // (docs/BENCHMARKS.md).
+        c.set("queued.max.messages.kbytes", "1024");
+        c.set("fetch.queue.backoff.ms", "5");
         for (k, v) in self.client_config(default_client_id).config_map() {
             c.set(k, v);
         }

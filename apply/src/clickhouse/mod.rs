@@ -44,9 +44,9 @@ fn default_schema_topic() -> String {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
-    /// Rows (all tables together). Default 100000.
+    /// Rows (all tables together). Default 50000.
     pub max_rows: usize,
-    /// RowBinary bytes (all tables together). Default 67108864 (64 MiB).
+    /// RowBinary bytes (all tables together). Default 16777216 (16 MiB).
     pub max_bytes: usize,
     /// Milliseconds after the batch's first event. Default 1000.
     pub max_wait_ms: u64,
@@ -55,8 +55,8 @@ pub struct BatchConfig {
 impl Default for BatchConfig {
     fn default() -> Self {
         Self {
-            max_rows: 100_000,
-            max_bytes: 64 << 20,
+            max_rows: 50_000,
+            max_bytes: 16 << 20,
             max_wait_ms: 1000,
         }
     }
