@@ -97,10 +97,12 @@ async fn main() -> anyhow::Result<()> {
     let capture_config = format!(
         "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"{start}\"\n\
          server_id = {}\n[filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
-         [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n{extra}",
+         [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n{extra}\n{}",
         mysql_url(),
         sluice_tests::replica_server_id(),
-        kafka_brokers()
+        kafka_brokers(),
+        // Extra capture-mysql TOML, for experiments (e.g. producer properties).
+        std::env::var("BENCH_CAPTURE_EXTRA").unwrap_or_default()
     );
     let (capture, child) = measure(
         name,
