@@ -229,6 +229,29 @@ fn whole_event_round_trips() {
 }
 
 #[test]
+fn a_change_row_reads_the_row_fields_of_an_event() {
+    let mut e = sample_event();
+    e.schema = Some(v1::TableSchema {
+        schema_id: e.schema_id,
+        ..Default::default()
+    });
+    let row = ChangeRow::decode(e.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(row.contract, e.contract);
+    assert_eq!(row.op, e.op);
+    assert_eq!((&row.database, &row.table), (&e.database, &e.table));
+    assert_eq!(row.version, e.version);
+    assert_eq!(row.commit_time_micros, e.commit_time_micros);
+    assert_eq!(row.schema_id, e.schema_id);
+    assert_eq!(row.schema, e.schema);
+    assert_eq!(row.before, e.before);
+    assert_eq!(row.after, e.after);
+    assert!(
+        row.after.is_some() || row.before.is_some(),
+        "the sample has a row image"
+    );
+}
+
+#[test]
 fn ddl_event_round_trips() {
     let mut ev = sample_event();
     ev.op = Op::Ddl as i32;

@@ -33,7 +33,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{Column, Op, TableSchema};
-use sluice_proto::ChangeEvent;
+use sluice_proto::{ChangeEvent, ChangeRow};
 
 use super::types::{encode, map_column, ChType, Features};
 use super::{Config, Mode, OnBadEvent};
@@ -437,28 +437,31 @@ impl Sink {
         shutdown: &Shutdown,
     ) -> Result<(), String> {
         let payload = m.payload().unwrap_or_default();
-        let event = ChangeEvent::decode(payload).map_err(|e| format!("not a change event: {e}"))?;
-        if event.contract > sluice_proto::CONTRACT_VERSION {
+        // Only what a row needs is decoded; a DDL event is decoded whole.
+        let row = ChangeRow::decode(payload).map_err(|e| format!("not a change event: {e}"))?;
+        if row.contract > sluice_proto::CONTRACT_VERSION {
             return Err(format!(
                 "contract version {} is newer than this build's {}",
-                event.contract,
+                row.contract,
                 sluice_proto::CONTRACT_VERSION
             ));
         }
-        match event.op() {
+        match row.op() {
             Op::Ddl | Op::Truncate => {
+                let event =
+                    ChangeEvent::decode(payload).map_err(|e| format!("not a change event: {e}"))?;
                 // Ordered with the rows of this partition: write what came before.
                 self.flush(shutdown).await.map_err(|e| e.to_string())?;
                 self.settle().await.map_err(|e| e.to_string())?;
                 self.apply_ddl(&event).await;
                 Ok(())
             }
-            Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => self.add_row(&event).await,
+            Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => self.add_row(&row).await,
             _ => Ok(()), // heartbeats and transaction markers carry no rows
         }
     }
 
-    async fn schema(&mut self, event: &ChangeEvent) -> Result<TableSchema, String> {
+    async fn schema(&mut self, event: &ChangeRow) -> Result<TableSchema, String> {
         if let Some(s) = &event.schema {
             self.schemas.remember(s);
         }
@@ -587,7 +590,7 @@ impl Sink {
 
     /// Work out how rows of `event`'s schema are written: the target (created or extended as
     /// needed), and per column its target type.
-    async fn plan(&mut self, event: &ChangeEvent) -> Result<std::sync::Arc<Plan>, String> {
+    async fn plan(&mut self, event: &ChangeRow) -> Result<std::sync::Arc<Plan>, String> {
         let schema = self.schema(event).await?;
         let mut target = self.target(&schema).await?;
         if let Some(why) = &target.stopped {
@@ -659,7 +662,7 @@ impl Sink {
         }))
     }
 
-    async fn add_row(&mut self, event: &ChangeEvent) -> Result<(), String> {
+    async fn add_row(&mut self, event: &ChangeRow) -> Result<(), String> {
         let plan = match self.plans.get(&event.schema_id) {
             Some(p) => p.clone(),
             None => {
