@@ -806,7 +806,7 @@ impl Capture {
             event.key = Some(v1::Row { values: key });
             event.after = Some(row);
             payload.clear();
-            event.encode(&mut payload).expect("a Vec grows");
+            sluice_proto::encode_event(&mut event, &mut payload);
             self.publisher
                 .send(&topic, &key_bytes, &payload, None)
                 .await?;
@@ -1431,7 +1431,7 @@ impl Capture {
                 event.before = before;
                 event.after = after;
                 payload.clear();
-                event.encode(&mut payload).expect("a Vec grows");
+                sluice_proto::encode_event(&mut event, &mut payload);
                 counters[match op {
                     Op::Insert => 0,
                     Op::Update => 1,
