@@ -48,6 +48,16 @@ pub fn mongo_target_url() -> String {
     )
 }
 
+/// mongo-java-server answers buildInfo without the `gitVersion` every MongoDB build reports.
+pub async fn is_mongo_java_server(c: &mongodb::Client) -> bool {
+    let info = c
+        .database("admin")
+        .run_command(mongodb::bson::doc! { "buildInfo": 1 })
+        .await
+        .expect("buildInfo");
+    !info.contains_key("gitVersion")
+}
+
 /// A name no other test (of this run or an earlier one) uses: `<base>_<pid>_<n>_<time>`,
 /// made only of `[a-z0-9_]`, so it is valid as a topic, database or collection name.
 pub fn unique(base: &str) -> String {

@@ -17,8 +17,8 @@ use mysql_async::prelude::Queryable;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_tests::{
-    bench::scrape, bin, clickhouse_url, free_port, kafka_brokers, mongo_source_url,
-    mongo_target_url, mysql_url, replica_server_id, unique,
+    bench::scrape, bin, clickhouse_url, free_port, is_mongo_java_server, kafka_brokers,
+    mongo_source_url, mongo_target_url, mysql_url, replica_server_id, unique,
 };
 
 const BINARIES: [&str; 4] = [
@@ -828,16 +828,6 @@ async fn mirror_orders(ch: &clickhouse::Client, ch_db: &str) -> Vec<Order> {
     .unwrap_or_default()
 }
 
-/// mongo-java-server answers buildInfo without the `gitVersion` every MongoDB build reports.
-async fn is_mongo_java_server(c: &mongodb::Client) -> bool {
-    let info = c
-        .database("admin")
-        .run_command(doc! { "buildInfo": 1 })
-        .await
-        .expect("buildInfo");
-    !info.contains_key("gitVersion")
-}
-
 async fn documents(c: &mongodb::Client, db: &str) -> Vec<Document> {
     use futures::TryStreamExt;
     c.database(db)
@@ -849,6 +839,15 @@ async fn documents(c: &mongodb::Client, db: &str) -> Vec<Document> {
         .try_collect()
         .await
         .unwrap()
+}
+
+/// `Ok` when `got` is `want`; otherwise what was got.
+fn same<T: PartialEq + std::fmt::Debug>(got: T, want: &T) -> Result<(), String> {
+    if got == *want {
+        Ok(())
+    } else {
+        Err(format!("{got:?}"))
+    }
 }
 
 /// Wait until `done` holds, checking every 300 ms; on time out, stop every stage and fail with
@@ -989,14 +988,7 @@ async fn the_example_configs_run_the_pipeline_with_two_clickhouse_appliers() {
             "the MySQL snapshot in ClickHouse",
             Duration::from_secs(120),
             &mut stages,
-            || async {
-                let got = mirror_orders(&ch, &ch_db).await;
-                if got == want {
-                    Ok(())
-                } else {
-                    Err(format!("{got:?}"))
-                }
-            },
+            || async { same(mirror_orders(&ch, &ch_db).await, &want) },
         )
         .await;
         let want = documents(&source, &mdb).await;
@@ -1004,14 +996,7 @@ async fn the_example_configs_run_the_pipeline_with_two_clickhouse_appliers() {
             "the MongoDB snapshot in the target",
             Duration::from_secs(120),
             &mut stages,
-            || async {
-                let got = documents(&target, &mdb).await;
-                if got == want {
-                    Ok(())
-                } else {
-                    Err(format!("{got:?}"))
-                }
-            },
+            || async { same(documents(&target, &mdb).await, &want) },
         )
         .await;
     }

@@ -5,7 +5,7 @@ use futures::StreamExt;
 use mongodb::bson::{doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Document};
 use mongodb::change_stream::event::OperationType;
 use mongodb::Client;
-use sluice_tests::{mongo_source_url, mongo_target_url, unique};
+use sluice_tests::{is_mongo_java_server, mongo_source_url, mongo_target_url, unique};
 
 async fn client(url: String) -> Client {
     Client::with_uri_str(&url)
@@ -107,14 +107,4 @@ async fn change_stream_reports_inserts_updates_and_deletes() {
     // Every event carries a resume token.
     assert!(stream.resume_token().is_some());
     c.database(&db).drop().await.unwrap();
-}
-
-/// mongo-java-server answers buildInfo without the `gitVersion` every MongoDB build reports.
-async fn is_mongo_java_server(c: &Client) -> bool {
-    let info = c
-        .database("admin")
-        .run_command(doc! { "buildInfo": 1 })
-        .await
-        .expect("buildInfo");
-    !info.contains_key("gitVersion")
 }

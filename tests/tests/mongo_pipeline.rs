@@ -19,22 +19,14 @@ use mongodb::Client;
 use sluice_tests::capture::{
     metric_at, wait_snapshot_done, wait_stored_snapshot_rows, CaptureProcess,
 };
-use sluice_tests::{kafka_brokers, mongo_source_url, mongo_target_url, unique};
+use sluice_tests::{
+    is_mongo_java_server, kafka_brokers, mongo_source_url, mongo_target_url, unique,
+};
 
 async fn client(url: String) -> Client {
     Client::with_uri_str(&url)
         .await
         .expect("MongoDB connection string")
-}
-
-/// mongo-java-server answers buildInfo without the `gitVersion` every MongoDB build reports.
-async fn is_mongo_java_server(c: &Client) -> bool {
-    let info = c
-        .database("admin")
-        .run_command(doc! { "buildInfo": 1 })
-        .await
-        .expect("buildInfo");
-    !info.contains_key("gitVersion")
 }
 
 /// capture-mongo reading `db` (`mongodb` holds the `[mongodb]` keys beyond the URI, `filter`
