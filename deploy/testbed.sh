@@ -171,7 +171,7 @@ mariadb_start() {
     --datadir="$mariadb_dir/data" --socket="$mariadb_sock" --pid-file="$mariadb_dir/data/mariadbd.pid" \
     --bind-address=127.0.0.1 --port="$mariadb_port" --skip-name-resolve \
     --server-id=1 --log-bin=mysql-bin --binlog-format=ROW --binlog-row-image=FULL \
-    --binlog-row-metadata=FULL --max-binlog-size=64M \
+    --binlog-row-metadata=FULL --max-binlog-size=64M --binlog-expire-logs-seconds=86400 \
     --gtid-strict-mode=1 --log-slave-updates=1 \
     --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
     --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2 --sync-binlog=0 \
