@@ -92,6 +92,28 @@ pub fn stop_child(mut child: Child) {
     let _ = child.wait();
 }
 
+/// CPU seconds and peak RSS bytes of a pair of running stages (capture, apply), then stop both.
+pub fn usage_and_stop(capture: Child, apply: Child) -> anyhow::Result<[(f64, f64); 2]> {
+    let usage = [
+        (cpu_seconds(capture.id())?, peak_rss(capture.id())?),
+        (cpu_seconds(apply.id())?, peak_rss(apply.id())?),
+    ];
+    stop_child(capture);
+    stop_child(apply);
+    Ok(usage)
+}
+
+/// The acknowledgement times each load writer recorded, writer by writer.
+pub async fn join_writers(
+    writers: Vec<tokio::task::JoinHandle<anyhow::Result<Vec<Instant>>>>,
+) -> anyhow::Result<Vec<Vec<Instant>>> {
+    let mut acked = Vec::with_capacity(writers.len());
+    for w in writers {
+        acked.push(w.await??);
+    }
+    Ok(acked)
+}
+
 /// Start a stage in the background with a config (a metrics section is added).
 pub fn spawn_stage(
     binary: &std::path::Path,

@@ -135,9 +135,18 @@ fn the_deployment_files_pass_their_checkers_and_the_checkers_catch_faults() {
 
     let (ok, out) = check(&tools.join("hadolint"), &["deploy/Dockerfile"]);
     assert!(ok, "hadolint deploy/Dockerfile:\n{out}");
-    let root_user = scratch.path().join("Dockerfile");
-    std::fs::write(&root_user, read("deploy/Dockerfile") + "USER root\n").unwrap();
-    let (ok, out) = check(&tools.join("hadolint"), &[root_user.to_str().unwrap()]);
+    let refused = |tool: &str, args: &[&str], file: &str, text: String| {
+        let path = scratch.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        let args = [args, &[path.to_str().unwrap()]].concat();
+        check(&tools.join(tool), &args)
+    };
+    let (ok, out) = refused(
+        "hadolint",
+        &[],
+        "Dockerfile",
+        read("deploy/Dockerfile") + "USER root\n",
+    );
     assert!(
         !ok && out.contains("DL3002"),
         "a last USER root must be refused:\n{out}"
@@ -152,19 +161,15 @@ fn the_deployment_files_pass_their_checkers_and_the_checkers_catch_faults() {
         ok,
         "docker-compose.yml against the Compose specification:\n{out}"
     );
-    let bad_compose = scratch.path().join("compose.yml");
-    std::fs::write(
-        &bad_compose,
+    let (ok, out) = refused(
+        "check-jsonschema",
+        &compose,
+        "compose.yml",
         broken(
             &read("docker-compose.yml"),
             "  stop_grace_period:",
             "  stop_grace:",
         ),
-    )
-    .unwrap();
-    let (ok, out) = check(
-        &tools.join("check-jsonschema"),
-        &[&compose[..], &[bad_compose.to_str().unwrap()]].concat(),
     );
     assert!(!ok, "an unknown service key must be refused:\n{out}");
 
@@ -179,19 +184,15 @@ fn the_deployment_files_pass_their_checkers_and_the_checkers_catch_faults() {
     args.extend(manifests.iter().map(String::as_str));
     let (ok, out) = check(&tools.join("kubernetes-validate"), &args);
     assert!(ok, "deploy/k8s against the Kubernetes schemas:\n{out}");
-    let bad_k8s = scratch.path().join("bad.yaml");
-    std::fs::write(
-        &bad_k8s,
+    let (ok, out) = refused(
+        "kubernetes-validate",
+        &["--strict", "--quiet"],
+        "bad.yaml",
         broken(
             &read("deploy/k8s/apply-mongo.yaml"),
             "terminationGracePeriodSeconds:",
             "terminationGraceSeconds:",
         ),
-    )
-    .unwrap();
-    let (ok, out) = check(
-        &tools.join("kubernetes-validate"),
-        &["--strict", "--quiet", bad_k8s.to_str().unwrap()],
     );
     assert!(!ok, "an unknown pod spec key must be refused:\n{out}");
 }

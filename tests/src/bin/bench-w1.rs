@@ -32,9 +32,7 @@
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::bench::{
-    cpu_seconds, measure, num_cores, peak_rss, spawn_stage, stop_child, Stage,
-};
+use sluice_tests::bench::{measure, num_cores, spawn_stage, stop_child, Stage};
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 #[tokio::main]
@@ -575,10 +573,7 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
             anyhow::Ok(acked)
         }));
     }
-    let mut acked = Vec::new();
-    for w in writers {
-        acked.push(w.await??);
-    }
+    let acked = sluice_tests::bench::join_writers(writers).await?;
     let per_table = 1 + batches * load.batch;
     let deadline = Instant::now() + Duration::from_secs(180);
     while counts(ch.clone(), counts_sql.clone(), load.tables)
@@ -594,6 +589,8 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
     let seen = watcher.await?;
     let l = sluice_tests::bench::latencies(&acked, &seen, load.batch);
     let rows = batches * load.batch * load.tables as u64;
+    let [(capture_cpu, capture_rss), (apply_cpu, apply_rss)] =
+        sluice_tests::bench::usage_and_stop(capture, apply)?;
     let result = Sustained {
         load,
         rows,
@@ -601,13 +598,11 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
         p50: l.p50,
         p99: l.p99,
         max: l.max,
-        capture_cpu: cpu_seconds(capture.id())?,
-        apply_cpu: cpu_seconds(apply.id())?,
-        capture_rss: peak_rss(capture.id())?,
-        apply_rss: peak_rss(apply.id())?,
+        capture_cpu,
+        apply_cpu,
+        capture_rss,
+        apply_rss,
     };
-    stop_child(capture);
-    stop_child(apply);
     c.query_drop(format!("DROP DATABASE `{db}`")).await?;
     ch.query(&format!("DROP DATABASE {ch_db}"))
         .execute()

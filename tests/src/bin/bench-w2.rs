@@ -32,9 +32,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use mongodb::bson::raw::RawDocumentBuf;
 use mongodb::bson::{doc, Document};
-use sluice_tests::bench::{
-    cpu_seconds, measure, num_cores, peak_rss, spawn_stage, stop_child, Stage,
-};
+use sluice_tests::bench::{measure, num_cores, spawn_stage, stop_child, Stage};
 use sluice_tests::{kafka_brokers, mongo_source_url, mongo_target_url, unique};
 
 const COLLECTIONS: usize = 10;
@@ -462,10 +460,7 @@ async fn sustained(
             anyhow::Ok(acked)
         }));
     }
-    let mut acked = Vec::new();
-    for w in writers {
-        acked.push(w.await??);
-    }
+    let acked = sluice_tests::bench::join_writers(writers).await?;
     let want = 1 + batches * batch;
     let deadline = Instant::now() + Duration::from_secs(180);
     while counts(dst.clone(), db.clone())
@@ -481,6 +476,8 @@ async fn sustained(
     let seen = watcher.await?;
     let l = sluice_tests::bench::latencies(&acked, &seen, batch);
     let docs = batches * batch * COLLECTIONS as u64;
+    let [(capture_cpu, capture_rss), (apply_cpu, apply_rss)] =
+        sluice_tests::bench::usage_and_stop(capture, apply)?;
     let result = Sustained {
         batch,
         every_ms,
@@ -491,13 +488,11 @@ async fn sustained(
         p50: l.p50,
         p99: l.p99,
         max: l.max,
-        capture_cpu: cpu_seconds(capture.id())?,
-        apply_cpu: cpu_seconds(apply.id())?,
-        capture_rss: peak_rss(capture.id())?,
-        apply_rss: peak_rss(apply.id())?,
+        capture_cpu,
+        apply_cpu,
+        capture_rss,
+        apply_rss,
     };
-    stop_child(capture);
-    stop_child(apply);
     src.database(&db).drop().await?;
     dst.database(&db).drop().await?;
     Ok(result)
