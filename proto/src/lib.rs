@@ -16,7 +16,31 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/sluice.v1.rs"));
 }
 
+pub mod wire;
+
 pub use v1::{ChangeEvent, EventKey, Op, TableSchema, Value};
+
+/// Append a row event whose key and images are already encoded: `header` is the event without
+/// them (`key`, `before` and `after` unset), each of `key`, `before`, `after` the bytes of a
+/// `Row` message. The same bytes as [`encode_event`] of the whole event.
+pub fn encode_event_rows(
+    header: &ChangeEvent,
+    key: &[u8],
+    before: Option<&[u8]>,
+    after: Option<&[u8]>,
+    buf: &mut Vec<u8>,
+) {
+    debug_assert!(header.key.is_none() && header.before.is_none() && header.after.is_none());
+    header.encode_raw(buf);
+    use wire::{key as k, put_bytes, LEN};
+    put_bytes(&[k(13, LEN)], key, buf);
+    if let Some(b) = before {
+        put_bytes(&[k(14, LEN)], b, buf);
+    }
+    if let Some(a) = after {
+        put_bytes(&[k(15, LEN)], a, buf);
+    }
+}
 
 /// Append `event`, encoded, to `buf`: the same message as `event.encode(buf)` (fields in
 /// another order, which protobuf allows), for about half the work on large rows. prost works

@@ -388,3 +388,46 @@ fn schema_ids_depend_on_content_only() {
     assert_ne!(schema_id(&s), schema_id(&other));
     assert_eq!(schema_record_key(0xab), "00000000000000ab");
 }
+
+#[test]
+fn an_event_with_encoded_rows_is_prosts_encoding() {
+    let mut e = sample_event();
+    // A row event: no DDL, no MongoDB change (fields after the images).
+    (e.ddl, e.mongo) = (None, None);
+    e.key = Some(v1::Row {
+        values: vec![value::of(Kind::Int(-7))],
+    });
+    e.before = e.after.clone();
+    e.before.as_mut().unwrap().values.push(Value { kind: None });
+    for event in [
+        e.clone(),
+        ChangeEvent {
+            before: None,
+            ..e.clone()
+        },
+        ChangeEvent {
+            after: None,
+            key: Some(v1::Row::default()),
+            ..e.clone()
+        },
+    ] {
+        let header = ChangeEvent {
+            key: None,
+            before: None,
+            after: None,
+            ..event.clone()
+        };
+        let rows = [&event.key, &event.before, &event.after]
+            .map(|r| r.as_ref().map(|r| r.encode_to_vec()));
+        let mut buf = vec![9]; // appends
+        encode_event_rows(
+            &header,
+            rows[0].as_deref().unwrap(),
+            rows[1].as_deref(),
+            rows[2].as_deref(),
+            &mut buf,
+        );
+        assert_eq!(buf[0], 9);
+        assert_eq!(&buf[1..], event.encode_to_vec().as_slice());
+    }
+}

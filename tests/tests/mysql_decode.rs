@@ -7,7 +7,11 @@ use futures::StreamExt;
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStreamRequest, Conn, Opts};
-use sluice_capture::mysql::{decode::TableDecoder, schema};
+use prost::Message;
+use sluice_capture::mysql::{
+    decode::{Image, TableDecoder},
+    schema,
+};
 use sluice_tests::{edge, mysql_url, unique};
 
 async fn connect() -> Conn {
@@ -70,6 +74,18 @@ async fn write_and_read(
             let decoder = TableDecoder::new(tme, &schema).expect("decoder");
             for (before, after) in decoder.decode_event(&rows).expect("rows decode") {
                 changes.push((op, before.map(|r| r.values), after.map(|r| r.values)));
+            }
+            // The images are written without prost: they must be prost's own encoding, byte
+            // for byte (so that every reader, and the row's key, sees one encoding per value).
+            let mut images = decoder.rows(&rows);
+            let (mut b, mut a) = (Image::default(), Image::default());
+            while let Some((has_b, has_a)) = images.next_into(&mut b, &mut a).expect("rows decode")
+            {
+                for (has, image) in [(has_b, &b), (has_a, &a)] {
+                    if has {
+                        assert_eq!(image.to_row().encode_to_vec(), image.bytes());
+                    }
+                }
             }
         }
     })

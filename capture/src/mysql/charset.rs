@@ -38,10 +38,15 @@ fn encoding(charset: &str) -> Option<&'static Encoding> {
     })
 }
 
+/// Whether text in `charset` is UTF-8 already (validated, not converted).
+pub fn is_utf8(charset: &str) -> bool {
+    matches!(charset, "utf8mb4" | "utf8mb3" | "utf8" | "ascii" | "")
+}
+
 /// The contract value of a text column's bytes.
 pub fn to_text(bytes: Vec<u8>, charset: &str) -> Kind {
     match charset {
-        "utf8mb4" | "utf8mb3" | "utf8" | "ascii" | "" => match String::from_utf8(bytes) {
+        c if is_utf8(c) => match String::from_utf8(bytes) {
             Ok(s) => Kind::Text(s),
             Err(e) => raw(e.into_bytes(), charset),
         },

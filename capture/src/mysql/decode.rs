@@ -1,4 +1,6 @@
-//! Row images of binlog rows events, decoded straight from their bytes into contract values.
+//! Row images of binlog rows events, decoded straight from their bytes into the contract's
+//! encoded values: each image becomes the bytes of a `Row` message without a `Value` being built
+//! (an [`Image`]), and the event and its Kafka key are put together from those bytes.
 //!
 //! mysql_common decodes rows into its own `Value`, losing what the contract must keep: the
 //! zero YEAR becomes 1900, negative TIME(1)/TIME(2) come out wrong, TIMESTAMP and DECIMAL arrive
@@ -10,9 +12,16 @@
 //! A [`TableDecoder`] is built once per table map (table id + schema) and decodes every row of
 //! the events that follow it.
 
+use std::ops::Range;
+
 use mysql_async::binlog::events::{RowsEventData, TableMapEvent};
 use mysql_async::consts::ColumnType as My;
-use sluice_proto::v1::{self, value::Kind, Column, ColumnType, TableSchema, Value};
+use prost::Message;
+use sluice_proto::v1::{self, value::Kind, Column, ColumnType, TableSchema};
+use sluice_proto::wire::{
+    self, key as k, patch_len, put_bytes, put_int32_field, put_uint_field, put_varint, zigzag,
+    FIXED32, FIXED64, LEN, VARINT,
+};
 
 use super::charset;
 
@@ -104,12 +113,24 @@ enum Layout {
     },
 }
 
+/// What the bytes of a string column become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Text {
+    /// Binary strings: `bytes`.
+    Bytes,
+    /// UTF-8 (or ASCII) text: validated, kept as it is.
+    Utf8,
+    /// Text in another charset: converted to UTF-8 (`charset::to_text`).
+    Other,
+}
+
 #[derive(Debug, Clone)]
 struct ColumnDecoder {
     name: String,
     layout: Layout,
     /// What the bytes of string-like layouts become.
     target: ColumnType,
+    text: Text,
     charset: String,
     members: Vec<String>,
 }
@@ -123,6 +144,90 @@ pub struct TableDecoder {
 
 /// One row change: the before image (update, delete) and the after image (insert, update).
 pub type RowChange = (Option<v1::Row>, Option<v1::Row>);
+
+/// One row image, encoded: the bytes of a `Row` message (every column one `values` entry) and
+/// where each column's `Value` message lies in them. Reused from row to row.
+#[derive(Debug, Default)]
+pub struct Image {
+    bytes: Vec<u8>,
+    values: Vec<Range<usize>>,
+}
+
+impl Image {
+    /// The `Row` message.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The `Value` message of column `i` (empty when the image does not hold the column).
+    pub fn value(&self, i: usize) -> &[u8] {
+        &self.bytes[self.values[i].clone()]
+    }
+
+    /// The `Row` message of the `key` columns' values, into `out` (cleared first).
+    pub fn key_row(&self, key: &[u32], out: &mut Vec<u8>) {
+        out.clear();
+        for &i in key {
+            put_bytes(&[k(1, LEN)], self.value(i as usize), out);
+        }
+    }
+
+    /// The Kafka record key of this image: `prefix` (from `sluice_proto::event_key_prefix`)
+    /// then the `key` columns' values, the bytes of `sluice_proto::append_event_key`.
+    pub fn event_key(&self, prefix: &[u8], key: &[u32], out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(prefix);
+        for &i in key {
+            put_bytes(&[k(3, LEN)], self.value(i as usize), out);
+        }
+    }
+
+    /// Whether the `key` columns hold the same values here and in `other`.
+    pub fn same_key(&self, other: &Image, key: &[u32]) -> bool {
+        key.iter()
+            .all(|&i| self.value(i as usize) == other.value(i as usize))
+    }
+
+    /// The image as a message.
+    pub fn to_row(&self) -> v1::Row {
+        v1::Row::decode(self.bytes.as_slice())
+            .expect("an image holds only valid UTF-8 where the contract has strings")
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.values.clear();
+    }
+}
+
+/// The rows of one rows event, decoded one at a time ([`Rows::next_into`]).
+pub struct Rows<'a> {
+    decoder: &'a TableDecoder,
+    data: &'a [u8],
+    before: Option<Vec<bool>>,
+    after: Option<Vec<bool>>,
+}
+
+impl Rows<'_> {
+    /// Decode the next row change into `before` and `after`: which of the two images it has,
+    /// or `None` after the last row.
+    pub fn next_into(
+        &mut self,
+        before: &mut Image,
+        after: &mut Image,
+    ) -> Result<Option<(bool, bool)>, DecodeError> {
+        if self.data.is_empty() {
+            return Ok(None);
+        }
+        if let Some(present) = &self.before {
+            self.decoder.decode_image(&mut self.data, present, before)?;
+        }
+        if let Some(present) = &self.after {
+            self.decoder.decode_image(&mut self.data, present, after)?;
+        }
+        Ok(Some((self.before.is_some(), self.after.is_some())))
+    }
+}
 
 impl TableDecoder {
     pub fn new(tme: &TableMapEvent<'_>, schema: &TableSchema) -> Result<Self, DecodeError> {
@@ -159,10 +264,17 @@ impl TableDecoder {
                     ),
                 });
             }
+            let text = match col.r#type() {
+                ColumnType::Binary | ColumnType::Varbinary | ColumnType::Blob => Text::Bytes,
+                _ if col.charset == "binary" => Text::Bytes,
+                _ if charset::is_utf8(&col.charset) => Text::Utf8,
+                _ => Text::Other,
+            };
             columns.push(ColumnDecoder {
                 name: col.name.clone(),
                 layout,
                 target: col.r#type(),
+                text,
                 charset: col.charset.clone(),
                 members: col.members.clone(),
             });
@@ -170,75 +282,77 @@ impl TableDecoder {
         Ok(Self { table, columns })
     }
 
-    /// Decode every row of a rows event.
-    pub fn decode_event(&self, ev: &RowsEventData<'_>) -> Result<Vec<RowChange>, DecodeError> {
-        let before: Option<Vec<bool>> = ev
-            .columns_before_image()
-            .map(|b| b.iter().by_vals().collect());
-        let after: Option<Vec<bool>> = ev
-            .columns_after_image()
-            .map(|b| b.iter().by_vals().collect());
-        self.decode_rows(ev.rows_data(), before.as_deref(), after.as_deref())
-    }
-
-    /// Decode every row of a rows event's data. `before`/`after` are the events' column
-    /// bitmaps (which columns each image holds); `None` when the event has no such image.
-    pub fn decode_rows(
-        &self,
-        mut data: &[u8],
-        before: Option<&[bool]>,
-        after: Option<&[bool]>,
-    ) -> Result<Vec<RowChange>, DecodeError> {
-        let mut rows = Vec::new();
-        while !data.is_empty() {
-            let b = match before {
-                Some(present) => Some(self.decode_image(&mut data, present)?),
-                None => None,
-            };
-            let a = match after {
-                Some(present) => Some(self.decode_image(&mut data, present)?),
-                None => None,
-            };
-            rows.push((b, a));
+    /// The rows of a rows event, to be decoded one by one.
+    pub fn rows<'a>(&'a self, ev: &'a RowsEventData<'_>) -> Rows<'a> {
+        Rows {
+            decoder: self,
+            data: ev.rows_data(),
+            before: ev
+                .columns_before_image()
+                .map(|b| b.iter().by_vals().collect()),
+            after: ev
+                .columns_after_image()
+                .map(|b| b.iter().by_vals().collect()),
         }
-        Ok(rows)
     }
 
-    fn decode_image(&self, data: &mut &[u8], present: &[bool]) -> Result<v1::Row, DecodeError> {
+    /// Decode every row of a rows event into messages.
+    pub fn decode_event(&self, ev: &RowsEventData<'_>) -> Result<Vec<RowChange>, DecodeError> {
+        let mut rows = self.rows(ev);
+        let (mut before, mut after) = (Image::default(), Image::default());
+        let mut changes = Vec::new();
+        while let Some((b, a)) = rows.next_into(&mut before, &mut after)? {
+            changes.push((b.then(|| before.to_row()), a.then(|| after.to_row())));
+        }
+        Ok(changes)
+    }
+
+    /// Decode one image: `present` says which columns it holds (the event's column bitmap).
+    fn decode_image(
+        &self,
+        data: &mut &[u8],
+        present: &[bool],
+        image: &mut Image,
+    ) -> Result<(), DecodeError> {
+        image.clear();
         let n_present = present.iter().filter(|p| **p).count();
         let bitmap = take(data, n_present.div_ceil(8)).ok_or_else(|| DecodeError::Truncated {
             table: self.table.clone(),
             column: "(null bitmap)".into(),
             needed: n_present.div_ceil(8),
         })?;
-        let mut values = Vec::with_capacity(self.columns.len());
+        let out = &mut image.bytes;
         let mut k = 0; // index among present columns
         for (i, col) in self.columns.iter().enumerate() {
+            // Each column is one `values` entry (field 1) holding a `Value` message.
+            out.extend_from_slice(&[wire::key(1, LEN), 0]);
+            let start = out.len();
             if !present.get(i).copied().unwrap_or(false) {
-                values.push(Value { kind: None });
+                // An empty `Value`: the image does not hold the column.
+                image.values.push(start..start);
                 continue;
             }
             let is_null = bitmap[k / 8] & (1 << (k % 8)) != 0;
             k += 1;
             if is_null {
-                values.push(sluice_proto::value::null());
-                continue;
+                out.extend_from_slice(&[wire::key(1, VARINT), 1]); // null = true
+            } else {
+                col.encode(data, out).map_err(|e| match e {
+                    Short(needed) => DecodeError::Truncated {
+                        table: self.table.clone(),
+                        column: col.name.clone(),
+                        needed,
+                    },
+                    Invalid(reason) => DecodeError::Bad {
+                        table: self.table.clone(),
+                        column: col.name.clone(),
+                        reason,
+                    },
+                })?;
             }
-            let kind = col.decode(data).map_err(|e| match e {
-                Short(needed) => DecodeError::Truncated {
-                    table: self.table.clone(),
-                    column: col.name.clone(),
-                    needed,
-                },
-                Invalid(reason) => DecodeError::Bad {
-                    table: self.table.clone(),
-                    column: col.name.clone(),
-                    reason,
-                },
-            })?;
-            values.push(Value { kind: Some(kind) });
+            image.values.push(patch_len(out, start));
         }
-        Ok(v1::Row { values })
+        Ok(())
     }
 }
 
@@ -367,10 +481,6 @@ fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
     Some(head)
 }
 
-fn take_or(data: &mut &[u8], n: usize) -> Result<Vec<u8>, ColumnError> {
-    take_ref(data, n).map(<[u8]>::to_vec)
-}
-
 fn take_ref<'a>(data: &mut &'a [u8], n: usize) -> Result<&'a [u8], ColumnError> {
     let have = data.len();
     take(data, n).ok_or(Short(n.saturating_sub(have)))
@@ -398,126 +508,177 @@ fn frac_bytes(fsp: u8) -> usize {
     (fsp as usize).div_ceil(2)
 }
 
+/// A `Value`'s `kind` member as a one-byte field key.
+const fn kind_key(tag: u8, wire_type: u8) -> u8 {
+    k(tag, wire_type)
+}
+const INT: u8 = kind_key(2, VARINT);
+const UINT: u8 = kind_key(3, VARINT);
+const FLOAT32: u8 = kind_key(4, FIXED32);
+const FLOAT64: u8 = kind_key(5, FIXED64);
+const DECIMAL: u8 = kind_key(6, LEN);
+const TEXT: u8 = kind_key(7, LEN);
+const BYTES: u8 = kind_key(8, LEN);
+const BITS: u8 = kind_key(9, VARINT);
+const ENUM: u8 = kind_key(10, LEN);
+const SET: u8 = kind_key(11, LEN);
+const DATE: u8 = kind_key(12, LEN);
+const TIME: u8 = kind_key(13, VARINT);
+const DATETIME: u8 = kind_key(14, LEN);
+const TIMESTAMP: u8 = kind_key(15, VARINT);
+/// Field 17 (`json`) takes two key bytes.
+const JSON: [u8; 2] = [(17 << 3 | LEN) | 0x80, (17 << 3) >> 7];
+
 impl ColumnDecoder {
-    fn decode(&self, data: &mut &[u8]) -> Result<Kind, ColumnError> {
-        Ok(match &self.layout {
+    /// Read one non-NULL value off `data` and append its `Value` message (the `kind` field) to
+    /// `out`.
+    fn encode(&self, data: &mut &[u8], out: &mut Vec<u8>) -> Result<(), ColumnError> {
+        match &self.layout {
             Layout::Int { bytes, unsigned } => {
                 let v = le(take_ref(data, *bytes)?);
                 if *unsigned {
-                    Kind::Uint(v)
+                    out.push(UINT);
+                    put_varint(v, out);
                 } else {
-                    Kind::Int(sign_extend(v, *bytes))
+                    out.push(INT);
+                    put_varint(zigzag(sign_extend(v, *bytes)), out);
                 }
             }
             Layout::Year => {
                 let v = take_ref(data, 1)?[0];
-                Kind::Int(if v == 0 { 0 } else { 1900 + i64::from(v) })
+                out.push(INT);
+                put_varint(zigzag(if v == 0 { 0 } else { 1900 + i64::from(v) }), out);
             }
+            // Both are stored little-endian IEEE 754, as protobuf's fixed32/fixed64.
             Layout::Float => {
-                let b = take_ref(data, 4)?;
-                Kind::Float32(f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                out.push(FLOAT32);
+                out.extend_from_slice(take_ref(data, 4)?);
             }
             Layout::Double => {
-                let b = take_ref(data, 8)?;
-                Kind::Float64(f64::from_le_bytes(b.try_into().expect("8 bytes")))
+                out.push(FLOAT64);
+                out.extend_from_slice(take_ref(data, 8)?);
             }
             Layout::Decimal { precision, scale } => {
-                Kind::Decimal(decimal(data, *precision, *scale)?)
+                delimited(DECIMAL, out, |out| decimal(data, *precision, *scale, out))?;
             }
-            Layout::Bit { bytes } => Kind::Bits(be(take_ref(data, *bytes)?)),
+            Layout::Bit { bytes } => {
+                out.push(BITS);
+                put_varint(be(take_ref(data, *bytes)?), out);
+            }
             Layout::Enum { bytes } => {
                 let index = le(take_ref(data, *bytes)?) as u32;
                 let label = match index {
-                    0 => String::new(),
-                    i => self.members.get(i as usize - 1).cloned().ok_or_else(|| {
+                    0 => "",
+                    i => self.members.get(i as usize - 1).ok_or_else(|| {
                         Invalid(format!(
                             "ENUM index {i} but the schema has {} members",
                             self.members.len()
                         ))
                     })?,
                 };
-                Kind::EnumValue(v1::EnumValue { index, label })
+                delimited(ENUM, out, |out| {
+                    put_uint_field(k(1, VARINT), index.into(), out);
+                    if !label.is_empty() {
+                        put_bytes(&[k(2, LEN)], label.as_bytes(), out);
+                    }
+                    Ok(())
+                })?;
             }
             Layout::Set { bytes } => {
                 let bits = le(take_ref(data, *bytes)?);
-                let members = (0..64)
-                    .filter(|i| bits & (1u64 << i) != 0)
-                    .map(|i| {
-                        self.members.get(i).cloned().ok_or_else(|| {
+                delimited(SET, out, |out| {
+                    put_uint_field(k(1, VARINT), bits, out);
+                    for i in (0..64).filter(|i| bits & (1u64 << i) != 0) {
+                        let member = self.members.get(i).ok_or_else(|| {
                             Invalid(format!(
                                 "SET bit {i} but the schema has {} members",
                                 self.members.len()
                             ))
-                        })
-                    })
-                    .collect::<Result<_, _>>()?;
-                Kind::SetValue(v1::SetValue { bits, members })
+                        })?;
+                        put_bytes(&[k(2, LEN)], member.as_bytes(), out);
+                    }
+                    Ok(())
+                })?;
             }
             Layout::Date => {
                 let v = le(take_ref(data, 3)?);
-                Kind::Date(v1::Date {
-                    year: (v >> 9) as i32,
-                    month: ((v >> 5) & 15) as u32,
-                    day: (v & 31) as u32,
-                })
+                delimited(DATE, out, |out| {
+                    put_int32_field(k(1, VARINT), (v >> 9) as i32, out);
+                    put_uint_field(k(2, VARINT), (v >> 5) & 15, out);
+                    put_uint_field(k(3, VARINT), v & 31, out);
+                    Ok(())
+                })?;
             }
             Layout::OldTime => {
                 let v = sign_extend(le(take_ref(data, 3)?), 3);
                 let (neg, v) = (v < 0, v.unsigned_abs() as i64);
                 let secs = (v / 10000) * 3600 + (v / 100 % 100) * 60 + v % 100;
                 let micros = secs * 1_000_000;
-                Kind::TimeMicros(if neg { -micros } else { micros })
+                out.push(TIME);
+                put_varint(zigzag(if neg { -micros } else { micros }), out);
             }
             Layout::OldDatetime => {
                 let v = le(take_ref(data, 8)?);
                 let (d, t) = (v / 1_000_000, v % 1_000_000);
-                Kind::Datetime(v1::DateTime {
-                    year: (d / 10000) as i32,
-                    month: (d / 100 % 100) as u32,
-                    day: (d % 100) as u32,
-                    hour: (t / 10000) as u32,
-                    minute: (t / 100 % 100) as u32,
-                    second: (t % 100) as u32,
-                    micros: 0,
-                })
+                put_datetime(
+                    &v1::DateTime {
+                        year: (d / 10000) as i32,
+                        month: (d / 100 % 100) as u32,
+                        day: (d % 100) as u32,
+                        hour: (t / 10000) as u32,
+                        minute: (t / 100 % 100) as u32,
+                        second: (t % 100) as u32,
+                        micros: 0,
+                    },
+                    out,
+                );
             }
             Layout::OldTimestamp => {
-                Kind::TimestampMicros(le(take_ref(data, 4)?) as i64 * 1_000_000)
+                out.push(TIMESTAMP);
+                put_varint(zigzag(le(take_ref(data, 4)?) as i64 * 1_000_000), out);
             }
-            Layout::Time2 { fsp } => Kind::TimeMicros(time2(data, *fsp)?),
-            Layout::Datetime2 { fsp } => Kind::Datetime(datetime2(data, *fsp)?),
+            Layout::Time2 { fsp } => {
+                let micros = time2(data, *fsp)?;
+                out.push(TIME);
+                put_varint(zigzag(micros), out);
+            }
+            Layout::Datetime2 { fsp } => put_datetime(&datetime2(data, *fsp)?, out),
             Layout::Timestamp2 { fsp } => {
                 let secs = be(take_ref(data, 4)?) as i64;
                 let frac = frac_be(data, *fsp)?;
-                Kind::TimestampMicros(secs * 1_000_000 + frac)
+                out.push(TIMESTAMP);
+                put_varint(zigzag(secs * 1_000_000 + frac), out);
             }
             Layout::Fixed { prefix, pad_to } => {
                 let len = le(take_ref(data, *prefix)?) as usize;
-                let mut bytes = take_or(data, len)?;
-                if let Some(n) = pad_to {
+                let bytes = take_ref(data, len)?;
+                match pad_to {
                     // BINARY(n) is stored without its trailing NULs.
-                    if bytes.len() < *n {
-                        bytes.resize(*n, 0);
+                    Some(n) if bytes.len() < *n => {
+                        out.push(BYTES);
+                        put_varint(*n as u64, out);
+                        out.extend_from_slice(bytes);
+                        out.resize(out.len() + (n - bytes.len()), 0);
                     }
+                    _ => self.string(bytes, out),
                 }
-                self.string(bytes)
             }
             Layout::Var { prefix } => {
                 let len = le(take_ref(data, *prefix)?) as usize;
-                self.string(take_or(data, len)?)
+                self.string(take_ref(data, len)?, out);
             }
             Layout::BinaryJson { prefix } => {
                 let len = le(take_ref(data, *prefix)?) as usize;
-                Kind::Json(json_text(take_ref(data, len)?)?)
+                put_bytes(&JSON, json_text(take_ref(data, len)?)?.as_bytes(), out);
             }
             Layout::Blob { prefix } => {
                 let len = le(take_ref(data, *prefix)?) as usize;
                 let bytes = take_ref(data, len)?;
                 match self.target {
                     // MariaDB: the JSON text as stored.
-                    ColumnType::Json => match String::from_utf8(bytes.to_vec()) {
-                        Ok(t) => Kind::Json(t),
-                        Err(e) => charset::to_text(e.into_bytes(), &self.charset),
+                    ColumnType::Json => match std::str::from_utf8(bytes) {
+                        Ok(_) => put_bytes(&JSON, bytes, out),
+                        Err(_) => charset::to_text(bytes.to_vec(), &self.charset).encode(out),
                     },
                     ColumnType::Geometry => {
                         if bytes.len() < 4 {
@@ -530,21 +691,52 @@ impl ColumnDecoder {
                             srid: le(&bytes[..4]) as u32,
                             wkb: bytes[4..].to_vec(),
                         })
+                        .encode(out)
                     }
-                    _ => self.string(bytes.to_vec()),
+                    _ => self.string(bytes, out),
                 }
             }
-        })
+        }
+        Ok(())
     }
 
     /// Bytes of a string column: text in its charset, or bytes for binary strings.
-    fn string(&self, bytes: Vec<u8>) -> Kind {
-        match self.target {
-            ColumnType::Binary | ColumnType::Varbinary | ColumnType::Blob => Kind::Bytes(bytes),
-            _ if self.charset == "binary" => Kind::Bytes(bytes),
-            _ => charset::to_text(bytes, &self.charset),
+    fn string(&self, bytes: &[u8], out: &mut Vec<u8>) {
+        match self.text {
+            Text::Bytes => put_bytes(&[BYTES], bytes, out),
+            Text::Utf8 if std::str::from_utf8(bytes).is_ok() => put_bytes(&[TEXT], bytes, out),
+            // Not valid in its charset, or another charset: `to_text` keeps what it cannot
+            // convert as raw text.
+            _ => charset::to_text(bytes.to_vec(), &self.charset).encode(out),
         }
     }
+}
+
+/// A `kind` member that is a message (`key` one byte), its body written by `body`.
+fn delimited(
+    key: u8,
+    out: &mut Vec<u8>,
+    body: impl FnOnce(&mut Vec<u8>) -> Result<(), ColumnError>,
+) -> Result<(), ColumnError> {
+    wire::put_delimited(&[key], out, body).map(|_| ())
+}
+
+/// A `DateTime` message as the `datetime` member.
+fn put_datetime(dt: &v1::DateTime, out: &mut Vec<u8>) {
+    let _ = delimited(DATETIME, out, |out| {
+        put_int32_field(k(1, VARINT), dt.year, out);
+        for (tag, v) in [
+            (2, dt.month),
+            (3, dt.day),
+            (4, dt.hour),
+            (5, dt.minute),
+            (6, dt.second),
+            (7, dt.micros),
+        ] {
+            put_uint_field(k(tag, VARINT), v.into(), out);
+        }
+        Ok(())
+    });
 }
 
 /// Fractional seconds stored big-endian in `frac_bytes(fsp)` bytes, as microseconds.
@@ -615,8 +807,13 @@ fn datetime2(data: &mut &[u8], fsp: u8) -> Result<v1::DateTime, ColumnError> {
     })
 }
 
-/// DECIMAL(precision, scale) in MySQL's binary format, as exact text.
-fn decimal(data: &mut &[u8], precision: usize, scale: usize) -> Result<String, ColumnError> {
+/// DECIMAL(precision, scale) in MySQL's binary format, appended to `out` as exact text.
+fn decimal(
+    data: &mut &[u8],
+    precision: usize,
+    scale: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), ColumnError> {
     const DIG2BYTES: [usize; 10] = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4];
     if precision == 0 || scale > precision || precision > 65 {
         return Err(Invalid(format!("DECIMAL({precision},{scale}) metadata")));
@@ -625,7 +822,10 @@ fn decimal(data: &mut &[u8], precision: usize, scale: usize) -> Result<String, C
     let (intg0, intg0x) = (intg / 9, intg % 9);
     let (frac0, frac0x) = (scale / 9, scale % 9);
     let size = intg0 * 4 + DIG2BYTES[intg0x] + frac0 * 4 + DIG2BYTES[frac0x];
-    let mut b = take_or(data, size)?;
+    // At most 65 digits: 40 bytes is more than enough.
+    let mut b = [0u8; 40];
+    let b = &mut b[..size];
+    b.copy_from_slice(take_ref(data, size)?);
     let negative = b[0] & 0x80 == 0;
     b[0] ^= 0x80;
     if negative {
@@ -633,47 +833,75 @@ fn decimal(data: &mut &[u8], precision: usize, scale: usize) -> Result<String, C
             *x = !*x;
         }
     }
+    // Digits, each group of `width` digits zero-padded, into `digits`.
     let mut pos = 0;
-    let mut read = |n: usize| {
-        let v = be(&b[pos..pos + n]);
+    let mut group = |width: usize, digits: &mut Digits| -> Result<(), ColumnError> {
+        let n = DIG2BYTES[width];
+        let mut v = be(&b[pos..pos + n]);
         pos += n;
-        v
+        if v >= 10u64.pow(width as u32) {
+            return Err(Invalid(format!(
+                "DECIMAL({precision},{scale}): a {width}-digit group holds {v}"
+            )));
+        }
+        for i in (0..width).rev() {
+            digits.buf[digits.len + i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+        digits.len += width;
+        Ok(())
     };
-    let mut int_part = String::with_capacity(intg);
+    let mut int = Digits::default();
     if intg0x > 0 {
-        int_part.push_str(&format!(
-            "{:0width$}",
-            read(DIG2BYTES[intg0x]),
-            width = intg0x
-        ));
+        group(intg0x, &mut int)?;
     }
     for _ in 0..intg0 {
-        int_part.push_str(&format!("{:09}", read(4)));
+        group(9, &mut int)?;
     }
-    let int_part = int_part.trim_start_matches('0');
-    let int_part = if int_part.is_empty() { "0" } else { int_part };
-    let mut frac = String::with_capacity(scale);
+    let mut frac = Digits::default();
     for _ in 0..frac0 {
-        frac.push_str(&format!("{:09}", read(4)));
+        group(9, &mut frac)?;
     }
     if frac0x > 0 {
-        frac.push_str(&format!(
-            "{:0width$}",
-            read(DIG2BYTES[frac0x]),
-            width = frac0x
-        ));
+        group(frac0x, &mut frac)?;
     }
-    let zero = int_part == "0" && frac.bytes().all(|c| c == b'0');
-    let mut out = String::with_capacity(precision + 2);
+    let int = int.as_slice();
+    let int = match int.iter().position(|&d| d != b'0') {
+        Some(first) => &int[first..],
+        None => b"0",
+    };
+    let frac = frac.as_slice();
+    let zero = int == b"0" && frac.iter().all(|&d| d == b'0');
     if negative && !zero {
-        out.push('-');
+        out.push(b'-');
     }
-    out.push_str(int_part);
+    out.extend_from_slice(int);
     if scale > 0 {
-        out.push('.');
-        out.push_str(&frac);
+        out.push(b'.');
+        out.extend_from_slice(frac);
     }
-    Ok(out)
+    Ok(())
+}
+
+/// Up to 65 decimal digits, on the stack.
+struct Digits {
+    buf: [u8; 72],
+    len: usize,
+}
+
+impl Default for Digits {
+    fn default() -> Self {
+        Self {
+            buf: [0; 72],
+            len: 0,
+        }
+    }
+}
+
+impl Digits {
+    fn as_slice(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
 }
 
 /// MySQL's binary JSON as JSON text. (MariaDB stores JSON as LONGTEXT and never sends this.)
@@ -697,10 +925,11 @@ mod tests {
 
     fn dec(bytes: &[u8], p: usize, s: usize) -> String {
         let mut d = bytes;
-        match decimal(&mut d, p, s) {
-            Ok(v) => {
+        let mut out = Vec::new();
+        match decimal(&mut d, p, s, &mut out) {
+            Ok(()) => {
                 assert!(d.is_empty(), "bytes left over");
-                v
+                String::from_utf8(out).expect("ASCII")
             }
             Err(_) => panic!("decode failed"),
         }

@@ -28,7 +28,7 @@ use sluice_proto::v1::{self, Op, TableSchema};
 use sluice_proto::{event_key, mysql_version, schema_record_key, TopicTemplate, CONTRACT_VERSION};
 
 use super::ddl::{self, Statement, TxControl};
-use super::decode::TableDecoder;
+use super::decode::{DecodeError, Image, TableDecoder};
 use super::position::{BinlogPos, Checkpoint, Start};
 use super::snapshot::{self, Msg, SnapshotMetrics, SnapshotRun};
 use super::{schema, Config};
@@ -110,7 +110,7 @@ struct DecoderEntry {
     database: String,
     table: String,
     schema: std::sync::Arc<TableSchema>,
-    decoder: TableDecoder,
+    decoder: std::sync::Arc<TableDecoder>,
     /// Worked out once per table map, not per row.
     topic: String,
     key_prefix: Vec<u8>,
@@ -1296,7 +1296,7 @@ impl Capture {
                 database,
                 table,
                 schema: std::sync::Arc::new(schema),
-                decoder,
+                decoder: std::sync::Arc::new(decoder),
                 topic,
                 counters,
                 bytes,
@@ -1337,14 +1337,7 @@ impl Capture {
             // position, holds these rows; published here too they would be there twice.
             return Ok(());
         }
-        let changes = entry
-            .decoder
-            .decode_event(rows)
-            .map_err(|e| CaptureError::Decode {
-                table: format!("{}.{}", entry.database, entry.table),
-                pos: format!("{}:{start}", self.file),
-                reason: e.to_string(),
-            })?;
+        let decoder = entry.decoder.clone();
         let schema = entry.schema.clone();
         let topic = entry.topic.clone();
         let key_prefix = entry.key_prefix.clone();
@@ -1356,7 +1349,8 @@ impl Capture {
             .as_ref()
             .map(|t| t.commit_time_micros)
             .unwrap_or(i64::from(ts) * 1_000_000);
-        // Everything but the row's own fields is the same for every row of this event.
+        // Everything but the row's own fields is the same for every row of this event; the
+        // key and the images are appended to it already encoded.
         let mut event = v1::ChangeEvent {
             contract: CONTRACT_VERSION,
             source: Some(self.source.clone()),
@@ -1374,37 +1368,47 @@ impl Capture {
             }),
             schema_id: schema.schema_id,
             schema: None,
-            key: Some(v1::Row::default()),
+            key: None,
             before: None,
             after: None,
             ddl: None,
             mongo: None,
         };
-        let mut payload = Vec::with_capacity(512);
+        let pk = &schema.primary_key;
+        let mut payload = Vec::with_capacity(1024);
         let mut key_bytes = Vec::with_capacity(64);
-        let key_of = |r: &v1::Row| snapshot::key_of(&schema, r);
-        for (row, (before, after)) in changes.into_iter().enumerate() {
-            let row = row as u32;
+        let mut key_row = Vec::with_capacity(32);
+        let (mut before, mut after) = (Image::default(), Image::default());
+        let mut changes = decoder.rows(rows);
+        let decode_error = |e: DecodeError| CaptureError::Decode {
+            table: format!("{}.{}", schema.database, schema.table),
+            pos: format!("{}:{start}", self.file),
+            reason: e.to_string(),
+        };
+        let mut row = 0u32;
+        while let Some(images) = changes
+            .next_into(&mut before, &mut after)
+            .map_err(decode_error)?
+        {
             let version = mysql_version(&self.file, start, row)
                 .map_err(|e| CaptureError::Definite(e.to_string()))?;
-            let mut out: Vec<RowOut> = Vec::with_capacity(1);
-            match (before, after) {
-                (None, Some(a)) => out.push((Op::Insert, key_of(&a), None, Some(a))),
-                (Some(b), None) => out.push((Op::Delete, key_of(&b), Some(b), None)),
-                (Some(b), Some(a)) => {
-                    let (old, new) = (key_of(&b), key_of(&a));
-                    if old != new && !schema.primary_key.is_empty() {
-                        // A moved row: delete the old key, insert the new one, each on its
-                        // own key's partition.
-                        out.push((Op::Delete, old, Some(b), None));
-                        out.push((Op::Insert, new, None, Some(a)));
-                    } else {
-                        out.push((Op::Update, new, Some(b), Some(a)));
-                    }
-                }
-                (None, None) => {}
-            }
-            for (op, key, before, after) in out {
+            // (op, the image the key comes from, before, after)
+            let out: [Option<(Op, &Image, Option<&Image>, Option<&Image>)>; 2] = match images {
+                (false, true) => [Some((Op::Insert, &after, None, Some(&after))), None],
+                (true, false) => [Some((Op::Delete, &before, Some(&before), None)), None],
+                (true, true) if !pk.is_empty() && !before.same_key(&after, pk) => [
+                    // A moved row: delete the old key, insert the new one, each on its own
+                    // key's partition.
+                    Some((Op::Delete, &before, Some(&before), None)),
+                    Some((Op::Insert, &after, None, Some(&after))),
+                ],
+                (true, true) => [
+                    Some((Op::Update, &after, Some(&before), Some(&after))),
+                    None,
+                ],
+                (false, false) => [None, None],
+            };
+            for (op, keyed, b, a) in out.into_iter().flatten() {
                 let index = match self.tx.as_mut() {
                     Some(t) => {
                         t.index += 1;
@@ -1423,15 +1427,19 @@ impl Capture {
                 if let Some(t) = event.transaction.as_mut() {
                     t.index = index;
                 }
-                sluice_proto::append_event_key(&key_prefix, &key, &mut key_bytes);
+                keyed.event_key(&key_prefix, pk, &mut key_bytes);
                 if let Some(s) = self.snapshot.as_mut() {
                     s.touch(&key_prefix, &key_bytes);
                 }
-                event.key = Some(v1::Row { values: key });
-                event.before = before;
-                event.after = after;
+                keyed.key_row(pk, &mut key_row);
                 payload.clear();
-                sluice_proto::encode_event(&mut event, &mut payload);
+                sluice_proto::encode_event_rows(
+                    &event,
+                    &key_row,
+                    b.map(Image::bytes),
+                    a.map(Image::bytes),
+                    &mut payload,
+                );
                 counters[match op {
                     Op::Insert => 0,
                     Op::Update => 1,
@@ -1443,6 +1451,7 @@ impl Capture {
                     .send(&topic, &key_bytes, &payload, None)
                     .await?;
             }
+            row += 1;
         }
         Ok(())
     }
@@ -1549,9 +1558,6 @@ async fn recv_snapshot(run: &mut Option<SnapshotRun>) -> Option<Msg> {
         None => std::future::pending().await,
     }
 }
-
-/// One event a row change becomes: op, key, before, after.
-type RowOut = (Op, Vec<v1::Value>, Option<v1::Row>, Option<v1::Row>);
 
 fn op_label(op: Op) -> &'static str {
     match op {
