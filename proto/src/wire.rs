@@ -20,7 +20,7 @@ pub fn put_varint(mut v: u64, out: &mut Vec<u8>) {
 #[inline]
 pub fn varint_len(v: u64) -> usize {
     // 1 byte per started 7 bits; 0 takes one byte.
-    ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// `sint64`'s zigzag mapping.

@@ -1393,7 +1393,7 @@ impl Capture {
             let version = mysql_version(&self.file, start, row)
                 .map_err(|e| CaptureError::Definite(e.to_string()))?;
             // (op, the image the key comes from, before, after)
-            let out: [Option<(Op, &Image, Option<&Image>, Option<&Image>)>; 2] = match images {
+            let out: [Option<RowOut>; 2] = match images {
                 (false, true) => [Some((Op::Insert, &after, None, Some(&after))), None],
                 (true, false) => [Some((Op::Delete, &before, Some(&before), None)), None],
                 (true, true) if !pk.is_empty() && !before.same_key(&after, pk) => [
@@ -1558,6 +1558,9 @@ async fn recv_snapshot(run: &mut Option<SnapshotRun>) -> Option<Msg> {
         None => std::future::pending().await,
     }
 }
+
+/// One event a row change becomes: op, the image its key comes from, before, after.
+type RowOut<'a> = (Op, &'a Image, Option<&'a Image>, Option<&'a Image>);
 
 fn op_label(op: Op) -> &'static str {
     match op {
