@@ -20,25 +20,140 @@ pub mod wire;
 
 pub use v1::{ChangeEvent, EventKey, Op, TableSchema, Value};
 
-/// Append a row event whose key and images are already encoded: `header` is the event without
-/// them (`key`, `before` and `after` unset), each of `key`, `before`, `after` the bytes of a
-/// `Row` message. The same bytes as [`encode_event`] of the whole event.
-pub fn encode_event_rows(
-    header: &ChangeEvent,
-    key: &[u8],
-    before: Option<&[u8]>,
-    after: Option<&[u8]>,
-    buf: &mut Vec<u8>,
-) {
-    debug_assert!(header.key.is_none() && header.before.is_none() && header.after.is_none());
-    header.encode_raw(buf);
-    use wire::{key as k, put_bytes, LEN};
-    put_bytes(&[k(13, LEN)], key, buf);
-    if let Some(b) = before {
-        put_bytes(&[k(14, LEN)], b, buf);
+/// A row event with the fields that change from row to row left open (op, version, the binlog
+/// position's row, the transaction's index) and the key and images given as encoded `Row`
+/// messages: worked out once per source event, then [`EventHeader::encode`]d per row. Writes
+/// the bytes prost writes for the whole event.
+#[derive(Debug, Clone)]
+pub struct EventHeader {
+    /// `contract`, `source`.
+    head: Vec<u8>,
+    /// `database`, `table`.
+    names: Vec<u8>,
+    position: PositionParts,
+    /// `commit_time_micros`, `capture_time_micros`.
+    times: Vec<u8>,
+    /// The transaction's `id` and its `last`, around the open `index`.
+    transaction: Option<(Vec<u8>, Vec<u8>)>,
+    /// `schema_id`, `schema`.
+    tail: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+enum PositionParts {
+    None,
+    /// A binlog position but its `row` (its last field).
+    Binlog(Vec<u8>),
+    /// Any other position, whole (field key included).
+    Whole(Vec<u8>),
+}
+
+impl EventHeader {
+    /// The open fields of `event` are ignored, as are its key, images, DDL and MongoDB change.
+    pub fn new(event: &ChangeEvent) -> Self {
+        let part = |e: ChangeEvent| e.encode_to_vec();
+        let position = match &event.position {
+            None => PositionParts::None,
+            Some(v1::Position {
+                kind: Some(v1::position::Kind::Binlog(p)),
+            }) => PositionParts::Binlog(
+                v1::BinlogPosition {
+                    row: 0,
+                    ..p.clone()
+                }
+                .encode_to_vec(),
+            ),
+            Some(p) => PositionParts::Whole(part(ChangeEvent {
+                position: Some(p.clone()),
+                ..Default::default()
+            })),
+        };
+        Self {
+            head: part(ChangeEvent {
+                contract: event.contract,
+                source: event.source.clone(),
+                ..Default::default()
+            }),
+            names: part(ChangeEvent {
+                database: event.database.clone(),
+                table: event.table.clone(),
+                ..Default::default()
+            }),
+            position,
+            times: part(ChangeEvent {
+                commit_time_micros: event.commit_time_micros,
+                capture_time_micros: event.capture_time_micros,
+                ..Default::default()
+            }),
+            transaction: event.transaction.as_ref().map(|t| {
+                let id = v1::Transaction {
+                    id: t.id.clone(),
+                    ..Default::default()
+                };
+                let last = v1::Transaction {
+                    last: t.last,
+                    ..Default::default()
+                };
+                (id.encode_to_vec(), last.encode_to_vec())
+            }),
+            tail: part(ChangeEvent {
+                schema_id: event.schema_id,
+                schema: event.schema.clone(),
+                ..Default::default()
+            }),
+        }
     }
-    if let Some(a) = after {
-        put_bytes(&[k(15, LEN)], a, buf);
+
+    /// Append the event of one row: `key`, `before` and `after` are encoded `Row` messages.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encode(
+        &self,
+        op: Op,
+        version: u64,
+        row: u32,
+        tx_index: u64,
+        key: &[u8],
+        before: Option<&[u8]>,
+        after: Option<&[u8]>,
+        buf: &mut Vec<u8>,
+    ) {
+        use wire::{key as k, put_bytes, put_delimited, put_uint_field, LEN, VARINT};
+        buf.extend_from_slice(&self.head);
+        put_uint_field(k(3, VARINT), op as i32 as u64, buf);
+        buf.extend_from_slice(&self.names);
+        put_uint_field(k(6, VARINT), version, buf);
+        match &self.position {
+            PositionParts::None => {}
+            PositionParts::Binlog(rest) => {
+                let _ = put_delimited::<()>(&[k(7, LEN)], buf, |buf| {
+                    // `Position.binlog` (field 1) holding the binlog position.
+                    let _ = put_delimited::<()>(&[k(1, LEN)], buf, |buf| {
+                        buf.extend_from_slice(rest);
+                        put_uint_field(k(6, VARINT), row.into(), buf);
+                        Ok(())
+                    });
+                    Ok(())
+                });
+            }
+            PositionParts::Whole(p) => buf.extend_from_slice(p),
+        }
+        buf.extend_from_slice(&self.times);
+        if let Some((id, last)) = &self.transaction {
+            let _ = put_delimited::<()>(&[k(10, LEN)], buf, |buf| {
+                buf.extend_from_slice(id);
+                put_uint_field(k(2, VARINT), tx_index, buf);
+                buf.extend_from_slice(last);
+                Ok(())
+            });
+        }
+        buf.extend_from_slice(&self.tail);
+        put_bytes(&[k(13, LEN)], key, buf);
+        if let Some(b) = before {
+            put_bytes(&[k(14, LEN)], b, buf);
+        }
+        if let Some(a) = after {
+            put_bytes(&[k(15, LEN)], a, buf);
+        }
     }
 }
 

@@ -390,44 +390,73 @@ fn schema_ids_depend_on_content_only() {
 }
 
 #[test]
-fn an_event_with_encoded_rows_is_prosts_encoding() {
+fn an_event_header_writes_prosts_encoding() {
     let mut e = sample_event();
-    // A row event: no DDL, no MongoDB change (fields after the images).
+    // A row event: no DDL, no MongoDB change.
     (e.ddl, e.mongo) = (None, None);
     e.key = Some(v1::Row {
         values: vec![value::of(Kind::Int(-7))],
     });
     e.before = e.after.clone();
     e.before.as_mut().unwrap().values.push(Value { kind: None });
-    for event in [
+    let oplog = Some(v1::Position {
+        kind: Some(v1::position::Kind::Oplog(v1::OplogPosition {
+            ts_seconds: 5,
+            ts_increment: 6,
+            resume_token: vec![1, 2],
+        })),
+    });
+    let variants = [
         e.clone(),
         ChangeEvent {
             before: None,
+            position: None,
+            transaction: None,
             ..e.clone()
         },
         ChangeEvent {
             after: None,
             key: Some(v1::Row::default()),
+            position: oplog,
+            schema: None,
             ..e.clone()
         },
-    ] {
-        let header = ChangeEvent {
-            key: None,
-            before: None,
-            after: None,
-            ..event.clone()
-        };
-        let rows = [&event.key, &event.before, &event.after]
-            .map(|r| r.as_ref().map(|r| r.encode_to_vec()));
-        let mut buf = vec![9]; // appends
-        encode_event_rows(
-            &header,
-            rows[0].as_deref().unwrap(),
-            rows[1].as_deref(),
-            rows[2].as_deref(),
-            &mut buf,
-        );
-        assert_eq!(buf[0], 9);
-        assert_eq!(&buf[1..], event.encode_to_vec().as_slice());
+    ];
+    for event in variants {
+        let header = EventHeader::new(&event);
+        // The open fields, zero (which protobuf leaves out) and not, short and long.
+        for (op, version, row, index) in [
+            (Op::Insert, 0, 0, 0),
+            (Op::Delete, 1 << 40, 7, 5),
+            (Op::Update, 9, 300, 1 << 33),
+        ] {
+            let mut want = event.clone();
+            want.op = op as i32;
+            want.version = version;
+            if let Some(v1::Position {
+                kind: Some(v1::position::Kind::Binlog(p)),
+            }) = want.position.as_mut()
+            {
+                p.row = row;
+            }
+            if let Some(t) = want.transaction.as_mut() {
+                t.index = index;
+            }
+            let rows = [&want.key, &want.before, &want.after]
+                .map(|r| r.as_ref().map(|r| r.encode_to_vec()));
+            let mut buf = vec![9]; // appends
+            header.encode(
+                op,
+                version,
+                row,
+                index,
+                rows[0].as_deref().unwrap(),
+                rows[1].as_deref(),
+                rows[2].as_deref(),
+                &mut buf,
+            );
+            assert_eq!(buf[0], 9);
+            assert_eq!(&buf[1..], want.encode_to_vec().as_slice());
+        }
     }
 }

@@ -58,6 +58,7 @@ pub fn put_delimited<E>(
 /// Write the length of the body that runs from `start` to the end of `out` into the one byte
 /// reserved before it (widening it when the body is 128 bytes or more). Returns the body's
 /// range.
+#[inline]
 pub fn patch_len(out: &mut Vec<u8>, start: usize) -> std::ops::Range<usize> {
     let end = out.len();
     let len = end - start;
@@ -65,6 +66,13 @@ pub fn patch_len(out: &mut Vec<u8>, start: usize) -> std::ops::Range<usize> {
         out[start - 1] = len as u8;
         return start..end;
     }
+    widen_len(out, start)
+}
+
+#[cold]
+fn widen_len(out: &mut Vec<u8>, start: usize) -> std::ops::Range<usize> {
+    let end = out.len();
+    let len = end - start;
     let extra = varint_len(len as u64) - 1;
     out.resize(end + extra, 0);
     out.copy_within(start..end, start + extra);

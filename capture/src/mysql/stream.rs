@@ -25,7 +25,9 @@ use prometheus::{IntGauge, Registry};
 use prost::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{self, Op, TableSchema};
-use sluice_proto::{event_key, mysql_version, schema_record_key, TopicTemplate, CONTRACT_VERSION};
+use sluice_proto::{
+    event_key, mysql_version, schema_record_key, EventHeader, TopicTemplate, CONTRACT_VERSION,
+};
 
 use super::ddl::{self, Statement, TxControl};
 use super::decode::{DecodeError, Image, TableDecoder};
@@ -1349,9 +1351,9 @@ impl Capture {
             .as_ref()
             .map(|t| t.commit_time_micros)
             .unwrap_or(i64::from(ts) * 1_000_000);
-        // Everything but the row's own fields is the same for every row of this event; the
-        // key and the images are appended to it already encoded.
-        let mut event = v1::ChangeEvent {
+        // Everything but the row's own fields (op, version, row, transaction index, key and
+        // images) is the same for every row of this event: encoded once, in `header`.
+        let event = v1::ChangeEvent {
             contract: CONTRACT_VERSION,
             source: Some(self.source.clone()),
             op: 0,
@@ -1374,6 +1376,10 @@ impl Capture {
             ddl: None,
             mongo: None,
         };
+        let header = EventHeader::new(&event);
+        // The first row's version; row `r`'s is `r` more (checked for overflow per row).
+        let base_version = mysql_version(&self.file, start, 0)
+            .map_err(|e| CaptureError::Definite(e.to_string()))?;
         let pk = &schema.primary_key;
         let mut payload = Vec::with_capacity(1024);
         let mut key_bytes = Vec::with_capacity(64);
@@ -1390,8 +1396,12 @@ impl Capture {
             .next_into(&mut before, &mut after)
             .map_err(decode_error)?
         {
-            let version = mysql_version(&self.file, start, row)
-                .map_err(|e| CaptureError::Definite(e.to_string()))?;
+            let version = if start + u64::from(row) < 1 << 32 {
+                base_version + u64::from(row)
+            } else {
+                mysql_version(&self.file, start, row)
+                    .map_err(|e| CaptureError::Definite(e.to_string()))?
+            };
             // (op, the image the key comes from, before, after)
             let out: [Option<RowOut>; 2] = match images {
                 (false, true) => [Some((Op::Insert, &after, None, Some(&after))), None],
@@ -1416,25 +1426,17 @@ impl Capture {
                     }
                     None => 0,
                 };
-                event.op = op as i32;
-                event.version = version;
-                if let Some(v1::Position {
-                    kind: Some(v1::position::Kind::Binlog(p)),
-                }) = event.position.as_mut()
-                {
-                    p.row = row;
-                }
-                if let Some(t) = event.transaction.as_mut() {
-                    t.index = index;
-                }
                 keyed.event_key(&key_prefix, pk, &mut key_bytes);
                 if let Some(s) = self.snapshot.as_mut() {
                     s.touch(&key_prefix, &key_bytes);
                 }
                 keyed.key_row(pk, &mut key_row);
                 payload.clear();
-                sluice_proto::encode_event_rows(
-                    &event,
+                header.encode(
+                    op,
+                    version,
+                    row,
+                    index,
                     &key_row,
                     b.map(Image::bytes),
                     a.map(Image::bytes),
