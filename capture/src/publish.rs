@@ -59,6 +59,9 @@ pub struct PublishConfig {
     pub checkpoint_interval_ms: u64,
     /// Records handed to the producer but not yet acknowledged, at most. Default 100000.
     pub max_in_flight: usize,
+    /// Bytes (keys and values) handed to the producer but not yet acknowledged, at most; a
+    /// larger record still goes, alone. Default 16777216 (16 MiB).
+    pub max_in_flight_bytes: usize,
     /// How long a record may wait for its acknowledgement, in milliseconds
     /// (`message.timeout.ms`). Default 120000.
     pub delivery_timeout_ms: u64,
@@ -77,6 +80,7 @@ impl Default for PublishConfig {
             checkpoint_topic: "_sluice_checkpoints".into(),
             checkpoint_interval_ms: 1000,
             max_in_flight: 100_000,
+            max_in_flight_bytes: 16 << 20,
             delivery_timeout_ms: 120_000,
             max_message_bytes: 64 << 20,
         }
@@ -100,6 +104,9 @@ impl PublishConfig {
         }
         if self.max_in_flight == 0 {
             return bad("max_in_flight", "must be at least 1");
+        }
+        if self.max_in_flight_bytes < 1 << 16 {
+            return bad("max_in_flight_bytes", "must be at least 65536");
         }
         if !(1 << 20..=1 << 30).contains(&self.max_message_bytes) {
             return bad("max_message_bytes", "must be between 1 MiB and 1 GiB");
@@ -190,6 +197,9 @@ pub struct Ledger {
     /// Turns true at the first failure.
     failed: watch::Sender<bool>,
     latency: Histogram,
+    /// Key and value bytes handed to the producer, and acknowledged.
+    sent_bytes: AtomicU64,
+    acked_bytes: AtomicU64,
 }
 
 struct LedgerState {
@@ -213,7 +223,18 @@ impl Ledger {
             acked: watch::channel(0).0,
             failed: watch::channel(false).0,
             latency,
+            sent_bytes: AtomicU64::new(0),
+            acked_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Key and value bytes handed to the producer and not yet acknowledged.
+    fn bytes_in_flight(&self) -> u64 {
+        // Acknowledged first: a delivery between the two reads can only make this larger.
+        let acked = self.acked_bytes.load(Ordering::Acquire);
+        self.sent_bytes
+            .load(Ordering::Acquire)
+            .saturating_sub(acked)
     }
 
     fn fail(&self, topic: &str, reason: String) {
@@ -280,6 +301,8 @@ impl ProducerContext for Ledger {
     fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
         match result {
             Ok(m) => {
+                let size = m.payload_len() + m.key_len();
+                self.acked_bytes.fetch_add(size as u64, Ordering::Release);
                 if let Some(sent) = m.timestamp().to_millis() {
                     let now = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
@@ -297,6 +320,13 @@ impl ProducerContext for Ledger {
 }
 
 type KafkaProducer = ThreadedProducer<Ledger>;
+
+/// Whether `records` unacknowledged records of `bytes` bytes leave no room for another: too
+/// many records, or too many bytes unless nothing is in flight (a record larger than the limit
+/// goes, alone).
+fn full(records: u64, bytes: u64, max: u64, max_bytes: u64) -> bool {
+    records >= max || (records > 0 && bytes >= max_bytes)
+}
 
 /// A point the acker waits for: every record below `upto` acknowledged.
 enum Mark<C> {
@@ -343,7 +373,14 @@ async fn produce(
     }
     loop {
         match producer.send(record) {
-            Ok(()) => return Ok(seq),
+            Ok(()) => {
+                let size = key.len() + payload.len();
+                producer
+                    .context()
+                    .sent_bytes
+                    .fetch_add(size as u64, Ordering::Release);
+                return Ok(seq);
+            }
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                 record = r;
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -464,8 +501,8 @@ where
         }
     }
 
-    /// Hand a record to the producer, waiting while `max_in_flight` records are unacknowledged
-    /// or the producer's queue is full.
+    /// Hand a record to the producer, waiting while `max_in_flight` records or
+    /// `max_in_flight_bytes` bytes are unacknowledged, or the producer's queue is full.
     pub async fn send(
         &mut self,
         topic: &str,
@@ -474,14 +511,17 @@ where
         partition: Option<i32>,
     ) -> Result<(), PublishError> {
         let max = self.config.max_in_flight as u64;
-        if self.next.load(Ordering::Relaxed) - self.acked_seen >= max {
-            let ledger = self.producer.context();
+        let max_bytes = self.config.max_in_flight_bytes as u64;
+        let ledger = self.producer.context();
+        let full =
+            |next: u64, acked: u64| full(next - acked, ledger.bytes_in_flight(), max, max_bytes);
+        if full(self.next.load(Ordering::Relaxed), self.acked_seen) {
             loop {
                 self.acked_seen = *self.acked.borrow_and_update();
                 if let Some(e) = ledger.failure() {
                     return Err(e);
                 }
-                if self.next.load(Ordering::Relaxed) - self.acked_seen < max {
+                if !full(self.next.load(Ordering::Relaxed), self.acked_seen) {
                     break;
                 }
                 self.acked
@@ -725,6 +765,15 @@ mod tests {
 
     fn ledger() -> Ledger {
         Ledger::new(Histogram::with_opts(HistogramOpts::new("t", "t")).unwrap())
+    }
+
+    #[test]
+    fn in_flight_limits_count_records_and_bytes() {
+        assert!(!full(9, 100, 10, 1000));
+        assert!(full(10, 100, 10, 1000), "records");
+        assert!(full(1, 1000, 10, 1000), "bytes");
+        // Nothing acknowledged is outstanding: one record goes, whatever its size.
+        assert!(!full(0, 5000, 10, 1000));
     }
 
     #[test]
