@@ -16,6 +16,7 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/sluice.v1.rs"));
 }
 
+pub mod view;
 pub mod wire;
 
 pub use v1::{ChangeEvent, EventKey, Op, TableSchema, Value};
@@ -187,9 +188,11 @@ pub fn encode_event(event: &mut ChangeEvent, buf: &mut Vec<u8>) {
     (event.key, event.before, event.after) = (key, before, after);
 }
 
-/// The fields of a [`ChangeEvent`] that writing its row needs, decoded from the same bytes; the
-/// others (source, position, transaction, key, DDL, MongoDB change) are skipped without being
-/// decoded, which spares a sink their allocations on every event. Tags are `ChangeEvent`'s.
+/// The fields of a [`ChangeEvent`] that writing its row needs but the row images, decoded from
+/// the same bytes; the others (source, position, transaction, key, images, DDL, MongoDB change)
+/// are skipped without being decoded, which spares a sink their allocations on every event. The
+/// images are read where they lie with [`view::images`] and [`view::values`]. Tags are
+/// `ChangeEvent`'s.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ChangeRow {
     #[prost(uint32, tag = "1")]
@@ -208,10 +211,6 @@ pub struct ChangeRow {
     pub schema_id: u64,
     #[prost(message, optional, tag = "12")]
     pub schema: Option<v1::TableSchema>,
-    #[prost(message, optional, tag = "14")]
-    pub before: Option<v1::Row>,
-    #[prost(message, optional, tag = "15")]
-    pub after: Option<v1::Row>,
 }
 
 /// The contract version written into `ChangeEvent::contract`.

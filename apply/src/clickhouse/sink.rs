@@ -33,6 +33,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{Column, Op, TableSchema};
+use sluice_proto::view::{self, ValueRef};
 use sluice_proto::{ChangeEvent, ChangeRow};
 
 use super::types::{encode, map_column, ChType, Features};
@@ -456,7 +457,9 @@ impl Sink {
                 self.apply_ddl(&event).await;
                 Ok(())
             }
-            Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => self.add_row(&row).await,
+            Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => {
+                self.add_row(&row, payload).await
+            }
             _ => Ok(()), // heartbeats and transaction markers carry no rows
         }
     }
@@ -662,7 +665,8 @@ impl Sink {
         }))
     }
 
-    async fn add_row(&mut self, event: &ChangeRow) -> Result<(), String> {
+    /// Add the row of `event` (decoded from `payload`, whose image is read where it lies).
+    async fn add_row(&mut self, event: &ChangeRow, payload: &[u8]) -> Result<(), String> {
         let plan = match self.plans.get(&event.schema_id) {
             Some(p) => p.clone(),
             None => {
@@ -672,19 +676,14 @@ impl Sink {
             }
         };
         let op = event.op();
+        let (before, after) =
+            view::images(payload).map_err(|e| format!("not a change event: {e}"))?;
         let image = match op {
-            Op::Delete => event.before.as_ref(),
-            _ => event.after.as_ref(),
+            Op::Delete => before,
+            _ => after,
         }
         .ok_or_else(|| format!("{op:?} event without its row image"))?;
         let schema = &plan.schema;
-        if image.values.len() != schema.columns.len() {
-            return Err(format!(
-                "the row has {} values, its schema {} columns",
-                image.values.len(),
-                schema.columns.len()
-            ));
-        }
         // One INSERT per table per batch: a different column list (a schema change) closes
         // this table's part first.
         let other_columns = self.batch().tables.get(&plan.target).is_some_and(|b| {
@@ -713,29 +712,39 @@ impl Sink {
         // Encode straight into the table's buffer; a failing row is cut off again.
         let start = tb.body.len();
         let mut encode_row = || -> Result<(), String> {
-            for ((c, v), t) in schema.columns.iter().zip(&image.values).zip(&plan.types) {
+            let mut n = 0;
+            for v in view::values(image) {
+                let v = v.map_err(|e| format!("not a change event: {e}"))?;
+                let (Some(c), Some(t)) = (schema.columns.get(n), plan.types.get(n)) else {
+                    return Err(format!(
+                        "the row has more values than its schema's {} columns",
+                        schema.columns.len()
+                    ));
+                };
+                n += 1;
                 if let Some(t) = t {
                     encode(v, c, t, &mut tb.body).map_err(|e| {
                         format!("{}.{} column {}: {e}", event.database, event.table, c.name)
                     })?;
                 }
             }
+            if n != schema.columns.len() {
+                return Err(format!(
+                    "the row has {n} values, its schema {} columns",
+                    schema.columns.len()
+                ));
+            }
             let meta = Column::default();
             if let Some(t) = &plan.version {
-                encode(
-                    &sluice_proto::value::uint(event.version),
-                    &meta,
-                    t,
-                    &mut tb.body,
-                )
-                .map_err(|e| format!("version column: {e}"))?;
+                encode(ValueRef::Uint(event.version), &meta, t, &mut tb.body)
+                    .map_err(|e| format!("version column: {e}"))?;
             }
             if let Some(t) = &plan.flag {
                 let v = match plan.mode {
-                    Mode::Mirror => sluice_proto::value::uint(u64::from(op == Op::Delete)),
-                    Mode::Changelog => sluice_proto::value::text(op_name(op)),
+                    Mode::Mirror => ValueRef::Uint(u64::from(op == Op::Delete)),
+                    Mode::Changelog => ValueRef::Text(op_name(op)),
                 };
-                encode(&v, &meta, t, &mut tb.body).map_err(|e| format!("flag column: {e}"))?;
+                encode(v, &meta, t, &mut tb.body).map_err(|e| format!("flag column: {e}"))?;
             }
             Ok(())
         };

@@ -6,7 +6,8 @@
 //! error naming the column and the reason, never a silent conversion: such an event goes to the
 //! dead-letter topic.
 
-use sluice_proto::v1::{value::Kind, Column, ColumnType, Value};
+use sluice_proto::v1::{Column, ColumnType};
+use sluice_proto::view::{ValueRef, ValueRef as V};
 
 /// A ClickHouse type, as far as the apply stage writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,60 +212,57 @@ fn int(bits: u8, unsigned: bool) -> ChType {
 }
 
 /// Append `v` (of source column `c`) to `out` as RowBinary of `t`.
-pub fn encode(v: &Value, c: &Column, t: &ChType, out: &mut Vec<u8>) -> Result<(), String> {
-    let kind = v.kind.as_ref();
+pub fn encode(v: ValueRef<'_>, c: &Column, t: &ChType, out: &mut Vec<u8>) -> Result<(), String> {
     if let ChType::Nullable(inner) = t {
-        if matches!(kind, None | Some(Kind::Null(_))) {
+        if matches!(v, V::Absent | V::Null) {
             out.push(1);
             return Ok(());
         }
         out.push(0);
         return encode(v, c, inner, out);
     }
-    let Some(kind) = kind else {
-        return Err("no value in the row image (MINIMAL row image?)".into());
-    };
-    match (kind, t) {
-        (Kind::Null(_), _) => Err(format!("NULL into non-Nullable {}", t.sql())),
-        (Kind::Int(i), ChType::Int(b)) => put_int(*i as i128, *b, true, out),
-        (Kind::Int(i), ChType::UInt(b)) => put_int(*i as i128, *b, false, out),
-        (Kind::Uint(u), ChType::Int(b)) => put_int(*u as i128, *b, true, out),
-        (Kind::Uint(u), ChType::UInt(b)) => put_int(*u as i128, *b, false, out),
-        (Kind::Bits(u), ChType::Int(b)) => put_int(*u as i128, *b, true, out),
-        (Kind::Bits(u), ChType::UInt(b)) => put_int(*u as i128, *b, false, out),
-        (Kind::Int(i), ChType::Float64) => {
-            out.extend_from_slice(&(*i as f64).to_le_bytes());
+    match (v, t) {
+        (V::Absent, _) => Err("no value in the row image (MINIMAL row image?)".into()),
+        (V::Null, _) => Err(format!("NULL into non-Nullable {}", t.sql())),
+        (V::Int(i), ChType::Int(b)) => put_int(i as i128, *b, true, out),
+        (V::Int(i), ChType::UInt(b)) => put_int(i as i128, *b, false, out),
+        (V::Uint(u), ChType::Int(b)) => put_int(u as i128, *b, true, out),
+        (V::Uint(u), ChType::UInt(b)) => put_int(u as i128, *b, false, out),
+        (V::Bits(u), ChType::Int(b)) => put_int(u as i128, *b, true, out),
+        (V::Bits(u), ChType::UInt(b)) => put_int(u as i128, *b, false, out),
+        (V::Int(i), ChType::Float64) => {
+            out.extend_from_slice(&(i as f64).to_le_bytes());
             Ok(())
         }
-        (Kind::Float32(x), ChType::Float32) => {
+        (V::Float32(x), ChType::Float32) => {
             out.extend_from_slice(&x.to_le_bytes());
             Ok(())
         }
-        (Kind::Float32(x), ChType::Float64) => {
-            out.extend_from_slice(&f64::from(*x).to_le_bytes());
+        (V::Float32(x), ChType::Float64) => {
+            out.extend_from_slice(&f64::from(x).to_le_bytes());
             Ok(())
         }
-        (Kind::Float64(x), ChType::Float64) => {
+        (V::Float64(x), ChType::Float64) => {
             out.extend_from_slice(&x.to_le_bytes());
             Ok(())
         }
-        (Kind::Decimal(d), ChType::Decimal { precision, scale }) => {
+        (V::Decimal(d), ChType::Decimal { precision, scale }) => {
             put_decimal(d, *precision, *scale, out)
         }
-        (Kind::Int(_) | Kind::Uint(_), ChType::Decimal { precision, scale }) => {
-            put_decimal(&text(kind, c), *precision, *scale, out)
+        (V::Int(_) | V::Uint(_), ChType::Decimal { precision, scale }) => {
+            put_decimal(&text(&v, c), *precision, *scale, out)
         }
-        (Kind::EnumValue(e), ChType::Enum(members, bits)) => {
-            let v = members
+        (V::Enum { label, .. }, ChType::Enum(members, bits)) => {
+            let n = members
                 .iter()
-                .find(|(m, _)| *m == e.label)
-                .map(|(_, v)| *v)
-                .ok_or_else(|| format!("{:?} is not a member of {}", e.label, t.sql()))?;
-            put_int(v as i128, *bits, true, out)
+                .find(|(m, _)| m == label)
+                .map(|(_, n)| *n)
+                .ok_or_else(|| format!("{label:?} is not a member of {}", t.sql()))?;
+            put_int(n as i128, *bits, true, out)
         }
-        (Kind::EnumValue(e), ChType::UInt(b)) => put_int(e.index as i128, *b, false, out),
-        (Kind::SetValue(s), ChType::UInt(b)) => put_int(s.bits as i128, *b, false, out),
-        (Kind::Date(d), ChType::Date) => {
+        (V::Enum { index, .. }, ChType::UInt(b)) => put_int(index as i128, *b, false, out),
+        (V::Set { bits, .. }, ChType::UInt(b)) => put_int(bits as i128, *b, false, out),
+        (V::Date(d), ChType::Date) => {
             let days = if d.year == 0 && d.month == 0 && d.day == 0 {
                 0 // the zero date: ClickHouse's own zero, 1970-01-01
             } else {
@@ -273,94 +271,105 @@ pub fn encode(v: &Value, c: &Column, t: &ChType, out: &mut Vec<u8>) -> Result<()
             if !(0..=u16::MAX as i64).contains(&days) {
                 return Err(format!(
                     "{} is outside ClickHouse Date's range (1970-01-01 .. 2149-06-06)",
-                    text(kind, c)
+                    text(&v, c)
                 ));
             }
             out.extend_from_slice(&(days as u16).to_le_bytes());
             Ok(())
         }
-        (Kind::Datetime(d), ChType::DateTime) => {
+        (V::Datetime(d), ChType::DateTime) => {
             if d.micros != 0 {
                 return Err(format!(
                     "{} has fractional seconds a DateTime column would drop",
-                    text(kind, c)
+                    text(&v, c)
                 ));
             }
-            let secs = datetime_seconds(d)?;
-            put_u32_seconds(secs, kind, c, out)
+            let secs = datetime_seconds(&d)?;
+            put_u32_seconds(secs, &v, c, out)
         }
-        (Kind::TimestampMicros(us), ChType::DateTime) => {
+        (V::TimestampMicros(us), ChType::DateTime) => {
             if us % 1_000_000 != 0 {
                 return Err(format!(
                     "{} has fractional seconds a DateTime column would drop",
-                    text(kind, c)
+                    text(&v, c)
                 ));
             }
-            put_u32_seconds(us / 1_000_000, kind, c, out)
+            put_u32_seconds(us / 1_000_000, &v, c, out)
         }
-        (Kind::Datetime(d), ChType::DateTime64(p)) => {
-            let us = datetime_seconds(d)? * 1_000_000 + i64::from(d.micros);
-            put_dt64(us, *p, kind, c, out)
+        (V::Datetime(d), ChType::DateTime64(p)) => {
+            let us = datetime_seconds(&d)? * 1_000_000 + i64::from(d.micros);
+            put_dt64(us, *p, &v, c, out)
         }
-        (Kind::TimestampMicros(us), ChType::DateTime64(p)) => put_dt64(*us, *p, kind, c, out),
-        (Kind::TimeMicros(us), ChType::Int(64)) => put_int(*us as i128, 64, true, out),
+        (V::TimestampMicros(us), ChType::DateTime64(p)) => put_dt64(us, *p, &v, c, out),
+        (V::TimeMicros(us), ChType::Int(64)) => put_int(us as i128, 64, true, out),
         (_, ChType::String) => {
-            let bytes = match kind {
-                Kind::Bytes(b) | Kind::Bson(b) => b.clone(),
-                Kind::RawText(r) => r.data.clone(),
-                Kind::Geometry(g) => g.wkb.clone(),
-                _ => text(kind, c).into_bytes(),
+            let owned;
+            let bytes: &[u8] = match v {
+                V::Bytes(b) | V::Bson(b) => b,
+                V::RawText { data, .. } => data,
+                V::Geometry { wkb, .. } => wkb,
+                V::Text(t) | V::Decimal(t) | V::Json(t) => t.as_bytes(),
+                _ => {
+                    owned = text(&v, c);
+                    owned.as_bytes()
+                }
             };
             put_varint(bytes.len() as u64, out);
-            out.extend_from_slice(&bytes);
+            out.extend_from_slice(bytes);
             Ok(())
         }
         (_, ChType::FixedString(n)) => {
-            let mut bytes = match kind {
-                Kind::Bytes(b) => b.clone(),
-                _ => text(kind, c).into_bytes(),
+            let owned;
+            let bytes: &[u8] = match v {
+                V::Bytes(b) => b,
+                V::Text(t) => t.as_bytes(),
+                _ => {
+                    owned = text(&v, c);
+                    owned.as_bytes()
+                }
             };
             if bytes.len() > *n {
                 return Err(format!("{} bytes do not fit FixedString({n})", bytes.len()));
             }
-            bytes.resize(*n, 0);
-            out.extend_from_slice(&bytes);
+            out.extend_from_slice(bytes);
+            out.resize(out.len() + (n - bytes.len()), 0);
             Ok(())
         }
-        (k, t) => Err(format!(
+        (v, t) => Err(format!(
             "a {} value cannot be written to a {} column",
-            kind_name(k),
+            kind_name(&v),
             t.sql()
         )),
     }
 }
 
-fn kind_name(k: &Kind) -> &'static str {
-    match k {
-        Kind::Null(_) => "NULL",
-        Kind::Int(_) => "signed integer",
-        Kind::Uint(_) => "unsigned integer",
-        Kind::Float32(_) => "FLOAT",
-        Kind::Float64(_) => "DOUBLE",
-        Kind::Decimal(_) => "DECIMAL",
-        Kind::Text(_) => "text",
-        Kind::Bytes(_) => "binary",
-        Kind::Bits(_) => "BIT",
-        Kind::EnumValue(_) => "ENUM",
-        Kind::SetValue(_) => "SET",
-        Kind::Date(_) => "DATE",
-        Kind::TimeMicros(_) => "TIME",
-        Kind::Datetime(_) => "DATETIME",
-        Kind::TimestampMicros(_) => "TIMESTAMP",
-        Kind::Geometry(_) => "GEOMETRY",
-        Kind::Json(_) => "JSON",
-        Kind::Bson(_) => "BSON",
-        Kind::RawText(_) => "text in another charset",
+fn kind_name(v: &ValueRef<'_>) -> &'static str {
+    match v {
+        V::Absent => "missing",
+        V::Null => "NULL",
+        V::Int(_) => "signed integer",
+        V::Uint(_) => "unsigned integer",
+        V::Float32(_) => "FLOAT",
+        V::Float64(_) => "DOUBLE",
+        V::Decimal(_) => "DECIMAL",
+        V::Text(_) => "text",
+        V::Bytes(_) => "binary",
+        V::Bits(_) => "BIT",
+        V::Enum { .. } => "ENUM",
+        V::Set { .. } => "SET",
+        V::Date(_) => "DATE",
+        V::TimeMicros(_) => "TIME",
+        V::Datetime(_) => "DATETIME",
+        V::TimestampMicros(_) => "TIMESTAMP",
+        V::Geometry { .. } => "GEOMETRY",
+        V::Json(_) => "JSON",
+        V::Bson(_) => "BSON",
+        V::RawText { .. } => "text in another charset",
     }
 }
 
 /// A value as text, the way MySQL prints it (fractional seconds to the column's precision).
-pub fn text(k: &Kind, c: &Column) -> String {
+pub fn text(v: &ValueRef<'_>, c: &Column) -> String {
     let frac = |us: u32| {
         if c.fsp == 0 {
             String::new()
@@ -368,20 +377,21 @@ pub fn text(k: &Kind, c: &Column) -> String {
             format!(".{:06}", us)[..1 + c.fsp as usize].to_string()
         }
     };
-    match k {
-        Kind::Null(_) => "NULL".into(),
-        Kind::Int(i) => i.to_string(),
-        Kind::Uint(u) | Kind::Bits(u) => u.to_string(),
-        Kind::Float32(f) => f.to_string(),
-        Kind::Float64(f) => f.to_string(),
-        Kind::Decimal(d) | Kind::Text(d) | Kind::Json(d) => d.clone(),
-        Kind::Bytes(b) | Kind::Bson(b) => String::from_utf8_lossy(b).into_owned(),
-        Kind::RawText(r) => String::from_utf8_lossy(&r.data).into_owned(),
-        Kind::EnumValue(e) => e.label.clone(),
-        Kind::SetValue(s) => s.members.join(","),
-        Kind::Date(d) => format!("{:04}-{:02}-{:02}", d.year, d.month, d.day),
-        Kind::TimeMicros(t) => {
-            let (sign, t) = if *t < 0 { ("-", -t) } else { ("", *t) };
+    match *v {
+        V::Absent => String::new(),
+        V::Null => "NULL".into(),
+        V::Int(i) => i.to_string(),
+        V::Uint(u) | V::Bits(u) => u.to_string(),
+        V::Float32(f) => f.to_string(),
+        V::Float64(f) => f.to_string(),
+        V::Decimal(d) | V::Text(d) | V::Json(d) => d.to_string(),
+        V::Bytes(b) | V::Bson(b) => String::from_utf8_lossy(b).into_owned(),
+        V::RawText { data, .. } => String::from_utf8_lossy(data).into_owned(),
+        V::Enum { label, .. } => label.to_string(),
+        V::Set { members, .. } => members.iter().collect::<Vec<_>>().join(","),
+        V::Date(d) => format!("{:04}-{:02}-{:02}", d.year, d.month, d.day),
+        V::TimeMicros(t) => {
+            let (sign, t) = if t < 0 { ("-", -t) } else { ("", t) };
             let s = t / 1_000_000;
             format!(
                 "{sign}{:02}:{:02}:{:02}{}",
@@ -391,7 +401,7 @@ pub fn text(k: &Kind, c: &Column) -> String {
                 frac((t % 1_000_000) as u32)
             )
         }
-        Kind::Datetime(d) => format!(
+        V::Datetime(d) => format!(
             "{:04}-{:02}-{:02} {:02}:{:02}:{:02}{}",
             d.year,
             d.month,
@@ -401,8 +411,8 @@ pub fn text(k: &Kind, c: &Column) -> String {
             d.second,
             frac(d.micros)
         ),
-        Kind::TimestampMicros(us) => {
-            if *us == 0 {
+        V::TimestampMicros(us) => {
+            if us == 0 {
                 return format!("0000-00-00 00:00:00{}", frac(0));
             }
             let secs = us.div_euclid(1_000_000);
@@ -416,7 +426,7 @@ pub fn text(k: &Kind, c: &Column) -> String {
                 frac(us.rem_euclid(1_000_000) as u32)
             )
         }
-        Kind::Geometry(g) => format!("{} bytes of WKB", g.wkb.len()),
+        V::Geometry { wkb, .. } => format!("{} bytes of WKB", wkb.len()),
     }
 }
 
@@ -480,7 +490,12 @@ fn put_decimal(d: &str, precision: u8, scale: u8, out: &mut Vec<u8>) -> Result<(
     Ok(())
 }
 
-fn put_u32_seconds(secs: i64, k: &Kind, c: &Column, out: &mut Vec<u8>) -> Result<(), String> {
+fn put_u32_seconds(
+    secs: i64,
+    k: &ValueRef<'_>,
+    c: &Column,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
     if !(0..=u32::MAX as i64).contains(&secs) {
         return Err(format!(
             "{} is outside ClickHouse DateTime's range (1970 .. 2106)",
@@ -491,7 +506,7 @@ fn put_u32_seconds(secs: i64, k: &Kind, c: &Column, out: &mut Vec<u8>) -> Result
     Ok(())
 }
 
-fn put_dt64(us: i64, p: u8, k: &Kind, c: &Column, out: &mut Vec<u8>) -> Result<(), String> {
+fn put_dt64(us: i64, p: u8, k: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) -> Result<(), String> {
     let v = if p >= 6 {
         us * 10i64.pow(u32::from(p) - 6)
     } else {
@@ -545,6 +560,7 @@ fn days_from_civil(y: i32, m: u32, d: u32) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_proto::v1::{value::Kind, Value};
     use sluice_proto::value;
 
     fn col(ty: ColumnType) -> Column {
@@ -557,7 +573,7 @@ mod tests {
 
     fn enc(v: Value, c: &Column, t: &ChType) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
-        encode(&v, c, t, &mut out).map(|_| out)
+        encode(ValueRef::from(&v), c, t, &mut out).map(|_| out)
     }
 
     #[test]

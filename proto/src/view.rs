@@ -1,0 +1,384 @@
+//! Reading encoded events without building their messages: an event's row images found in its
+//! bytes ([`images`]), and an image's values as views borrowing those bytes ([`values`],
+//! [`ValueRef`]). For sinks that write every value somewhere else at once and keep none, this
+//! spares an allocation per value and per string.
+//!
+//! Protobuf's reading rules hold: fields in any order, unknown fields skipped, the last of a
+//! repeated scalar or oneof member wins, strings must be UTF-8.
+
+use crate::v1::{self, value::Kind, Value};
+
+/// Why bytes are not a valid encoding. Always definite.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ViewError(pub &'static str);
+
+/// One value of a row image, borrowing the encoded bytes (or a [`Value`], see `From`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ValueRef<'a> {
+    /// The image does not hold the column (an empty `Value`).
+    Absent,
+    Null,
+    Int(i64),
+    Uint(u64),
+    Float32(f32),
+    Float64(f64),
+    Decimal(&'a str),
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    Bits(u64),
+    Enum {
+        index: u32,
+        label: &'a str,
+    },
+    Set {
+        bits: u64,
+        members: Members<'a>,
+    },
+    Date(v1::Date),
+    TimeMicros(i64),
+    Datetime(v1::DateTime),
+    TimestampMicros(i64),
+    Geometry {
+        srid: u32,
+        wkb: &'a [u8],
+    },
+    Json(&'a str),
+    Bson(&'a [u8]),
+    RawText {
+        data: &'a [u8],
+        charset: &'a str,
+    },
+}
+
+/// The members of a SET value.
+#[derive(Debug, Clone, Copy)]
+pub enum Members<'a> {
+    /// A `SetValue` message's bytes (its members checked to be UTF-8).
+    Encoded(&'a [u8]),
+    List(&'a [String]),
+}
+
+impl<'a> Members<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = &'a str> + 'a {
+        let (encoded, list) = match *self {
+            Members::Encoded(b) => (Some(Reader(b)), None),
+            Members::List(l) => (None, Some(l.iter().map(String::as_str))),
+        };
+        let encoded = encoded.into_iter().flat_map(|mut r| {
+            std::iter::from_fn(move || loop {
+                match r.field().ok()?? {
+                    (2, Field::Len(b)) => return std::str::from_utf8(b).ok(),
+                    _ => continue,
+                }
+            })
+        });
+        encoded.chain(list.into_iter().flatten())
+    }
+}
+
+impl PartialEq for Members<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl<'a> From<&'a Value> for ValueRef<'a> {
+    fn from(v: &'a Value) -> Self {
+        let Some(k) = &v.kind else {
+            return ValueRef::Absent;
+        };
+        match k {
+            Kind::Null(_) => ValueRef::Null,
+            Kind::Int(i) => ValueRef::Int(*i),
+            Kind::Uint(u) => ValueRef::Uint(*u),
+            Kind::Float32(f) => ValueRef::Float32(*f),
+            Kind::Float64(f) => ValueRef::Float64(*f),
+            Kind::Decimal(d) => ValueRef::Decimal(d),
+            Kind::Text(t) => ValueRef::Text(t),
+            Kind::Bytes(b) => ValueRef::Bytes(b),
+            Kind::Bits(b) => ValueRef::Bits(*b),
+            Kind::EnumValue(e) => ValueRef::Enum {
+                index: e.index,
+                label: &e.label,
+            },
+            Kind::SetValue(s) => ValueRef::Set {
+                bits: s.bits,
+                members: Members::List(&s.members),
+            },
+            Kind::Date(d) => ValueRef::Date(*d),
+            Kind::TimeMicros(t) => ValueRef::TimeMicros(*t),
+            Kind::Datetime(d) => ValueRef::Datetime(*d),
+            Kind::TimestampMicros(t) => ValueRef::TimestampMicros(*t),
+            Kind::Geometry(g) => ValueRef::Geometry {
+                srid: g.srid,
+                wkb: &g.wkb,
+            },
+            Kind::Json(j) => ValueRef::Json(j),
+            Kind::Bson(b) => ValueRef::Bson(b),
+            Kind::RawText(r) => ValueRef::RawText {
+                data: &r.data,
+                charset: &r.charset,
+            },
+        }
+    }
+}
+
+/// The `before` and `after` images of an event: encoded `Row` messages, each if present.
+pub type Images<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// The `before` and `after` images (encoded `Row` messages) of an encoded `ChangeEvent`.
+pub fn images(event: &[u8]) -> Result<Images<'_>, ViewError> {
+    let mut r = Reader(event);
+    let (mut before, mut after) = (None, None);
+    while let Some((tag, f)) = r.field()? {
+        match (tag, f) {
+            (14, Field::Len(b)) => before = Some(b),
+            (15, Field::Len(b)) => after = Some(b),
+            (14 | 15, _) => return Err(ViewError("a row image is not a message")),
+            _ => {}
+        }
+    }
+    Ok((before, after))
+}
+
+/// The values of an encoded `Row` message, in order.
+pub fn values(row: &[u8]) -> impl Iterator<Item = Result<ValueRef<'_>, ViewError>> {
+    let mut r = Reader(row);
+    std::iter::from_fn(move || loop {
+        match r.field() {
+            Err(e) => {
+                r = Reader(&[]);
+                return Some(Err(e));
+            }
+            Ok(None) => return None,
+            Ok(Some((1, Field::Len(b)))) => return Some(value(b)),
+            Ok(Some((1, _))) => return Some(Err(ViewError("a row value is not a message"))),
+            Ok(Some(_)) => continue,
+        }
+    })
+}
+
+/// A `Value` message.
+pub fn value(body: &[u8]) -> Result<ValueRef<'_>, ViewError> {
+    let mut r = Reader(body);
+    let mut v = ValueRef::Absent;
+    while let Some((tag, f)) = r.field()? {
+        v = match (tag, f) {
+            (1, Field::Varint(_)) => ValueRef::Null,
+            (2, Field::Varint(x)) => ValueRef::Int(unzigzag(x)),
+            (3, Field::Varint(x)) => ValueRef::Uint(x),
+            (4, Field::Fixed32(b)) => ValueRef::Float32(f32::from_le_bytes(b)),
+            (5, Field::Fixed64(b)) => ValueRef::Float64(f64::from_le_bytes(b)),
+            (6, Field::Len(b)) => ValueRef::Decimal(utf8(b)?),
+            (7, Field::Len(b)) => ValueRef::Text(utf8(b)?),
+            (8, Field::Len(b)) => ValueRef::Bytes(b),
+            (9, Field::Varint(x)) => ValueRef::Bits(x),
+            (10, Field::Len(b)) => {
+                let (mut index, mut label) = (0, "");
+                let mut m = Reader(b);
+                while let Some(f) = m.field()? {
+                    match f {
+                        (1, Field::Varint(x)) => index = x as u32,
+                        (2, Field::Len(b)) => label = utf8(b)?,
+                        (1 | 2, _) => return Err(WIRE),
+                        _ => {}
+                    }
+                }
+                ValueRef::Enum { index, label }
+            }
+            (11, Field::Len(b)) => {
+                let mut bits = 0;
+                let mut m = Reader(b);
+                while let Some(f) = m.field()? {
+                    match f {
+                        (1, Field::Varint(x)) => bits = x,
+                        (2, Field::Len(b)) => {
+                            utf8(b)?;
+                        }
+                        (1 | 2, _) => return Err(WIRE),
+                        _ => {}
+                    }
+                }
+                ValueRef::Set {
+                    bits,
+                    members: Members::Encoded(b),
+                }
+            }
+            (12, Field::Len(b)) => ValueRef::Date(message(b)?),
+            (13, Field::Varint(x)) => ValueRef::TimeMicros(unzigzag(x)),
+            (14, Field::Len(b)) => ValueRef::Datetime(message(b)?),
+            (15, Field::Varint(x)) => ValueRef::TimestampMicros(unzigzag(x)),
+            (16, Field::Len(b)) => {
+                let (mut srid, mut wkb) = (0, &[][..]);
+                let mut m = Reader(b);
+                while let Some(f) = m.field()? {
+                    match f {
+                        (1, Field::Varint(x)) => srid = x as u32,
+                        (2, Field::Len(b)) => wkb = b,
+                        (1 | 2, _) => return Err(WIRE),
+                        _ => {}
+                    }
+                }
+                ValueRef::Geometry { srid, wkb }
+            }
+            (17, Field::Len(b)) => ValueRef::Json(utf8(b)?),
+            (18, Field::Len(b)) => ValueRef::Bson(b),
+            (19, Field::Len(b)) => {
+                let (mut data, mut charset) = (&[][..], "");
+                let mut m = Reader(b);
+                while let Some(f) = m.field()? {
+                    match f {
+                        (1, Field::Len(b)) => data = b,
+                        (2, Field::Len(b)) => charset = utf8(b)?,
+                        (1 | 2, _) => return Err(WIRE),
+                        _ => {}
+                    }
+                }
+                ValueRef::RawText { data, charset }
+            }
+            (1..=19, _) => return Err(WIRE),
+            _ => v, // an unknown field
+        };
+    }
+    Ok(v)
+}
+
+const WIRE: ViewError = ViewError("a value's field has the wrong wire type");
+
+fn utf8(b: &[u8]) -> Result<&str, ViewError> {
+    std::str::from_utf8(b).map_err(|_| ViewError("a string is not valid UTF-8"))
+}
+
+fn message<M: prost::Message + Default>(b: &[u8]) -> Result<M, ViewError> {
+    M::decode(b).map_err(|_| ViewError("a nested value does not decode"))
+}
+
+fn unzigzag(x: u64) -> i64 {
+    ((x >> 1) as i64) ^ -((x & 1) as i64)
+}
+
+/// One field's payload.
+enum Field<'a> {
+    Varint(u64),
+    Fixed64([u8; 8]),
+    Len(&'a [u8]),
+    Fixed32([u8; 4]),
+}
+
+/// Reads fields off a message's bytes.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    #[inline]
+    fn varint(&mut self) -> Result<u64, ViewError> {
+        let mut v = 0u64;
+        for (i, &b) in self.0.iter().enumerate().take(10) {
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b < 0x80 {
+                self.0 = &self.0[i + 1..];
+                return Ok(v);
+            }
+        }
+        Err(ViewError("a varint is cut off or too long"))
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ViewError> {
+        if self.0.len() < n {
+            return Err(ViewError("a field is cut off"));
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+
+    /// The next field (tag and payload), or `None` at the end. Groups are refused.
+    #[inline]
+    fn field(&mut self) -> Result<Option<(u32, Field<'a>)>, ViewError> {
+        if self.0.is_empty() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let tag = (key >> 3) as u32;
+        let f = match key & 7 {
+            0 => Field::Varint(self.varint()?),
+            1 => Field::Fixed64(self.take(8)?.try_into().expect("8 bytes")),
+            2 => {
+                let n = self.varint()?;
+                let n = usize::try_from(n).map_err(|_| ViewError("a field is cut off"))?;
+                Field::Len(self.take(n)?)
+            }
+            5 => Field::Fixed32(self.take(4)?.try_into().expect("4 bytes")),
+            _ => return Err(ViewError("an unsupported wire type")),
+        };
+        if tag == 0 {
+            return Err(ViewError("field number 0"));
+        }
+        Ok(Some((tag, f)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value;
+    use prost::Message;
+
+    #[test]
+    fn every_kind_reads_as_its_message_says() {
+        let mut all: Vec<Value> = crate::tests::every_value_kind()
+            .into_iter()
+            .map(value::of)
+            .collect();
+        all.push(Value { kind: None });
+        let row = v1::Row {
+            values: all.clone(),
+        };
+        let bytes = row.encode_to_vec();
+        let read: Vec<ValueRef<'_>> = values(&bytes).collect::<Result<_, _>>().unwrap();
+        let want: Vec<ValueRef<'_>> = all.iter().map(ValueRef::from).collect();
+        assert_eq!(read, want);
+    }
+
+    #[test]
+    fn the_images_of_an_event() {
+        let row = |i| v1::Row {
+            values: vec![value::of(Kind::Int(i))],
+        };
+        let e = v1::ChangeEvent {
+            before: Some(row(1)),
+            after: Some(row(2)),
+            database: "d".into(),
+            ..Default::default()
+        };
+        let bytes = e.encode_to_vec();
+        let (b, a) = images(&bytes).unwrap();
+        assert_eq!(b.unwrap(), row(1).encode_to_vec().as_slice());
+        assert_eq!(a.unwrap(), row(2).encode_to_vec().as_slice());
+        let e = v1::ChangeEvent {
+            after: Some(row(2)),
+            ..Default::default()
+        };
+        assert_eq!(images(&e.encode_to_vec()).unwrap().0, None);
+    }
+
+    #[test]
+    fn broken_bytes_are_refused_not_misread() {
+        let text = value::of(Kind::Text("abc".into())).encode_to_vec();
+        // Cut off.
+        assert!(value(&text[..text.len() - 1]).is_err());
+        // Not UTF-8.
+        let mut bad = text.clone();
+        *bad.last_mut().unwrap() = 0xff;
+        assert!(value(&bad).is_err());
+        // The text field with a varint's wire type.
+        assert!(value(&[7 << 3, 1]).is_err());
+        // A varint that never ends.
+        assert!(value(&[2 << 3, 0x80, 0x80]).is_err());
+        // A row whose value is not a message.
+        assert!(values(&[1 << 3, 5]).next().unwrap().is_err());
+        // Unknown fields are skipped.
+        // (Field 100 as a varint: key bytes 0xa0 0x06.)
+        assert_eq!(value(&[0xa0, 0x06, 1, 2 << 3, 4]), Ok(ValueRef::Int(2)));
+    }
+}
