@@ -234,18 +234,24 @@ pub(crate) trait BatchSink {
 pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), S::Error> {
     let max_wait = sink.max_wait();
     let consumer = sink.consumer();
+    // Messages taken without waiting since the clock was last read.
+    let mut unclocked = 0u32;
     let result = loop {
         if shutdown.is_triggered() {
             break Ok(());
         }
         // A message already fetched is taken without arming a timer; the batch's deadline is
-        // checked against the clock only now and then (it is a bound on waiting, not a beat).
+        // checked against the clock only every 64 such messages (it is a bound on waiting, not
+        // a beat; when none is ready the wait below is bounded by the deadline).
         let ready = futures::FutureExt::now_or_never(consumer.recv());
         let step = match ready {
             Some(m) => {
-                let overdue = sink
-                    .batch_started()
-                    .is_some_and(|s| s.elapsed() >= max_wait);
+                unclocked += 1;
+                let overdue = unclocked >= 64
+                    && sink.batch_started().is_some_and(|s| {
+                        unclocked = 0;
+                        s.elapsed() >= max_wait
+                    });
                 if overdue {
                     if let Err(e) = sink.write_held(shutdown).await {
                         break Err(e);

@@ -188,31 +188,6 @@ pub fn encode_event(event: &mut ChangeEvent, buf: &mut Vec<u8>) {
     (event.key, event.before, event.after) = (key, before, after);
 }
 
-/// The fields of a [`ChangeEvent`] that writing its row needs but the row images, decoded from
-/// the same bytes; the others (source, position, transaction, key, images, DDL, MongoDB change)
-/// are skipped without being decoded, which spares a sink their allocations on every event. The
-/// images are read where they lie with [`view::images`] and [`view::values`]. Tags are
-/// `ChangeEvent`'s.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct ChangeRow {
-    #[prost(uint32, tag = "1")]
-    pub contract: u32,
-    #[prost(enumeration = "v1::Op", tag = "3")]
-    pub op: i32,
-    #[prost(string, tag = "4")]
-    pub database: String,
-    #[prost(string, tag = "5")]
-    pub table: String,
-    #[prost(uint64, tag = "6")]
-    pub version: u64,
-    #[prost(int64, tag = "8")]
-    pub commit_time_micros: i64,
-    #[prost(uint64, tag = "11")]
-    pub schema_id: u64,
-    #[prost(message, optional, tag = "12")]
-    pub schema: Option<v1::TableSchema>,
-}
-
 /// The contract version written into `ChangeEvent::contract`.
 pub const CONTRACT_VERSION: u32 = 1;
 

@@ -146,7 +146,7 @@ fn absent_value_is_not_null() {
     assert!(value::is_null(&value::null()));
 }
 
-fn sample_event() -> ChangeEvent {
+pub(crate) fn sample_event() -> ChangeEvent {
     let row = v1::Row {
         values: every_value_kind().into_iter().map(value::of).collect(),
     };
@@ -226,32 +226,6 @@ fn whole_event_round_trips() {
     let ev = sample_event();
     let back = ChangeEvent::decode(ev.encode_to_vec().as_slice()).unwrap();
     assert_eq!(back, ev);
-}
-
-#[test]
-fn a_change_row_reads_the_row_fields_of_an_event() {
-    let mut e = sample_event();
-    e.schema = Some(v1::TableSchema {
-        schema_id: e.schema_id,
-        ..Default::default()
-    });
-    let row = ChangeRow::decode(e.encode_to_vec().as_slice()).unwrap();
-    assert_eq!(row.contract, e.contract);
-    assert_eq!(row.op, e.op);
-    assert_eq!((&row.database, &row.table), (&e.database, &e.table));
-    assert_eq!(row.version, e.version);
-    assert_eq!(row.commit_time_micros, e.commit_time_micros);
-    assert_eq!(row.schema_id, e.schema_id);
-    assert_eq!(row.schema, e.schema);
-    let bytes = e.encode_to_vec();
-    let (before, after) = view::images(&bytes).unwrap();
-    let decode = |b: Option<&[u8]>| b.map(|b| v1::Row::decode(b).unwrap());
-    assert_eq!(decode(before), e.before);
-    assert_eq!(decode(after), e.after);
-    assert!(
-        e.after.is_some() || e.before.is_some(),
-        "the sample has a row image"
-    );
 }
 
 #[test]

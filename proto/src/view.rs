@@ -124,22 +124,54 @@ impl<'a> From<&'a Value> for ValueRef<'a> {
     }
 }
 
-/// The `before` and `after` images of an event: encoded `Row` messages, each if present.
-pub type Images<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+/// What writing the row of an encoded row event takes, borrowed from its bytes: one pass over
+/// the event, nothing allocated. The other fields (source, position, transaction, key, DDL,
+/// MongoDB change) are skipped unread. Fields as in `ChangeEvent`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RowEvent<'a> {
+    pub contract: u32,
+    pub op: i32,
+    pub database: &'a str,
+    pub table: &'a str,
+    pub version: u64,
+    pub commit_time_micros: i64,
+    pub schema_id: u64,
+    /// The `TableSchema` message, when the event carries it.
+    pub schema: Option<&'a [u8]>,
+    /// The images: encoded `Row` messages.
+    pub before: Option<&'a [u8]>,
+    pub after: Option<&'a [u8]>,
+}
 
-/// The `before` and `after` images (encoded `Row` messages) of an encoded `ChangeEvent`.
-pub fn images(event: &[u8]) -> Result<Images<'_>, ViewError> {
-    let mut r = Reader(event);
-    let (mut before, mut after) = (None, None);
-    while let Some((tag, f)) = r.field()? {
-        match (tag, f) {
-            (14, Field::Len(b)) => before = Some(b),
-            (15, Field::Len(b)) => after = Some(b),
-            (14 | 15, _) => return Err(ViewError("a row image is not a message")),
-            _ => {}
+impl<'a> RowEvent<'a> {
+    pub fn parse(event: &'a [u8]) -> Result<Self, ViewError> {
+        let mut r = Reader(event);
+        let mut e = RowEvent::default();
+        while let Some((tag, f)) = r.field()? {
+            match (tag, f) {
+                (1, Field::Varint(x)) => e.contract = x as u32,
+                (3, Field::Varint(x)) => e.op = x as i32,
+                (4, Field::Len(b)) => e.database = utf8(b)?,
+                (5, Field::Len(b)) => e.table = utf8(b)?,
+                (6, Field::Varint(x)) => e.version = x,
+                (8, Field::Varint(x)) => e.commit_time_micros = x as i64,
+                (11, Field::Varint(x)) => e.schema_id = x,
+                (12, Field::Len(b)) => e.schema = Some(b),
+                (14, Field::Len(b)) => e.before = Some(b),
+                (15, Field::Len(b)) => e.after = Some(b),
+                (1 | 3 | 4 | 5 | 6 | 8 | 11 | 12 | 14 | 15, _) => {
+                    return Err(ViewError("an event's field has the wrong wire type"))
+                }
+                _ => {}
+            }
         }
+        Ok(e)
     }
-    Ok((before, after))
+
+    /// The operation (`Op::Unspecified` for a value this build does not know).
+    pub fn op(&self) -> v1::Op {
+        v1::Op::try_from(self.op).unwrap_or_default()
+    }
 }
 
 /// The values of an encoded `Row` message, in order.
@@ -341,25 +373,44 @@ mod tests {
     }
 
     #[test]
-    fn the_images_of_an_event() {
-        let row = |i| v1::Row {
-            values: vec![value::of(Kind::Int(i))],
-        };
+    fn a_row_event_reads_the_fields_of_an_event() {
+        let mut e = crate::tests::sample_event();
+        e.schema = Some(v1::TableSchema {
+            schema_id: e.schema_id,
+            ..Default::default()
+        });
+        e.commit_time_micros = -5; // negative int64: ten varint bytes
+        let bytes = e.encode_to_vec();
+        let r = RowEvent::parse(&bytes).unwrap();
+        assert_eq!(r.contract, e.contract);
+        assert_eq!(r.op(), e.op());
+        assert_eq!(
+            (r.database, r.table),
+            (e.database.as_str(), e.table.as_str())
+        );
+        assert_eq!(r.version, e.version);
+        assert_eq!(r.commit_time_micros, e.commit_time_micros);
+        assert_eq!(r.schema_id, e.schema_id);
+        let decode = |b: Option<&[u8]>| b.map(|b| v1::Row::decode(b).unwrap());
+        assert_eq!(
+            r.schema.map(|b| v1::TableSchema::decode(b).unwrap()),
+            e.schema
+        );
+        assert_eq!(decode(r.before), e.before);
+        assert_eq!(decode(r.after), e.after);
+        assert!(r.after.is_some(), "the sample has an after image");
         let e = v1::ChangeEvent {
-            before: Some(row(1)),
-            after: Some(row(2)),
-            database: "d".into(),
+            op: 99,
             ..Default::default()
         };
         let bytes = e.encode_to_vec();
-        let (b, a) = images(&bytes).unwrap();
-        assert_eq!(b.unwrap(), row(1).encode_to_vec().as_slice());
-        assert_eq!(a.unwrap(), row(2).encode_to_vec().as_slice());
-        let e = v1::ChangeEvent {
-            after: Some(row(2)),
-            ..Default::default()
-        };
-        assert_eq!(images(&e.encode_to_vec()).unwrap().0, None);
+        let r = RowEvent::parse(&bytes).unwrap();
+        assert_eq!(
+            (r.op(), r.before, r.schema),
+            (v1::Op::Unspecified, None, None)
+        );
+        // The database name with a varint's wire type.
+        assert!(RowEvent::parse(&[4 << 3, 1]).is_err());
     }
 
     #[test]

@@ -33,8 +33,8 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{Column, Op, TableSchema};
-use sluice_proto::view::{self, ValueRef};
-use sluice_proto::{ChangeEvent, ChangeRow};
+use sluice_proto::view::{self, RowEvent, ValueRef};
+use sluice_proto::ChangeEvent;
 
 use super::types::{encode, map_column, ChType, Features};
 use super::{Config, Mode, OnBadEvent};
@@ -439,7 +439,7 @@ impl Sink {
     ) -> Result<(), String> {
         let payload = m.payload().unwrap_or_default();
         // Only what a row needs is decoded; a DDL event is decoded whole.
-        let row = ChangeRow::decode(payload).map_err(|e| format!("not a change event: {e}"))?;
+        let row = RowEvent::parse(payload).map_err(|e| format!("not a change event: {e}"))?;
         if row.contract > sluice_proto::CONTRACT_VERSION {
             return Err(format!(
                 "contract version {} is newer than this build's {}",
@@ -457,16 +457,15 @@ impl Sink {
                 self.apply_ddl(&event).await;
                 Ok(())
             }
-            Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => {
-                self.add_row(&row, payload).await
-            }
+            Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => self.add_row(&row).await,
             _ => Ok(()), // heartbeats and transaction markers carry no rows
         }
     }
 
-    async fn schema(&mut self, event: &ChangeRow) -> Result<TableSchema, String> {
-        if let Some(s) = &event.schema {
-            self.schemas.remember(s);
+    async fn schema(&mut self, event: &RowEvent<'_>) -> Result<TableSchema, String> {
+        if let Some(s) = event.schema {
+            let s = TableSchema::decode(s).map_err(|e| format!("not a change event: {e}"))?;
+            self.schemas.remember(&s);
         }
         match self.schemas.get(event.schema_id).await {
             Ok(Some(s)) => Ok(s),
@@ -593,7 +592,7 @@ impl Sink {
 
     /// Work out how rows of `event`'s schema are written: the target (created or extended as
     /// needed), and per column its target type.
-    async fn plan(&mut self, event: &ChangeRow) -> Result<std::sync::Arc<Plan>, String> {
+    async fn plan(&mut self, event: &RowEvent<'_>) -> Result<std::sync::Arc<Plan>, String> {
         let schema = self.schema(event).await?;
         let mut target = self.target(&schema).await?;
         if let Some(why) = &target.stopped {
@@ -665,8 +664,8 @@ impl Sink {
         }))
     }
 
-    /// Add the row of `event` (decoded from `payload`, whose image is read where it lies).
-    async fn add_row(&mut self, event: &ChangeRow, payload: &[u8]) -> Result<(), String> {
+    /// Add the row of `event` (its image is read where it lies).
+    async fn add_row(&mut self, event: &RowEvent<'_>) -> Result<(), String> {
         let plan = match self.plans.get(&event.schema_id) {
             Some(p) => p.clone(),
             None => {
@@ -676,11 +675,9 @@ impl Sink {
             }
         };
         let op = event.op();
-        let (before, after) =
-            view::images(payload).map_err(|e| format!("not a change event: {e}"))?;
         let image = match op {
-            Op::Delete => before,
-            _ => after,
+            Op::Delete => event.before,
+            _ => event.after,
         }
         .ok_or_else(|| format!("{op:?} event without its row image"))?;
         let schema = &plan.schema;

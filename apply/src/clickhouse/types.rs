@@ -303,15 +303,19 @@ pub fn encode(v: ValueRef<'_>, c: &Column, t: &ChType, out: &mut Vec<u8>) -> Res
         (V::TimestampMicros(us), ChType::DateTime64(p)) => put_dt64(us, *p, &v, c, out),
         (V::TimeMicros(us), ChType::Int(64)) => put_int(us as i128, 64, true, out),
         (_, ChType::String) => {
-            let owned;
             let bytes: &[u8] = match v {
                 V::Bytes(b) | V::Bson(b) => b,
                 V::RawText { data, .. } => data,
                 V::Geometry { wkb, .. } => wkb,
                 V::Text(t) | V::Decimal(t) | V::Json(t) => t.as_bytes(),
                 _ => {
-                    owned = text(&v, c);
-                    owned.as_bytes()
+                    // The text, written in place; its length (LEB128, as protobuf's varint)
+                    // is patched in front of it.
+                    out.push(0);
+                    let start = out.len();
+                    write_text(&v, c, out);
+                    sluice_proto::wire::patch_len(out, start);
+                    return Ok(());
                 }
             };
             put_varint(bytes.len() as u64, out);
@@ -370,64 +374,86 @@ fn kind_name(v: &ValueRef<'_>) -> &'static str {
 
 /// A value as text, the way MySQL prints it (fractional seconds to the column's precision).
 pub fn text(v: &ValueRef<'_>, c: &Column) -> String {
-    let frac = |us: u32| {
-        if c.fsp == 0 {
-            String::new()
-        } else {
-            format!(".{:06}", us)[..1 + c.fsp as usize].to_string()
+    let mut out = Vec::new();
+    write_text(v, c, &mut out);
+    String::from_utf8(out).expect("every piece of text is UTF-8")
+}
+
+/// [`text`], appended to `out`.
+fn write_text(v: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) {
+    use std::io::Write;
+    // Writing into a Vec cannot fail.
+    let frac = |us: u32, out: &mut Vec<u8>| {
+        if c.fsp > 0 {
+            let at = out.len();
+            let _ = write!(out, ".{us:06}");
+            out.truncate(at + 1 + (c.fsp as usize).min(6));
         }
     };
-    match *v {
-        V::Absent => String::new(),
-        V::Null => "NULL".into(),
-        V::Int(i) => i.to_string(),
-        V::Uint(u) | V::Bits(u) => u.to_string(),
-        V::Float32(f) => f.to_string(),
-        V::Float64(f) => f.to_string(),
-        V::Decimal(d) | V::Text(d) | V::Json(d) => d.to_string(),
-        V::Bytes(b) | V::Bson(b) => String::from_utf8_lossy(b).into_owned(),
-        V::RawText { data, .. } => String::from_utf8_lossy(data).into_owned(),
-        V::Enum { label, .. } => label.to_string(),
-        V::Set { members, .. } => members.iter().collect::<Vec<_>>().join(","),
-        V::Date(d) => format!("{:04}-{:02}-{:02}", d.year, d.month, d.day),
+    let _ = match *v {
+        V::Absent => Ok(()),
+        V::Null => out.write_all(b"NULL"),
+        V::Int(i) => write!(out, "{i}"),
+        V::Uint(u) | V::Bits(u) => write!(out, "{u}"),
+        V::Float32(f) => write!(out, "{f}"),
+        V::Float64(f) => write!(out, "{f}"),
+        V::Decimal(d) | V::Text(d) | V::Json(d) => out.write_all(d.as_bytes()),
+        V::Bytes(b) | V::Bson(b) => out.write_all(String::from_utf8_lossy(b).as_bytes()),
+        V::RawText { data, .. } => out.write_all(String::from_utf8_lossy(data).as_bytes()),
+        V::Enum { label, .. } => out.write_all(label.as_bytes()),
+        V::Set { members, .. } => {
+            for (i, m) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(m.as_bytes());
+            }
+            Ok(())
+        }
+        V::Date(d) => write!(out, "{:04}-{:02}-{:02}", d.year, d.month, d.day),
         V::TimeMicros(t) => {
             let (sign, t) = if t < 0 { ("-", -t) } else { ("", t) };
             let s = t / 1_000_000;
-            format!(
-                "{sign}{:02}:{:02}:{:02}{}",
+            let r = write!(
+                out,
+                "{sign}{:02}:{:02}:{:02}",
                 s / 3600,
                 s / 60 % 60,
-                s % 60,
-                frac((t % 1_000_000) as u32)
-            )
+                s % 60
+            );
+            frac((t % 1_000_000) as u32, out);
+            r
         }
-        V::Datetime(d) => format!(
-            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}{}",
-            d.year,
-            d.month,
-            d.day,
-            d.hour,
-            d.minute,
-            d.second,
-            frac(d.micros)
-        ),
+        V::Datetime(d) => {
+            let r = write!(
+                out,
+                "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+                d.year, d.month, d.day, d.hour, d.minute, d.second
+            );
+            frac(d.micros, out);
+            r
+        }
+        V::TimestampMicros(0) => {
+            let r = out.write_all(b"0000-00-00 00:00:00");
+            frac(0, out);
+            r
+        }
         V::TimestampMicros(us) => {
-            if us == 0 {
-                return format!("0000-00-00 00:00:00{}", frac(0));
-            }
             let secs = us.div_euclid(1_000_000);
             let (y, m, d) = sluice_common::civil::civil_from_days(secs.div_euclid(86_400));
             let rem = secs.rem_euclid(86_400);
-            format!(
-                "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}{}",
+            let r = write!(
+                out,
+                "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
                 rem / 3600,
                 rem / 60 % 60,
-                rem % 60,
-                frac(us.rem_euclid(1_000_000) as u32)
-            )
+                rem % 60
+            );
+            frac(us.rem_euclid(1_000_000) as u32, out);
+            r
         }
-        V::Geometry { wkb, .. } => format!("{} bytes of WKB", wkb.len()),
-    }
+        V::Geometry { wkb, .. } => write!(out, "{} bytes of WKB", wkb.len()),
+    };
 }
 
 fn put_int(v: i128, bits: u8, signed: bool, out: &mut Vec<u8>) -> Result<(), String> {
@@ -712,6 +738,22 @@ mod tests {
             enc(value::bytes(vec![0, 255]), &c, &ChType::String).unwrap(),
             vec![2, 0, 255]
         );
+        // Text written in place: its length prefix takes two bytes past 127.
+        let members: Vec<String> = (0..40).map(|i| format!("member{i:02}")).collect();
+        let set = value::of(Kind::SetValue(sluice_proto::v1::SetValue {
+            bits: u64::MAX >> 24,
+            members: members.clone(),
+        }));
+        let joined = members.join(",");
+        assert_eq!(joined.len(), 359);
+        let mut want = vec![0xe7, 0x02]; // 359 as LEB128
+        want.extend_from_slice(joined.as_bytes());
+        assert_eq!(
+            enc(set, &col(ColumnType::Set), &ChType::String).unwrap(),
+            want
+        );
+        let s = enc(value::of(Kind::Int(-42)), &c, &ChType::String).unwrap();
+        assert_eq!(s, b"\x03-42");
     }
 
     #[test]
