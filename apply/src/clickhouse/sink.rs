@@ -422,12 +422,14 @@ impl Sink {
         m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
     ) -> Result<(), ApplyError> {
-        self.batch().started.get_or_insert_with(Instant::now);
         let outcome = self.apply_event(m, shutdown).await;
         if let Err(reason) = outcome {
             self.dead_letter(m, &reason).await?;
         }
-        self.batch().offsets.record(m);
+        // The event belongs to the batch in hand now (one that a DDL began, if it flushed).
+        let mut batch = self.batch();
+        batch.started.get_or_insert_with(Instant::now);
+        batch.offsets.record(m);
         Ok(())
     }
 
@@ -683,16 +685,18 @@ impl Sink {
         let schema = &plan.schema;
         // One INSERT per table per batch: a different column list (a schema change) closes
         // this table's part first.
-        let other_columns = self.batch().tables.get(&plan.target).is_some_and(|b| {
+        let mut guard = self.batch();
+        let other_columns = guard.tables.get(&plan.target).is_some_and(|b| {
             !std::sync::Arc::ptr_eq(&b.columns, &plan.insert_columns)
                 && *b.columns != *plan.insert_columns
         });
         if other_columns {
+            drop(guard);
             self.flush_table(&plan.target)
                 .await
                 .map_err(|e| e.to_string())?;
+            guard = self.batch();
         }
-        let mut guard = self.batch();
         let batch = &mut *guard;
         let tb = match batch.tables.get_mut(&plan.target) {
             Some(tb) => tb,
