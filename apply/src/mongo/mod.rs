@@ -85,7 +85,7 @@ impl Default for MongoTargetConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
-    /// Events (all collections together). Default 20000.
+    /// Events (all collections together). Default 5000.
     pub max_events: usize,
     /// BSON bytes of the writes. Default 16777216 (16 MiB).
     pub max_bytes: usize,
@@ -96,7 +96,7 @@ pub struct BatchConfig {
 impl Default for BatchConfig {
     fn default() -> Self {
         Self {
-            max_events: 20_000,
+            max_events: 5_000,
             max_bytes: 16 << 20,
             max_wait_ms: 500,
         }
