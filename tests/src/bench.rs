@@ -286,3 +286,54 @@ pub fn latencies(acked: &[Vec<Instant>], seen: &[(Instant, Vec<u64>)], batch: u6
             .unwrap_or_else(Instant::now),
     }
 }
+
+/// `config` with the TOML of environment variable `var` merged in (for experiments such as
+/// `BENCH_APPLY_EXTRA='[batch]\nmax_events = 5000'`): its tables merge into the config's, its
+/// keys replace the config's.
+pub fn with_extra(config: String, var: &str) -> anyhow::Result<String> {
+    let extra = std::env::var(var).unwrap_or_default();
+    if extra.trim().is_empty() {
+        return Ok(config);
+    }
+    merge_toml(&config, &extra).map_err(|e| anyhow::anyhow!("{var}: {e}"))
+}
+
+/// `extra`'s tables merged into `config`'s, its keys replacing `config`'s.
+fn merge_toml(config: &str, extra: &str) -> anyhow::Result<String> {
+    fn merge(into: &mut toml::Table, from: toml::Table) {
+        for (k, v) in from {
+            match (into.get_mut(&k), v) {
+                (Some(toml::Value::Table(a)), toml::Value::Table(b)) => merge(a, b),
+                (_, v) => {
+                    into.insert(k, v);
+                }
+            }
+        }
+    }
+    let mut base: toml::Table = toml::from_str(config)?;
+    let extra: toml::Table = toml::from_str(extra)?;
+    merge(&mut base, extra);
+    Ok(toml::to_string(&base)?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn extra_toml_merges_tables_and_replaces_keys() {
+        let merged = super::merge_toml(
+            "top = 1\n[publish]\npartitions = 6\n[kafka]\nbrokers = \"b\"\n",
+            "[publish]\npartitions = 3\nmax_in_flight_bytes = 65536\n[kafka.properties]\n\"linger.ms\" = \"20\"\n",
+        )
+        .unwrap();
+        let t: toml::Table = toml::from_str(&merged).unwrap();
+        assert_eq!(t["top"].as_integer(), Some(1));
+        assert_eq!(t["publish"]["partitions"].as_integer(), Some(3));
+        assert_eq!(
+            t["publish"]["max_in_flight_bytes"].as_integer(),
+            Some(65536)
+        );
+        assert_eq!(t["kafka"]["brokers"].as_str(), Some("b"));
+        assert_eq!(t["kafka"]["properties"]["linger.ms"].as_str(), Some("20"));
+        assert!(super::merge_toml("a = 1", "[").is_err());
+    }
+}

@@ -95,13 +95,13 @@ async fn main() -> anyhow::Result<()> {
     let capture_config = format!(
         "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"{start}\"\n\
          server_id = {}\n[filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
-         [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n{extra}\n{}",
+         [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n{extra}\n",
         mysql_url(),
         sluice_tests::replica_server_id(),
         kafka_brokers(),
-        // Extra capture-mysql TOML, for experiments (e.g. producer properties).
-        std::env::var("BENCH_CAPTURE_EXTRA").unwrap_or_default()
     );
+    // Extra capture-mysql TOML, for experiments (e.g. producer properties).
+    let capture_config = sluice_tests::bench::with_extra(capture_config, "BENCH_CAPTURE_EXTRA")?;
     let (capture, child) = measure(
         name,
         &release.join("capture-mysql"),
@@ -122,12 +122,12 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let apply_config = format!(
         "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n[consumer]\ngroup_id = \"{prefix}\"\n\
-         topics = [\"^{prefix}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n{}",
+         topics = [\"^{prefix}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n",
         clickhouse_url(),
         kafka_brokers(),
-        // Extra apply-clickhouse TOML, for experiments (e.g. consumer properties).
-        std::env::var("BENCH_APPLY_EXTRA").unwrap_or_default()
     );
+    // Extra apply-clickhouse TOML, for experiments (e.g. consumer properties).
+    let apply_config = sluice_tests::bench::with_extra(apply_config, "BENCH_APPLY_EXTRA")?;
     let (apply, child) = measure(
         "apply-clickhouse",
         &release.join("apply-clickhouse"),

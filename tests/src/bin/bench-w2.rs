@@ -171,15 +171,15 @@ async fn main() -> anyhow::Result<()> {
     // 3. Apply drain.
     let apply_config = format!(
         "[mongodb]\nuri = \"{}\"\nmeta_database = \"{}\"\n[consumer]\ngroup_id = \"{}\"\n\
-         topics = [\"^{}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n{}",
+         topics = [\"^{}\\\\..*\"]\n[kafka]\nbrokers = \"{}\"\n",
         mongo_target_url(),
         unique("w2meta"),
         unique("w2g"),
         prefix,
         kafka_brokers(),
-        // Extra apply-mongo TOML, for experiments (e.g. consumer properties).
-        std::env::var("BENCH_APPLY_EXTRA").unwrap_or_default()
     );
+    // Extra apply-mongo TOML, for experiments (e.g. consumer properties).
+    let apply_config = sluice_tests::bench::with_extra(apply_config, "BENCH_APPLY_EXTRA")?;
     let (apply, app_child) = measure(
         "apply-mongo",
         &release.join("apply-mongo"),
