@@ -685,18 +685,21 @@ impl Sink {
         let schema = &plan.schema;
         // One INSERT per table per batch: a different column list (a schema change) closes
         // this table's part first.
-        let mut guard = self.batch();
-        let other_columns = guard.tables.get(&plan.target).is_some_and(|b| {
-            !std::sync::Arc::ptr_eq(&b.columns, &plan.insert_columns)
-                && *b.columns != *plan.insert_columns
-        });
-        if other_columns {
-            drop(guard);
+        let mut guard = loop {
+            {
+                let guard = self.batch();
+                let other_columns = guard.tables.get(&plan.target).is_some_and(|b| {
+                    !std::sync::Arc::ptr_eq(&b.columns, &plan.insert_columns)
+                        && *b.columns != *plan.insert_columns
+                });
+                if !other_columns {
+                    break guard;
+                }
+            }
             self.flush_table(&plan.target)
                 .await
                 .map_err(|e| e.to_string())?;
-            guard = self.batch();
-        }
+        };
         let batch = &mut *guard;
         let tb = match batch.tables.get_mut(&plan.target) {
             Some(tb) => tb,
