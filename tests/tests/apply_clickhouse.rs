@@ -554,8 +554,29 @@ async fn clickhouse_down_then_up_loses_nothing() {
         assert!(Instant::now() < deadline, "first rows never arrived");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // The target goes away; the source keeps changing.
+    // A new source table, whose topic apply takes on (3 more partitions) before the outage.
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.added (id INT PRIMARY KEY, v INT NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    while metric_at(mirror.metrics_port, "sluice_apply_assigned_partitions") < Some(6.0) {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(60),
+            "apply never took on the new table's topic"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The target goes away. The new table gets its first rows, whose target cannot be looked
+    // up or created until the server is back (and no batch write is waiting before them); then
+    // the first table keeps changing.
     server.pause();
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.added VALUES (1, 10), (2, 20), (3, 30)"
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
     c.query_drop(w1_insert(&db, 101, 200)).await.unwrap();
     c.query_drop(format!(
         "DELETE FROM `{db}`.binlog_field_test_1 WHERE id <= 50"
@@ -577,9 +598,29 @@ async fn clickhouse_down_then_up_loses_nothing() {
         assert!(Instant::now() < deadline, "caught up to {n} of 250 rows");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    let added = || async {
+        private
+            .query(&format!(
+                "SELECT toUInt64(sum(v)) FROM {m_db}.added FINAL WHERE _deleted = 0"
+            ))
+            .fetch_one::<u64>()
+            .await
+            .unwrap_or(0)
+    };
+    while added().await != 60 {
+        if Instant::now() > deadline {
+            let (_, out) = mirror.stop();
+            panic!("the table added during the outage never arrived: {out}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     let (code, out) = mirror.stop();
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("retrying"), "the outage was retried: {out}");
+    assert!(
+        !out.contains("dead-lettering"),
+        "nothing was dead-lettered: {out}"
+    );
     let (code, out) = cap.stop();
     assert_eq!(code, Some(0), "{out}");
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();

@@ -318,6 +318,30 @@ pub struct Sink {
     in_flight: Arc<Mutex<InFlight>>,
     writer: Writer,
     metrics: Metrics,
+    /// The run's shutdown, for waits outside a batch write (a target looked up or changed).
+    shutdown: Shutdown,
+}
+
+/// Why an event was not taken.
+enum Refusal {
+    /// The event itself can never be written: it goes to the dead-letter topic (or stops the
+    /// sink, as `errors.on_bad_event` says).
+    Bad(String),
+    /// The sink cannot go on (a batch not written, a shutdown while ClickHouse was away): it
+    /// stops, and nothing after the last written batch is stored, so it is all read again.
+    Stop(ApplyError),
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Self {
+        Refusal::Bad(reason)
+    }
+}
+
+impl From<ApplyError> for Refusal {
+    fn from(e: ApplyError) -> Self {
+        Refusal::Stop(e)
+    }
 }
 
 fn now_micros() -> i64 {
@@ -400,11 +424,13 @@ impl Sink {
             writer,
             metrics,
             config,
+            shutdown: Shutdown::new(),
         })
     }
 
     /// Consume until shutdown; then write what is held, commit, and return.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), ApplyError> {
+        self.shutdown = shutdown.clone();
         crate::group::run(&mut self, &shutdown).await
     }
 
@@ -422,9 +448,10 @@ impl Sink {
         m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
     ) -> Result<(), ApplyError> {
-        let outcome = self.apply_event(m, shutdown).await;
-        if let Err(reason) = outcome {
-            self.dead_letter(m, &reason).await?;
+        match self.apply_event(m, shutdown).await {
+            Ok(()) => {}
+            Err(Refusal::Bad(reason)) => self.dead_letter(m, &reason).await?,
+            Err(Refusal::Stop(e)) => return Err(e),
         }
         // The event belongs to the batch in hand now (one that a DDL began, if it flushed).
         let mut batch = self.batch();
@@ -433,30 +460,30 @@ impl Sink {
         Ok(())
     }
 
-    /// `Err(reason)` means: this event can never be written.
+    /// `Err(Refusal::Bad(reason))` means: this event can never be written.
     async fn apply_event(
         &mut self,
         m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refusal> {
         let payload = m.payload().unwrap_or_default();
         // Only what a row needs is decoded; a DDL event is decoded whole.
         let row = RowEvent::parse(payload).map_err(|e| format!("not a change event: {e}"))?;
         if row.contract > sluice_proto::CONTRACT_VERSION {
-            return Err(format!(
+            return Err(Refusal::Bad(format!(
                 "contract version {} is newer than this build's {}",
                 row.contract,
                 sluice_proto::CONTRACT_VERSION
-            ));
+            )));
         }
         match row.op() {
             Op::Ddl | Op::Truncate => {
                 let event =
                     ChangeEvent::decode(payload).map_err(|e| format!("not a change event: {e}"))?;
                 // Ordered with the rows of this partition: write what came before.
-                self.flush(shutdown).await.map_err(|e| e.to_string())?;
-                self.settle().await.map_err(|e| e.to_string())?;
-                self.apply_ddl(&event).await;
+                self.flush(shutdown).await?;
+                self.settle().await?;
+                self.apply_ddl(&event).await?;
                 Ok(())
             }
             Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => self.add_row(&row).await,
@@ -464,21 +491,25 @@ impl Sink {
         }
     }
 
-    async fn schema(&mut self, event: &RowEvent<'_>) -> Result<TableSchema, String> {
+    async fn schema(&mut self, event: &RowEvent<'_>) -> Result<TableSchema, Refusal> {
         if let Some(s) = event.schema {
             let s = TableSchema::decode(s).map_err(|e| format!("not a change event: {e}"))?;
             self.schemas.remember(&s);
         }
         match self.schemas.get(event.schema_id).await {
             Ok(Some(s)) => Ok(s),
-            Ok(None) => Err(format!(
+            Ok(None) => Err(Refusal::Bad(format!(
                 "schema {} of {}.{} is not on the schema topic {}",
                 sluice_proto::schema_record_key(event.schema_id),
                 event.database,
                 event.table,
                 self.config.schema_topic
-            )),
-            Err(e) => Err(format!("reading the schema topic: {e}")),
+            ))),
+            // Kafka failing, not the event: stop rather than dead-letter what is readable.
+            Err(e) => Err(Refusal::Stop(ApplyError::Definite(format!(
+                "reading the schema topic {}: {e}",
+                self.config.schema_topic
+            )))),
         }
     }
 
@@ -491,7 +522,7 @@ impl Sink {
     }
 
     /// The target of a source table: known, read from the server, or created.
-    async fn target(&mut self, schema: &TableSchema) -> Result<Target, String> {
+    async fn target(&mut self, schema: &TableSchema) -> Result<Target, Refusal> {
         let name = self.target_name(&schema.database, &schema.table);
         if let Some(t) = self.targets.get(&name) {
             return Ok(t.clone());
@@ -505,10 +536,10 @@ impl Sink {
         let mut columns = self.describe(&name).await?;
         if columns.is_empty() {
             if !self.config.tables.create {
-                return Err(format!(
+                return Err(Refusal::Bad(format!(
                     "target table {}.{name} does not exist and tables.create is off",
                     self.config.clickhouse.database
-                ));
+                )));
             }
             self.create(&name, mode, schema).await?;
             columns = self.describe(&name).await?;
@@ -523,20 +554,58 @@ impl Sink {
         Ok(t)
     }
 
-    async fn describe(&self, name: &str) -> Result<BTreeMap<String, ChType>, String> {
+    /// Run a statement of the bookkeeping around writes (reading or changing a target) until
+    /// ClickHouse answers: unreachable or overloaded, it is retried with backoff as INSERTs
+    /// are; its answer, success or refusal, is returned. A shutdown during the wait stops the
+    /// sink.
+    async fn answered<T, F>(
+        &self,
+        what: &str,
+        mut attempt: impl FnMut() -> F,
+    ) -> Result<Result<T, clickhouse::error::Error>, ApplyError>
+    where
+        F: std::future::Future<Output = Result<T, clickhouse::error::Error>>,
+    {
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            match attempt().await {
+                Err(e) if !is_definite(&e) => {
+                    self.metrics.retries.inc();
+                    tracing::warn!(what, error = %e, retry_in = ?backoff, "ClickHouse did not answer; retrying");
+                    if self.shutdown.is_triggered() {
+                        return Err(ApplyError::ClickHouse(format!(
+                            "stopping while {what} waits for ClickHouse (read again on restart): {e}"
+                        )));
+                    }
+                    tokio::select! {
+                        _ = self.shutdown.wait() => {}
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+                answer => return Ok(answer),
+            }
+        }
+    }
+
+    async fn describe(&self, name: &str) -> Result<BTreeMap<String, ChType>, Refusal> {
         #[derive(clickhouse::Row, serde::Deserialize)]
         struct Col {
             name: String,
             r#type: String,
         }
+        let what = format!("reading the columns of {name}");
         let cols = self
-            .client
-            .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
-            .bind(&self.config.clickhouse.database)
-            .bind(name)
-            .fetch_all::<Col>()
-            .await
-            .map_err(|e| format!("reading the columns of {name}: {e}"))?;
+            .answered(&what, || {
+                self.client
+                    .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
+                    .bind(&self.config.clickhouse.database)
+                    .bind(name)
+                    .fetch_all::<Col>()
+            })
+            .await?
+            // The server refusing to show its own columns: no event can be written.
+            .map_err(|e| ApplyError::ClickHouse(format!("{what}: {e}")))?;
         let mut out = BTreeMap::new();
         for c in cols {
             // Columns of types this stage cannot write are simply not written (defaults).
@@ -547,7 +616,7 @@ impl Sink {
         Ok(out)
     }
 
-    async fn create(&mut self, name: &str, mode: Mode, s: &TableSchema) -> Result<(), String> {
+    async fn create(&mut self, name: &str, mode: Mode, s: &TableSchema) -> Result<(), Refusal> {
         let m = &self.config.tables;
         let mut cols: Vec<String> = s
             .columns
@@ -583,22 +652,25 @@ impl Sink {
             quote(name),
             cols.join(", ")
         );
-        self.client
-            .query(&sql)
-            .execute()
-            .await
-            .map_err(|e| format!("{sql}: {e}"))?;
+        self.answered(&format!("creating {name}"), || {
+            self.client.query(&sql).execute()
+        })
+        .await?
+        .map_err(|e| format!("{sql}: {e}"))?;
         tracing::info!(table = name, ?mode, "created target table");
         Ok(())
     }
 
     /// Work out how rows of `event`'s schema are written: the target (created or extended as
     /// needed), and per column its target type.
-    async fn plan(&mut self, event: &RowEvent<'_>) -> Result<std::sync::Arc<Plan>, String> {
+    async fn plan(&mut self, event: &RowEvent<'_>) -> Result<std::sync::Arc<Plan>, Refusal> {
         let schema = self.schema(event).await?;
         let mut target = self.target(&schema).await?;
         if let Some(why) = &target.stopped {
-            return Err(format!("table {} is stopped: {why}", target.name));
+            return Err(Refusal::Bad(format!(
+                "table {} is stopped: {why}",
+                target.name
+            )));
         }
         // New source columns: add them to the target first.
         let missing: Vec<&Column> = schema
@@ -607,9 +679,7 @@ impl Sink {
             .filter(|c| !target.columns.contains_key(&c.name))
             .collect();
         if !missing.is_empty() && self.config.tables.create {
-            self.flush_table(&target.name)
-                .await
-                .map_err(|e| e.to_string())?;
+            self.flush_table(&target.name).await?;
             for c in missing {
                 let t = map_column(c, self.features);
                 let sql = format!(
@@ -619,12 +689,16 @@ impl Sink {
                     quote(&c.name),
                     t.sql()
                 );
-                match self.client.query(&sql).execute().await {
+                let what = format!("adding column {} to {}", c.name, target.name);
+                match self
+                    .answered(&what, || self.client.query(&sql).execute())
+                    .await?
+                {
                     Ok(()) => {
                         tracing::info!(table = %target.name, column = %c.name, "added column")
                     }
                     Err(e) if e.to_string().contains("already exists") => {}
-                    Err(e) => return Err(format!("{sql}: {e}")),
+                    Err(e) => return Err(Refusal::Bad(format!("{sql}: {e}"))),
                 }
                 target.columns.insert(c.name.clone(), t);
             }
@@ -667,7 +741,7 @@ impl Sink {
     }
 
     /// Add the row of `event` (its image is read where it lies).
-    async fn add_row(&mut self, event: &RowEvent<'_>) -> Result<(), String> {
+    async fn add_row(&mut self, event: &RowEvent<'_>) -> Result<(), Refusal> {
         let plan = match self.plans.get(&event.schema_id) {
             Some(p) => p.clone(),
             None => {
@@ -696,9 +770,7 @@ impl Sink {
                     break guard;
                 }
             }
-            self.flush_table(&plan.target)
-                .await
-                .map_err(|e| e.to_string())?;
+            self.flush_table(&plan.target).await?;
         };
         let batch = &mut *guard;
         let tb = match batch.tables.get_mut(&plan.target) {
@@ -754,7 +826,7 @@ impl Sink {
         };
         if let Err(e) = encode_row() {
             tb.body.truncate(start);
-            return Err(e);
+            return Err(Refusal::Bad(e));
         }
         let len = tb.body.len() - start;
         tb.rows += 1;
@@ -770,13 +842,17 @@ impl Sink {
         Ok(())
     }
 
-    async fn apply_ddl(&mut self, event: &ChangeEvent) {
-        let Some(ddl) = &event.ddl else { return };
+    /// Apply a source DDL to its target. A statement ClickHouse refuses stops that table; an
+    /// unreachable ClickHouse is waited for.
+    async fn apply_ddl(&mut self, event: &ChangeEvent) -> Result<(), ApplyError> {
+        let Some(ddl) = &event.ddl else {
+            return Ok(());
+        };
         // Target columns may change: plans are worked out again.
         self.plans.clear();
         let name = self.target_name(&event.database, &event.table);
         let statement = ddl.statement.clone();
-        let result: Result<(), String> = async {
+        let result: Result<(), Refusal> = async {
             match ddl.kind.as_str() {
                 "alter" => {
                     let Some(new) = &ddl.schema else { return Ok(()) };
@@ -803,11 +879,12 @@ impl Sink {
                             quote(&name),
                             quote(&col)
                         );
-                        match self.client.query(&sql).execute().await {
+                        let what = format!("dropping column {col} of {name}");
+                        match self.answered(&what, || self.client.query(&sql).execute()).await? {
                             Ok(()) => tracing::info!(table = %name, column = %col, "dropped column"),
                             Err(e) if e.to_string().contains("no such column")
                                 || e.to_string().contains("Wrong column name") => {}
-                            Err(e) => return Err(format!("{sql}: {e}")),
+                            Err(e) => return Err(Refusal::Bad(format!("{sql}: {e}"))),
                         }
                         target.columns.remove(&col);
                     }
@@ -824,11 +901,16 @@ impl Sink {
             }
         }
         .await;
-        if let Err(e) = result {
-            tracing::error!(table = %name, statement = %statement, error = %e, "DDL failed: stopping this table");
-            let reason = format!("DDL {statement:?} failed: {e}");
-            if let Some(t) = self.targets.get_mut(&name) {
-                t.stopped = Some(reason);
+        match result {
+            Ok(()) => Ok(()),
+            Err(Refusal::Stop(e)) => Err(e),
+            Err(Refusal::Bad(e)) => {
+                tracing::error!(table = %name, statement = %statement, error = %e, "DDL failed: stopping this table");
+                let reason = format!("DDL {statement:?} failed: {e}");
+                if let Some(t) = self.targets.get_mut(&name) {
+                    t.stopped = Some(reason);
+                }
+                Ok(())
             }
         }
     }
@@ -839,7 +921,7 @@ impl Sink {
         self.settle().await?;
         let part = self.batch().tables.remove(name);
         if let Some(tb) = part {
-            insert(&self.writer, &self.metrics, name, tb, &Shutdown::new()).await?;
+            insert(&self.writer, &self.metrics, name, tb, &self.shutdown).await?;
         }
         Ok(())
     }
