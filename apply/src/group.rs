@@ -242,11 +242,12 @@ pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Resu
         }
         // A message already fetched is taken without arming a timer; the batch's deadline is
         // checked against the clock only every 64 such messages (it is a bound on waiting, not
-        // a beat; when none is ready the wait below is bounded by the deadline).
+        // a beat: past it by at most 63 messages' handling; when none is ready the wait below
+        // is bounded by the deadline).
         let ready = futures::FutureExt::now_or_never(consumer.recv());
         let step = match ready {
             Some(m) => {
-                unclocked += 1;
+                unclocked = unclocked.saturating_add(1);
                 let overdue = unclocked >= 64
                     && sink.batch_started().is_some_and(|s| {
                         unclocked = 0;

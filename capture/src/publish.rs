@@ -321,11 +321,11 @@ impl ProducerContext for Ledger {
 
 type KafkaProducer = ThreadedProducer<Ledger>;
 
-/// Whether `records` unacknowledged records of `bytes` bytes leave no room for another: too
-/// many records, or too many bytes unless nothing is in flight (a record larger than the limit
-/// goes, alone).
-fn full(records: u64, bytes: u64, max: u64, max_bytes: u64) -> bool {
-    records >= max || (records > 0 && bytes >= max_bytes)
+/// Whether `records` unacknowledged records of `bytes` bytes leave no room for another of
+/// `size` bytes: too many records, or too many bytes with it, unless nothing is in flight (a
+/// record larger than the limit goes, alone).
+fn full(records: u64, bytes: u64, size: u64, max: u64, max_bytes: u64) -> bool {
+    records >= max || (records > 0 && bytes + size > max_bytes)
 }
 
 /// A point the acker waits for: every record below `upto` acknowledged.
@@ -513,8 +513,10 @@ where
         let max = self.config.max_in_flight as u64;
         let max_bytes = self.config.max_in_flight_bytes as u64;
         let ledger = self.producer.context();
-        let full =
-            |next: u64, acked: u64| full(next - acked, ledger.bytes_in_flight(), max, max_bytes);
+        let size = (key.len() + payload.len()) as u64;
+        let full = |next: u64, acked: u64| {
+            full(next - acked, ledger.bytes_in_flight(), size, max, max_bytes)
+        };
         if full(self.next.load(Ordering::Relaxed), self.acked_seen) {
             loop {
                 self.acked_seen = *self.acked.borrow_and_update();
@@ -769,11 +771,12 @@ mod tests {
 
     #[test]
     fn in_flight_limits_count_records_and_bytes() {
-        assert!(!full(9, 100, 10, 1000));
-        assert!(full(10, 100, 10, 1000), "records");
-        assert!(full(1, 1000, 10, 1000), "bytes");
-        // Nothing acknowledged is outstanding: one record goes, whatever its size.
-        assert!(!full(0, 5000, 10, 1000));
+        assert!(!full(9, 100, 900, 10, 1000));
+        assert!(full(10, 100, 1, 10, 1000), "records");
+        assert!(full(1, 999, 2, 10, 1000), "bytes, with the new record");
+        // A record larger than the limit waits until nothing is in flight, then goes alone.
+        assert!(full(1, 10, 5000, 10, 1000));
+        assert!(!full(0, 0, 5000, 10, 1000));
     }
 
     #[test]

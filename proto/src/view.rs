@@ -4,7 +4,9 @@
 //! spares an allocation per value and per string.
 //!
 //! Protobuf's reading rules hold: fields in any order, unknown fields skipped, the last of a
-//! repeated scalar or oneof member wins, strings must be UTF-8.
+//! repeated scalar or oneof member wins, strings must be UTF-8. Two simplifications, which no
+//! writer of the contract produces: a message field given twice is read from its last
+//! occurrence (protobuf would merge the two), and groups (wire types 3 and 4) are refused.
 
 use crate::v1::{self, value::Kind, Value};
 
@@ -306,6 +308,9 @@ impl<'a> Reader<'a> {
     fn varint(&mut self) -> Result<u64, ViewError> {
         let mut v = 0u64;
         for (i, &b) in self.0.iter().enumerate().take(10) {
+            if i == 9 && b > 1 {
+                break; // more than 64 bits
+            }
             v |= u64::from(b & 0x7f) << (7 * i);
             if b < 0x80 {
                 self.0 = &self.0[i + 1..];
@@ -331,7 +336,7 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let key = self.varint()?;
-        let tag = (key >> 3) as u32;
+        let tag = u32::try_from(key >> 3).map_err(|_| ViewError("a field number is too large"))?;
         let f = match key & 7 {
             0 => Field::Varint(self.varint()?),
             1 => Field::Fixed64(self.take(8)?.try_into().expect("8 bytes")),
@@ -424,8 +429,17 @@ mod tests {
         assert!(value(&bad).is_err());
         // The text field with a varint's wire type.
         assert!(value(&[7 << 3, 1]).is_err());
-        // A varint that never ends.
+        // A varint that never ends, and one of more than 64 bits.
         assert!(value(&[2 << 3, 0x80, 0x80]).is_err());
+        let mut long = vec![2 << 3];
+        long.extend([0xff; 9]);
+        long.push(0x02);
+        assert!(value(&long).is_err());
+        // A field number past 2^32 - 1 (it would alias field 14 if cut to 32 bits).
+        let mut key = Vec::new();
+        crate::wire::put_varint((1u64 << 35 | 14) << 3 | 2, &mut key);
+        key.push(0);
+        assert!(RowEvent::parse(&key).is_err());
         // A row whose value is not a message.
         assert!(values(&[1 << 3, 5]).next().unwrap().is_err());
         // Unknown fields are skipped.

@@ -949,6 +949,12 @@ mod tests {
         );
         // Zero with a scale: "0.00", never "-0.00".
         assert_eq!(dec(&[0x80, 0x00], 3, 2), "0.00");
+        // A nine-digit group holding 1 000 000 000 is not a decimal: refused, not misprinted.
+        let mut d: &[u8] = &[0x80 | 0x3b, 0x9a, 0xca, 0x00];
+        assert!(matches!(
+            decimal(&mut d, 9, 0, &mut Vec::new()),
+            Err(Invalid(_))
+        ));
     }
 
     #[test]
