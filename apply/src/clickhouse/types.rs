@@ -8,6 +8,8 @@
 
 use sluice_proto::v1::{Column, ColumnType};
 use sluice_proto::view::{ValueRef, ValueRef as V};
+// RowBinary's string lengths are LEB128, the same as protobuf's varints.
+use sluice_proto::wire::put_varint;
 
 /// A ClickHouse type, as far as the apply stage writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -547,18 +549,6 @@ fn put_dt64(us: i64, p: u8, k: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) -> 
     };
     out.extend_from_slice(&v.to_le_bytes());
     Ok(())
-}
-
-fn put_varint(mut v: u64, out: &mut Vec<u8>) {
-    loop {
-        let b = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(b);
-            return;
-        }
-        out.push(b | 0x80);
-    }
 }
 
 /// Seconds since the epoch of a wall-clock DATETIME read as UTC; the zero datetime is 0.

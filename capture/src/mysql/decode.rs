@@ -508,24 +508,21 @@ fn frac_bytes(fsp: u8) -> usize {
     (fsp as usize).div_ceil(2)
 }
 
-/// A `Value`'s `kind` member as a one-byte field key.
-const fn kind_key(tag: u8, wire_type: u8) -> u8 {
-    k(tag, wire_type)
-}
-const INT: u8 = kind_key(2, VARINT);
-const UINT: u8 = kind_key(3, VARINT);
-const FLOAT32: u8 = kind_key(4, FIXED32);
-const FLOAT64: u8 = kind_key(5, FIXED64);
-const DECIMAL: u8 = kind_key(6, LEN);
-const TEXT: u8 = kind_key(7, LEN);
-const BYTES: u8 = kind_key(8, LEN);
-const BITS: u8 = kind_key(9, VARINT);
-const ENUM: u8 = kind_key(10, LEN);
-const SET: u8 = kind_key(11, LEN);
-const DATE: u8 = kind_key(12, LEN);
-const TIME: u8 = kind_key(13, VARINT);
-const DATETIME: u8 = kind_key(14, LEN);
-const TIMESTAMP: u8 = kind_key(15, VARINT);
+// A `Value`'s `kind` members, as one-byte field keys.
+const INT: u8 = k(2, VARINT);
+const UINT: u8 = k(3, VARINT);
+const FLOAT32: u8 = k(4, FIXED32);
+const FLOAT64: u8 = k(5, FIXED64);
+const DECIMAL: u8 = k(6, LEN);
+const TEXT: u8 = k(7, LEN);
+const BYTES: u8 = k(8, LEN);
+const BITS: u8 = k(9, VARINT);
+const ENUM: u8 = k(10, LEN);
+const SET: u8 = k(11, LEN);
+const DATE: u8 = k(12, LEN);
+const TIME: u8 = k(13, VARINT);
+const DATETIME: u8 = k(14, LEN);
+const TIMESTAMP: u8 = k(15, VARINT);
 /// Field 17 (`json`) takes two key bytes.
 const JSON: [u8; 2] = [(17 << 3 | LEN) | 0x80, (17 << 3) >> 7];
 
