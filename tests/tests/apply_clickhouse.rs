@@ -540,17 +540,17 @@ async fn clickhouse_down_then_up_loses_nothing() {
     );
     let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
-    let count = |client: clickhouse::Client, m_db: String| async move {
-        client
-            .query(&format!(
-                "SELECT count() FROM {m_db}.binlog_field_test_1 FINAL WHERE _deleted = 0"
-            ))
-            .fetch_one::<u64>()
-            .await
-            .unwrap_or(0)
+    // A UInt64 over the live rows of a mirror table (0 while the server is away).
+    let live = |what: &'static str, table: &'static str| {
+        let (client, sql) = (
+            private.clone(),
+            format!("SELECT {what} FROM {m_db}.{table} FINAL WHERE _deleted = 0"),
+        );
+        async move { client.query(&sql).fetch_one::<u64>().await.unwrap_or(0) }
     };
+    let count = || live("count()", "binlog_field_test_1");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while count(private.clone(), m_db.clone()).await < 100 {
+    while count().await < 100 {
         assert!(Instant::now() < deadline, "first rows never arrived");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -591,23 +591,14 @@ async fn clickhouse_down_then_up_loses_nothing() {
     server.resume();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let n = count(private.clone(), m_db.clone()).await;
+        let n = count().await;
         if n == 250 {
             break;
         }
         assert!(Instant::now() < deadline, "caught up to {n} of 250 rows");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let added = || async {
-        private
-            .query(&format!(
-                "SELECT toUInt64(sum(v)) FROM {m_db}.added FINAL WHERE _deleted = 0"
-            ))
-            .fetch_one::<u64>()
-            .await
-            .unwrap_or(0)
-    };
-    while added().await != 60 {
+    while live("toUInt64(sum(v))", "added").await != 60 {
         if Instant::now() > deadline {
             let (_, out) = mirror.stop();
             panic!("the table added during the outage never arrived: {out}");
