@@ -398,6 +398,26 @@ fn an_event_header_writes_prosts_encoding() {
             schema: None,
             ..e.clone()
         },
+        // The last event of its transaction, and a GTID set long enough (300 bytes) to widen
+        // the position's length prefixes, both of them, when the row is filled in.
+        ChangeEvent {
+            transaction: Some(v1::Transaction {
+                id: "0-1-78".into(),
+                index: 0,
+                last: true,
+            }),
+            position: Some(v1::Position {
+                kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
+                    file: "mysql-bin.000042".into(),
+                    pos: 4,
+                    gtid_set: "0-1-".repeat(75),
+                    ..Default::default()
+                })),
+            }),
+            source: None,
+            contract: 0,
+            ..e.clone()
+        },
     ];
     for event in variants {
         let header = EventHeader::new(&event);

@@ -920,6 +920,62 @@ fn json_text(bytes: &[u8]) -> Result<String, ColumnError> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_images_key_is_the_keys_of_its_row() {
+        // An image of three columns, the key being the third and the first (a long text, so
+        // that its length prefix widens).
+        let row = v1::Row {
+            values: vec![
+                sluice_proto::value::text(&"k".repeat(200)),
+                sluice_proto::value::null(),
+                sluice_proto::value::of(Kind::Int(-5)),
+            ],
+        };
+        let mut image = Image {
+            bytes: row.encode_to_vec(),
+            values: Vec::new(),
+        };
+        // Where each value lies, read back from the bytes.
+        let mut at = 0;
+        while at < image.bytes.len() {
+            let (len, n) = {
+                let mut b = &image.bytes[at + 1..];
+                let before = b.len();
+                let len = prost::encoding::decode_varint(&mut b).unwrap() as usize;
+                (len, before - b.len())
+            };
+            let start = at + 1 + n;
+            image.values.push(start..start + len);
+            at = start + len;
+        }
+        assert_eq!(image.to_row(), row);
+        let key = [2u32, 0];
+        let key_values = vec![row.values[2].clone(), row.values[0].clone()];
+        let mut got = Vec::new();
+        image.key_row(&key, &mut got);
+        assert_eq!(
+            got,
+            v1::Row {
+                values: key_values.clone()
+            }
+            .encode_to_vec()
+        );
+        let prefix = sluice_proto::event_key_prefix("db", "t");
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        image.event_key(&prefix, &key, &mut ours);
+        sluice_proto::append_event_key(&prefix, &key_values, &mut theirs);
+        assert_eq!(ours, theirs);
+        assert!(image.same_key(&image, &key));
+        let mut other = Image {
+            bytes: image.bytes.clone(),
+            values: image.values.clone(),
+        };
+        let last = other.values[2].end - 1;
+        other.bytes[last] ^= 1; // -5 becomes another number
+        assert!(!image.same_key(&other, &key));
+        assert!(image.same_key(&other, &[0]));
+    }
+
     fn dec(bytes: &[u8], p: usize, s: usize) -> String {
         let mut d = bytes;
         let mut out = Vec::new();
