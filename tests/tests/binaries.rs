@@ -231,7 +231,16 @@ fn serves_metrics_and_exits_cleanly_on_sigterm() {
     for b in BINARIES {
         let port = free_port();
         let cfg = config_for(b, &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
-        let mut child = Command::new(bin(b))
+        let mut cmd = Command::new(bin(b));
+        if b.starts_with("capture") {
+            // A capture of its own: no checkpoint of an earlier run (which may point into
+            // binlogs purged since), no binlog connection shared with another test.
+            cmd.env("SLUICE__CONNECTOR", unique("bin"));
+            if b == "capture-mysql" {
+                cmd.env("SLUICE__MYSQL__SERVER_ID", replica_server_id().to_string());
+            }
+        }
+        let mut child = cmd
             .args(["-c", cfg.path().to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -926,7 +926,7 @@ mod tests {
         // that its length prefix widens).
         let row = v1::Row {
             values: vec![
-                sluice_proto::value::text(&"k".repeat(200)),
+                sluice_proto::value::text("k".repeat(200)),
                 sluice_proto::value::null(),
                 sluice_proto::value::of(Kind::Int(-5)),
             ],
