@@ -84,7 +84,7 @@ impl Metrics {
         ))?;
         let retries = prometheus::IntCounter::new(
             "sluice_apply_retries_total",
-            "INSERTs retried after a ClickHouse failure.",
+            "Statements retried because ClickHouse did not answer: INSERTs, and the lookups and changes of target tables.",
         )?;
         let dead_letters = IntCounterVec::new(
             Opts::new(
