@@ -5,6 +5,8 @@
 #   deploy/testbed.sh stop  [SERVICE...]   stop (data is kept until `clean`)
 #   deploy/testbed.sh status               what runs where
 #   deploy/testbed.sh env                  the environment variables the tests and tools read
+#   deploy/testbed.sh reset SERVICE...     stop those and delete their data: the next start
+#                                          begins empty
 #   deploy/testbed.sh clean                stop everything and delete the test bed's data
 #   deploy/testbed.sh tools                install the deployment files' checkers (hadolint,
 #                                          check-jsonschema, kubernetes-validate) in a
@@ -54,19 +56,30 @@ pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# wait_for NAME SECONDS COMMAND...: run COMMAND until it succeeds; fail with the log's tail.
+# wait_for NAME PIDFILE SECONDS LOG COMMAND...: run COMMAND until it succeeds. Fails with the
+# log's tail when the time is up, or at once when the process in PIDFILE has exited.
 wait_for() {
-  local name=$1 secs=$2 logf=$3
-  shift 3
+  local name=$1 pidfile=$2 secs=$3 logf=$4
+  shift 4
   local i
   for ((i = 0; i < secs * 4; i++)); do
     if "$@" >/dev/null 2>&1; then return 0; fi
+    if ! pid_alive "$pidfile"; then
+      log "$name exited while starting; last lines of $logf:"
+      tail -n 30 "$logf" >&2 || true
+      die "$name failed to start"
+    fi
     sleep 0.25
   done
   log "$name did not answer within ${secs}s; last lines of $logf:"
   tail -n 30 "$logf" >&2 || true
   die "$name failed to start"
 }
+
+# log_since FILE OFFSET PATTERN: PATTERN occurs in FILE past byte OFFSET (what this start wrote,
+# not an earlier run's lines). Not `grep -q`: it would stop reading, and `tail`'s SIGPIPE would
+# fail the pipeline under pipefail.
+log_since() { tail -c +"$(($2 + 1))" "$1" | grep -F "$3" >/dev/null; }
 
 # Start a command detached from this shell (its own session, output to a log file).
 spawn() {
@@ -176,7 +189,7 @@ mariadb_start() {
     --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
     --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2 --sync-binlog=0 \
     --max-connections=500 --max-allowed-packet=256M
-  wait_for mariadb 60 "$mariadb_dir/server.log" \
+  wait_for mariadb "$mariadb_dir/pid" 60 "$mariadb_dir/server.log" \
     mariadb --no-defaults --socket="$mariadb_sock" -uroot -e "SELECT 1"
   # A TCP user for the tests and tools (root uses socket authentication).
   mariadb --no-defaults --socket="$mariadb_sock" -uroot <<'SQL'
@@ -232,9 +245,13 @@ EOF
       >"$kafka_dir/format.log" 2>&1 || { cat "$kafka_dir/format.log" >&2; die "kafka storage format failed"; }
   fi
   : >>"$kafka_dir/server.log"
+  local log_start
+  log_start=$(stat -c %s "$kafka_dir/server.log")
   spawn "$kafka_dir/pid" "$kafka_dir/stdout.log" "${kafka_java[@]}" kafka.Kafka "$kafka_dir/server.properties"
-  wait_for kafka 90 "$kafka_dir/server.log" grep -q "Kafka Server started" "$kafka_dir/server.log"
-  wait_for kafka 30 "$kafka_dir/server.log" port_open "$kafka_port"
+  # The broker loads every partition before it listens: thousands of them take minutes.
+  wait_for kafka "$kafka_dir/pid" 600 "$kafka_dir/server.log" \
+    log_since "$kafka_dir/server.log" "$log_start" "Kafka Server started"
+  wait_for kafka "$kafka_dir/pid" 60 "$kafka_dir/server.log" port_open "$kafka_port"
   log "kafka $kafka_version up on 127.0.0.1:$kafka_port"
 }
 
@@ -309,7 +326,7 @@ EOF
   local bin
   bin=$(command -v clickhouse-server || echo /usr/bin/clickhouse-server)
   spawn "$ch_dir/pid" "$ch_dir/stdout.log" "$bin" --config-file="$ch_dir/config.xml"
-  wait_for clickhouse 60 "$ch_dir/stdout.log" ch_ping
+  wait_for clickhouse "$ch_dir/pid" 60 "$ch_dir/stdout.log" ch_ping
   log "clickhouse $(ch_query 'SELECT version()') up on 127.0.0.1:$ch_http_port (native $ch_tcp_port)"
 }
 
@@ -340,8 +357,8 @@ mongo_start() {
   spawn "$mongo_dir/pid" "$mongo_dir/server.log" \
     java -Xmx6g -XX:+UseParallelGC -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
     -cp "$mongo_libs/*:$mongo_dir/classes" MongoLauncher "$mongo_source_port" "$mongo_target_port"
-  wait_for mongo 60 "$mongo_dir/server.log" port_open "$mongo_source_port"
-  wait_for mongo 30 "$mongo_dir/server.log" port_open "$mongo_target_port"
+  wait_for mongo "$mongo_dir/pid" 60 "$mongo_dir/server.log" port_open "$mongo_source_port"
+  wait_for mongo "$mongo_dir/pid" 30 "$mongo_dir/server.log" port_open "$mongo_target_port"
   log "mongo-java-server up on 127.0.0.1:$mongo_source_port (source) and :$mongo_target_port (target)"
 }
 
@@ -424,6 +441,18 @@ case $cmd in
   tools)
     mkdir -p "$cache"
     tools
+    ;;
+  reset)
+    [ $# -gt 0 ] || die "reset: name the services whose data goes (known: ${all_services[*]})"
+    for s in $(services_of "$@"); do
+      case $s in
+        mariadb) mariadb_stop; rm -rf "$mariadb_dir" ;;
+        kafka) kafka_stop; rm -rf "$kafka_dir" ;;
+        clickhouse) ch_stop; rm -rf "$ch_dir" ;;
+        mongo) mongo_stop; rm -rf "$mongo_dir" ;;
+      esac
+      log "$s reset: its data is gone"
+    done
     ;;
   clean)
     "$0" stop

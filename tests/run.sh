@@ -6,7 +6,7 @@
 #   SLUICE_MYSQL_URL, SLUICE_KAFKA_BROKERS, SLUICE_CLICKHOUSE_URL,
 #   SLUICE_MONGO_SOURCE_URL and SLUICE_MONGO_TARGET_URL (both, for MongoDB).
 # The test bed servers this script started are stopped at the end, unless
-# SLUICE_KEEP_TESTBED=1. Extra arguments go to `cargo test`.
+# SLUICE_KEEP_TESTBED=1. A Kafka broker it starts begins with no topics. Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -27,6 +27,12 @@ if [ ${#services[@]} -gt 0 ]; then
   # fills until it slows down: each run gets a fresh one (it holds nothing worth keeping).
   if [[ " ${services[*]} " == *" mongo "* ]] && grep -q "^mongo *running" <<<"$status"; then
     deploy/testbed.sh stop mongo
+  fi
+  # Every test names its topics afresh, so a kept broker only piles up old ones (thousands of
+  # partitions after a day of runs, minutes to load at each start): a broker this run starts
+  # begins empty. One that is already running is left as it is.
+  if [[ " ${started[*]} " == *" kafka "* ]]; then
+    deploy/testbed.sh reset kafka
   fi
   deploy/testbed.sh start "${services[@]}"
 fi
