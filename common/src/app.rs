@@ -103,7 +103,7 @@ where
     BFut: Future<Output = anyhow::Result<()>>,
 {
     use clap::{Args as _, FromArgMatches as _};
-    crate::release_memory_promptly();
+    crate::keep_memory_small();
     let command = CommonArgs::augment_args(
         clap::Command::new(binary)
             .about(about)

@@ -26,29 +26,88 @@ pub use topics::TopicsConfig;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Return freed memory to the system at once instead of after mimalloc's delay (1 s in v3):
-/// the batches come and go in large pieces, and the delay kept about 20 MiB more resident for
-/// no speed measured (docs/BENCHMARKS.md). Called first thing by every binary.
-pub fn release_memory_promptly() {
-    // SAFETY: sets a global allocator option; valid at any time.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) }
+/// Keep the process's memory to what it uses. Called first thing by every binary.
+///
+/// - mimalloc returns freed memory to the system at once instead of after its delay (1 s in
+///   v3): the batches come and go in large pieces, and the delay kept about 20 MiB more
+///   resident for no speed measured.
+/// - No transparent huge pages. mimalloc asks for them on its arenas (`MADV_HUGEPAGE`), so
+///   every 2 MiB touched after a purge came back as a whole huge page, zeroed in the page
+///   fault: apply-clickhouse held 77 MiB instead of 38 under sustained load, apply-mongo spent
+///   a fifth of its CPU clearing pages, and librdkafka's heap got huge pages too. Turned off
+///   for the whole process (`PR_SET_THP_DISABLE`), since allocations made before `main` are
+///   already in an advised arena. docs/BENCHMARKS.md has the runs.
+///
+/// `MIMALLOC_PURGE_DELAY` and `MIMALLOC_ALLOW_THP` in the environment, read by mimalloc
+/// itself, are left to win.
+pub fn keep_memory_small() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets a global allocator option; valid at any time.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) }
+    }
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: sets a global allocator option; valid at any time. prctl with these
+        // arguments only sets a flag of this process (and of the children it starts).
+        unsafe {
+            libmimalloc_sys::mi_option_set(MI_OPTION_ALLOW_THP, 0);
+            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        }
+    }
 }
 
-/// `mi_option_purge_delay` of mimalloc.h (v3), which the Rust binding does not name.
+/// `mi_option_purge_delay` and `mi_option_allow_thp` of mimalloc.h (v3), which the Rust
+/// binding does not name.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
 
 #[cfg(test)]
 mod allocator_tests {
+    /// Kibibytes of anonymous memory backed by huge pages in this process.
+    fn anon_huge_kib() -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps_rollup").expect("smaps_rollup");
+        smaps
+            .lines()
+            .find_map(|l| l.strip_prefix("AnonHugePages:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("AnonHugePages line")
+    }
+
+    // One test: the options are process-wide, and the defaults are read before they change.
     #[test]
-    fn the_purge_delay_option_is_the_one_set() {
-        // SAFETY: reads a global allocator option.
-        let default = unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
+    fn freed_memory_goes_back_at_once_and_no_huge_pages() {
+        // SAFETY (every block below): reads or sets global allocator options; prctl reads a flag.
+        let get = |o| unsafe { libmimalloc_sys::mi_option_get(o) };
         assert_eq!(
-            default, 1000,
+            get(super::MI_OPTION_PURGE_DELAY),
+            1000,
             "mimalloc v3's default purge delay (ms, src/options.c)"
         );
-        super::release_memory_promptly();
-        let now = unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
-        assert_eq!(now, 0);
+        assert_eq!(
+            get(super::MI_OPTION_ALLOW_THP),
+            1,
+            "allow_thp defaults to on"
+        );
+        // The option after allow_thp (minimal_purge_size) defaults to 0: a wrong index shows.
+        assert_eq!(get(super::MI_OPTION_ALLOW_THP + 1), 0);
+        super::keep_memory_small();
+        assert_eq!(get(super::MI_OPTION_PURGE_DELAY), 0);
+        assert_eq!(get(super::MI_OPTION_ALLOW_THP), 0);
+        assert_eq!(
+            unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) },
+            1
+        );
+        // Touch 64 MiB: with huge pages allowed, mimalloc's advised arena gets them wherever
+        // the system's THP mode is `madvise` or `always`.
+        let before = anon_huge_kib();
+        let mut v = vec![0u8; 64 << 20];
+        for i in (0..v.len()).step_by(4096) {
+            v[i] = 1;
+        }
+        let after = anon_huge_kib();
+        assert_eq!(v.iter().step_by(4096).filter(|b| **b == 1).count(), 16384);
+        assert_eq!(
+            after, before,
+            "huge pages appeared: {before} kB -> {after} kB"
+        );
     }
 }
