@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use mongodb::bson::raw::{RawArrayBuf, RawBson, RawDocument, RawDocumentBuf};
+use mongodb::bson::raw::{RawArrayBuf, RawDocument, RawDocumentBuf};
 use mongodb::bson::{Bson, Document};
 use sluice_proto::v1::Op;
 use sluice_proto::ChangeEvent;
@@ -174,6 +174,9 @@ pub struct Command {
 
 /// The commands that carry `writes` (all to one collection, at most one per key): updates and
 /// replacements in `update` commands, deletes in `delete` commands, each cut to size.
+///
+/// The BSON is written straight into each command's buffer: every key and document is copied
+/// once, where building `RawDocumentBuf`s statement by statement copied each three more times.
 pub fn commands(
     collection: &str,
     writes: &[(usize, &Write)],
@@ -182,65 +185,145 @@ pub fn commands(
     let wc = RawDocumentBuf::from_document(write_concern).expect("write concern encodes");
     let mut out = Vec::new();
     for deletes in [false, true] {
-        let mut stmts = RawArrayBuf::new();
-        let mut idx = Vec::new();
-        let mut bytes = 0;
-        let flush = |stmts: &mut RawArrayBuf,
-                     idx: &mut Vec<usize>,
-                     bytes: &mut usize,
-                     out: &mut Vec<Command>| {
-            if idx.is_empty() {
-                return;
-            }
-            let mut body = RawDocumentBuf::new();
-            body.append(if deletes { "delete" } else { "update" }, collection);
-            body.append(
-                if deletes { "deletes" } else { "updates" },
-                std::mem::take(stmts),
-            );
-            body.append("ordered", false);
-            body.append("writeConcern", wc.clone());
-            out.push(Command {
-                body,
-                statements: std::mem::take(idx),
-            });
-            *bytes = 0;
-        };
+        let mut cmd: Option<CommandBuf> = None;
         for (i, w) in writes {
-            let stmt = match (w, deletes) {
-                (Write::Delete { key }, true) => {
-                    let mut s = RawDocumentBuf::new();
-                    s.append("q", key.clone());
-                    s.append("limit", 1i32);
-                    s
-                }
-                (Write::Replace { key, doc }, false) => {
-                    let mut s = RawDocumentBuf::new();
-                    s.append("q", key.clone());
-                    s.append("u", doc.clone());
-                    s.append("upsert", true);
-                    s
-                }
-                (Write::Update { key, update }, false) => {
-                    let mut s = RawDocumentBuf::new();
-                    s.append("q", key.clone());
-                    s.append("u", update.clone());
-                    s
-                }
+            match (w, deletes) {
+                (Write::Delete { .. }, true)
+                | (Write::Replace { .. } | Write::Update { .. }, false) => {}
                 _ => continue,
-            };
-            if !idx.is_empty()
-                && (idx.len() >= MAX_STATEMENTS || bytes + w.size() > MAX_COMMAND_BYTES)
-            {
-                flush(&mut stmts, &mut idx, &mut bytes, &mut out);
             }
-            bytes += w.size();
-            stmts.push(RawBson::Document(stmt));
-            idx.push(*i);
+            if let Some(c) = cmd.take_if(|c| {
+                c.statements.len() >= MAX_STATEMENTS || c.bytes + w.size() > MAX_COMMAND_BYTES
+            }) {
+                out.push(c.finish(&wc));
+            }
+            cmd.get_or_insert_with(|| CommandBuf::new(collection, deletes))
+                .push(*i, w);
         }
-        flush(&mut stmts, &mut idx, &mut bytes, &mut out);
+        if let Some(c) = cmd {
+            out.push(c.finish(&wc));
+        }
     }
     out
+}
+
+/// One command being written: `{update: <coll>, updates: [<statement>...]` (or `delete` and
+/// `deletes`), closed by [`CommandBuf::finish`].
+struct CommandBuf {
+    buf: Vec<u8>,
+    /// Where the statements' array starts (its length is written there).
+    array_at: usize,
+    statements: Vec<usize>,
+    /// Sum of the statements' [`Write::size`], for the size limit.
+    bytes: usize,
+}
+
+const BSON_STRING: u8 = 0x02;
+const BSON_DOCUMENT: u8 = 0x03;
+const BSON_ARRAY: u8 = 0x04;
+const BSON_BOOL: u8 = 0x08;
+const BSON_INT32: u8 = 0x10;
+
+fn element(buf: &mut Vec<u8>, kind: u8, name: &str) {
+    buf.push(kind);
+    buf.extend_from_slice(name.as_bytes());
+    buf.push(0);
+}
+
+/// Open a document (or array): a length to patch. Returns where it starts.
+fn open(buf: &mut Vec<u8>) -> usize {
+    let at = buf.len();
+    buf.extend_from_slice(&[0; 4]);
+    at
+}
+
+fn close(buf: &mut Vec<u8>, at: usize) {
+    buf.push(0);
+    let len = i32::try_from(buf.len() - at).expect("a command stays far below 2 GiB");
+    buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+impl CommandBuf {
+    fn new(collection: &str, deletes: bool) -> Self {
+        let mut buf = Vec::with_capacity(64 << 10);
+        open(&mut buf);
+        element(
+            &mut buf,
+            BSON_STRING,
+            if deletes { "delete" } else { "update" },
+        );
+        let len = i32::try_from(collection.len() + 1).expect("a collection name is short");
+        buf.extend_from_slice(&len.to_le_bytes());
+        buf.extend_from_slice(collection.as_bytes());
+        buf.push(0);
+        element(
+            &mut buf,
+            BSON_ARRAY,
+            if deletes { "deletes" } else { "updates" },
+        );
+        let array_at = open(&mut buf);
+        CommandBuf {
+            buf,
+            array_at,
+            statements: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn push(&mut self, i: usize, w: &Write) {
+        let b = &mut self.buf;
+        // An array's element names are its indexes: "0", "1", ...
+        b.push(BSON_DOCUMENT);
+        let mut digits = [0u8; 20];
+        let mut k = digits.len();
+        let mut n = self.statements.len();
+        loop {
+            k -= 1;
+            digits[k] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        b.extend_from_slice(&digits[k..]);
+        b.push(0);
+        let at = open(b);
+        element(b, BSON_DOCUMENT, "q");
+        b.extend_from_slice(w.key().as_bytes());
+        match w {
+            Write::Replace { doc, .. } => {
+                element(b, BSON_DOCUMENT, "u");
+                b.extend_from_slice(doc.as_bytes());
+                element(b, BSON_BOOL, "upsert");
+                b.push(1);
+            }
+            Write::Update { update, .. } => {
+                element(b, BSON_DOCUMENT, "u");
+                b.extend_from_slice(update.as_bytes());
+            }
+            Write::Delete { .. } => {
+                element(b, BSON_INT32, "limit");
+                b.extend_from_slice(&1i32.to_le_bytes());
+            }
+        }
+        close(b, at);
+        self.bytes += w.size();
+        self.statements.push(i);
+    }
+
+    fn finish(mut self, write_concern: &RawDocumentBuf) -> Command {
+        let b = &mut self.buf;
+        close(b, self.array_at);
+        element(b, BSON_BOOL, "ordered");
+        b.push(0);
+        element(b, BSON_DOCUMENT, "writeConcern");
+        b.extend_from_slice(write_concern.as_bytes());
+        close(b, 0);
+        Command {
+            body: RawDocumentBuf::from_bytes(self.buf).expect("a command written whole"),
+            statements: self.statements,
+        }
+    }
 }
 
 /// A statement the server refused: its index in the command, code and message.

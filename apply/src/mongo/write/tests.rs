@@ -170,6 +170,62 @@ fn commands_split_updates_and_deletes_and_cut_to_size() {
 }
 
 #[test]
+fn commands_are_the_bson_of_their_documents() {
+    // Twelve statements, so that array indexes of two digits are written too.
+    let writes: Vec<Write> = (0..12i32)
+        .map(|i| match i % 3 {
+            0 => Write::Replace {
+                key: rawdoc! { "_id": i },
+                doc: rawdoc! { "_id": i, "s": "x".repeat(i as usize), "n": { "a": [1, 2] } },
+            },
+            1 => Write::Update {
+                key: rawdoc! { "_id": i },
+                update: rawdoc! { "$set": { "s": "y" }, "$unset": { "t": "" } },
+            },
+            _ => Write::Delete {
+                key: rawdoc! { "_id": format!("k{i}") },
+            },
+        })
+        .collect();
+    let refs: Vec<(usize, &Write)> = writes.iter().enumerate().collect();
+    let wc = doc! { "w": "majority", "wtimeout": 5000 };
+    let cmds = commands("coll", &refs, &wc);
+    assert_eq!(cmds.len(), 2);
+    let statement = |w: &Write| -> Document {
+        match w {
+            Write::Replace { key, doc } => {
+                doc! { "q": key.to_document().unwrap(), "u": doc.to_document().unwrap(), "upsert": true }
+            }
+            Write::Update { key, update } => {
+                doc! { "q": key.to_document().unwrap(), "u": update.to_document().unwrap() }
+            }
+            Write::Delete { key } => doc! { "q": key.to_document().unwrap(), "limit": 1 },
+        }
+    };
+    let ups: Vec<&Write> = writes
+        .iter()
+        .filter(|w| !matches!(w, Write::Delete { .. }))
+        .collect();
+    let dels: Vec<&Write> = writes
+        .iter()
+        .filter(|w| matches!(w, Write::Delete { .. }))
+        .collect();
+    let expected = [
+        doc! { "update": "coll", "updates": ups.iter().map(|w| statement(w)).collect::<Vec<_>>(), "ordered": false, "writeConcern": wc.clone() },
+        doc! { "delete": "coll", "deletes": dels.iter().map(|w| statement(w)).collect::<Vec<_>>(), "ordered": false, "writeConcern": wc.clone() },
+    ];
+    for (c, e) in cmds.iter().zip(&expected) {
+        // Byte for byte what the driver's own encoder writes.
+        assert_eq!(
+            c.body.as_bytes(),
+            RawDocumentBuf::from_document(e).unwrap().as_bytes()
+        );
+    }
+    assert_eq!(cmds[0].statements, vec![0, 1, 3, 4, 6, 7, 9, 10]);
+    assert_eq!(cmds[1].statements, vec![2, 5, 8, 11]);
+}
+
+#[test]
 fn replies_name_the_refused_statements() {
     let r = doc! { "n": 1, "ok": 1.0, "writeErrors": [{ "index": 3, "code": 11000, "errmsg": "E11000 duplicate key" }] };
     assert_eq!(
