@@ -184,6 +184,8 @@ pub struct Capture {
     source: v1::Source,
     /// database -> collection -> what is worked out once for it.
     namespaces: HashMap<String, HashMap<String, Namespace>>,
+    /// The filter's answer per database and collection (it formats the name and runs regexes).
+    wanted: HashMap<String, HashMap<String, bool>>,
     resume: Resume,
     end: Option<Timestamp>,
     /// The transaction being published: its id and the next event's index in it.
@@ -300,6 +302,7 @@ impl Capture {
             filter,
             topics,
             namespaces: HashMap::new(),
+            wanted: HashMap::new(),
             resume,
             end,
             tx: None,
@@ -660,15 +663,18 @@ impl Capture {
                 if shutdown.is_triggered() || self.publisher.failed() {
                     return Ok(());
                 }
+                // `advance` + `current`: each entry is read where it lies in the cursor's
+                // batch, not copied out first.
                 let next = tokio::select! {
                     biased;
                     _ = shutdown.wait() => return Ok(()),
-                    n = tokio::time::timeout(await_time * 2, cursor.next()) => n,
+                    n = tokio::time::timeout(await_time * 2, cursor.advance()) => n,
                 };
                 match next {
-                    Ok(Some(entry)) => {
-                        let entry = entry?;
-                        let parsed = change::from_oplog(&entry).map_err(CaptureError::Definite)?;
+                    Ok(Err(e)) => return Err(e.into()),
+                    Ok(Ok(true)) => {
+                        let parsed =
+                            change::from_oplog(cursor.current()).map_err(CaptureError::Definite)?;
                         if self.past_end(parsed.ts) {
                             tracing::info!(end = %self.config.mongodb.end, "reached the end time");
                             return Ok(());
@@ -691,7 +697,7 @@ impl Capture {
                     }
                     // The cursor ended (a server without tailable cursors on the oplog, or the
                     // capped collection rolled over): query again from the last entry.
-                    Ok(None) => break,
+                    Ok(Ok(false)) => break,
                     // Nothing new for a while.
                     Err(_) => {
                         if self.idle().await? {
@@ -1114,7 +1120,7 @@ impl Capture {
         let wanted = if c.collection.is_empty() {
             self.filter.wants_database(&c.database)
         } else {
-            self.filter.wants(&c.database, &c.collection)
+            self.wants(&c.database, &c.collection)
                 || c.ddl
                     .as_ref()
                     .and_then(|d| d.to.as_ref())
@@ -1138,7 +1144,8 @@ impl Capture {
                 .await?;
             c.full_document = found;
         }
-        let lag = (now_micros() / 1_000_000 - i64::from(c.ts.time)).max(0);
+        let now = now_micros();
+        let lag = (now / 1_000_000 - i64::from(c.ts.time)).max(0);
         self.publish_metrics.lag_seconds.set(lag);
         let transaction = self.transaction(&c);
         let token_bytes = token
@@ -1166,6 +1173,13 @@ impl Capture {
             }
             None => Vec::new(),
         };
+        self.ensure_namespace(&c.database, &c.collection).await?;
+        let mut key = Vec::with_capacity(64);
+        append_event_key(
+            &self.namespaces[&c.database][&c.collection].key_prefix,
+            &key_values,
+            &mut key,
+        );
         let update_description = c.update.take().map(|u| v1::UpdateDescription {
             updated_fields: u.updated.into_bytes(),
             removed_fields: u.removed,
@@ -1195,8 +1209,8 @@ impl Capture {
             contract: CONTRACT_VERSION,
             source: Some(self.source.clone()),
             op: op as i32,
-            database: c.database.clone(),
-            table: c.collection.clone(),
+            database: std::mem::take(&mut c.database),
+            table: std::mem::take(&mut c.collection),
             version: mongo_version(c.ts.time, c.ts.increment),
             position: Some(v1::Position {
                 kind: Some(v1::position::Kind::Oplog(v1::OplogPosition {
@@ -1206,11 +1220,9 @@ impl Capture {
                 })),
             }),
             commit_time_micros,
-            capture_time_micros: now_micros(),
+            capture_time_micros: now,
             transaction,
-            key: (!key_values.is_empty()).then(|| v1::Row {
-                values: key_values.clone(),
-            }),
+            key: (!key_values.is_empty()).then_some(v1::Row { values: key_values }),
             ddl: ddl.map(|(d, _)| d),
             mongo: Some(v1::MongoChange {
                 document_key: c
@@ -1229,7 +1241,7 @@ impl Capture {
                     .map(RawDocumentBuf::into_bytes)
                     .unwrap_or_default(),
                 update_description,
-                operation_type: c.operation_type.clone(),
+                operation_type: std::mem::take(&mut c.operation_type),
                 lsid: c
                     .lsid
                     .take()
@@ -1242,10 +1254,7 @@ impl Capture {
         self.buf.clear();
         event.encode(&mut self.buf).expect("Vec grows");
         let payload = std::mem::take(&mut self.buf);
-        self.ensure_namespace(&c.database, &c.collection).await?;
-        let ns = &self.namespaces[&c.database][&c.collection];
-        let mut key = Vec::with_capacity(ns.key_prefix.len() + 32);
-        append_event_key(&ns.key_prefix, &key_values, &mut key);
+        let ns = &self.namespaces[&event.database][&event.table];
         ns.bytes.inc_by(payload.len() as u64);
         ns.counters[match c.op {
             OpKind::Insert => 0,
@@ -1270,12 +1279,24 @@ impl Capture {
                 }
             }
         } else {
-            let topic = ns.topic.clone();
-            self.publisher.send(&topic, &key, &payload, None).await?;
+            self.publisher.send(&ns.topic, &key, &payload, None).await?;
         }
         self.buf = payload;
         self.since_mark += 1;
         Ok(())
+    }
+
+    /// [`Filter::wants`], remembered per collection.
+    fn wants(&mut self, db: &str, coll: &str) -> bool {
+        if let Some(w) = self.wanted.get(db).and_then(|m| m.get(coll)) {
+            return *w;
+        }
+        let w = self.filter.wants(db, coll);
+        self.wanted
+            .entry(db.to_string())
+            .or_default()
+            .insert(coll.to_string(), w);
+        w
     }
 
     /// Transaction id (`<lsid.id as hex>:<txnNumber>`) and the event's index in it.
