@@ -138,8 +138,8 @@ impl Metrics {
 
 /// One write of the batch and where it came from.
 struct Item {
-    db: String,
-    coll: String,
+    db: Arc<str>,
+    coll: Arc<str>,
     write: Write,
     /// Index into `Batch::messages`.
     origin: usize,
@@ -198,7 +198,7 @@ impl Writer {
         let keys: Vec<(&str, &str, &[u8])> = batch
             .items
             .iter()
-            .map(|i| (i.db.as_str(), i.coll.as_str(), i.write.key().as_bytes()))
+            .map(|i| (&*i.db, &*i.coll, i.write.key().as_bytes()))
             .collect();
         for round in rounds(&keys) {
             // Per collection, in first-seen order.
@@ -206,7 +206,7 @@ impl Writer {
             let mut by_ns: Vec<((&str, &str), Vec<(usize, &Write)>)> = Vec::new();
             for i in round {
                 let it = &batch.items[i];
-                let ns = (it.db.as_str(), it.coll.as_str());
+                let ns = (&*it.db, &*it.coll);
                 match by_ns.iter_mut().find(|(n, _)| *n == ns) {
                     Some((_, v)) => v.push((i, &it.write)),
                     None => by_ns.push((ns, vec![(i, &it.write)])),
@@ -357,7 +357,12 @@ pub struct Sink {
     /// applied to it.
     applied: HashMap<String, u64>,
     applied_read: Option<Instant>,
+    /// Source database -> collection -> target namespace ([`Config::target`], worked out once).
+    targets: HashMap<String, HashMap<String, Target>>,
 }
+
+/// A target database and collection, shared by every write to them.
+type Target = (Arc<str>, Arc<str>);
 
 fn now_micros() -> i64 {
     SystemTime::now()
@@ -440,6 +445,7 @@ impl Sink {
             metrics,
             applied: HashMap::new(),
             applied_read: None,
+            targets: HashMap::new(),
         };
         sink.read_applied().await?;
         Ok(sink)
@@ -495,7 +501,7 @@ impl Sink {
             Ok(e) => Ok(e),
             Err(e) => Err(format!("not a change event: {e}")),
         };
-        let event = match event {
+        let mut event = match event {
             Ok(e) => e,
             Err(reason) => {
                 self.writer
@@ -532,21 +538,21 @@ impl Sink {
                 b.offsets.record(&m);
             }
             Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => {
-                let (db, coll) = self.config.target(&event.database, &event.table);
+                let (db, coll) = self.target(&event.database, &event.table);
                 if self.stale(&db, &coll, event.version).await? {
                     self.metrics.stale.inc();
                     self.batch().offsets.record(&m);
                     return Ok(());
                 }
-                match writes_of(&event) {
+                match writes_of(&mut event) {
                     Ok(writes) => {
                         let mut b = self.batch();
                         let origin = b.messages.len();
                         for w in writes {
                             b.bytes += w.size();
                             b.items.push(Item {
-                                db: db.clone(),
-                                coll: coll.clone(),
+                                db: Arc::clone(&db),
+                                coll: Arc::clone(&coll),
                                 write: w,
                                 origin,
                             });
@@ -574,6 +580,20 @@ impl Sink {
             _ => self.batch().offsets.record(&m), // heartbeats, transaction markers
         }
         Ok(())
+    }
+
+    /// Where a source collection goes, remembered.
+    fn target(&mut self, db: &str, coll: &str) -> Target {
+        if let Some(t) = self.targets.get(db).and_then(|m| m.get(coll)) {
+            return t.clone();
+        }
+        let (d, c) = self.config.target(db, coll);
+        let t: Target = (d.into(), c.into());
+        self.targets
+            .entry(db.to_string())
+            .or_default()
+            .insert(coll.to_string(), t.clone());
+        t
     }
 
     /// True when a drop or rename of the namespace (or a drop of its database) newer than

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use mongodb::bson::raw::{RawArrayBuf, RawDocument, RawDocumentBuf};
+use mongodb::bson::raw::{RawArrayBuf, RawDocumentBuf};
 use mongodb::bson::{Bson, Document};
 use sluice_proto::v1::Op;
 use sluice_proto::ChangeEvent;
@@ -52,29 +52,31 @@ impl Write {
     }
 }
 
-fn raw(bytes: &[u8], what: &str) -> Result<RawDocumentBuf, String> {
-    let d = RawDocument::from_bytes(bytes).map_err(|e| format!("{what} is not BSON: {e}"))?;
-    Ok(d.to_raw_document_buf())
+/// The document in `bytes`, taken (not copied) once its framing is checked.
+fn raw(bytes: &mut Vec<u8>, what: &str) -> Result<RawDocumentBuf, String> {
+    RawDocumentBuf::from_bytes(std::mem::take(bytes))
+        .map_err(|e| format!("{what} is not BSON: {e}"))
 }
 
 /// The writes that repeat a row event on the target (none for an update that carries nothing
-/// to apply).
-pub fn writes_of(event: &ChangeEvent) -> Result<Vec<Write>, String> {
+/// to apply). The event's documents are moved into the writes.
+pub fn writes_of(event: &mut ChangeEvent) -> Result<Vec<Write>, String> {
+    let op = event.op();
     let m = event
         .mongo
-        .as_ref()
+        .as_mut()
         .ok_or("not a MongoDB event (no mongo part)")?;
     if m.document_key.is_empty() {
         return Err("no document key".into());
     }
-    let key = raw(&m.document_key, "the document key")?;
+    let key = raw(&mut m.document_key, "the document key")?;
     if key.get("_id").ok().flatten().is_none() {
         return Err("the document key has no _id".into());
     }
     let full = (!m.full_document.is_empty())
-        .then(|| raw(&m.full_document, "the full document"))
+        .then(|| raw(&mut m.full_document, "the full document"))
         .transpose()?;
-    match event.op() {
+    match op {
         Op::Insert | Op::SnapshotRead => Ok(vec![Write::Replace {
             key,
             doc: full.ok_or("insert without its document")?,
@@ -87,7 +89,7 @@ pub fn writes_of(event: &ChangeEvent) -> Result<Vec<Write>, String> {
                     doc: full.ok_or("replace without its document")?,
                 }]);
             }
-            if let Some(desc) = &m.update_description {
+            if let Some(desc) = &mut m.update_description {
                 return update_writes(key, desc);
             }
             Ok(full
@@ -101,7 +103,7 @@ pub fn writes_of(event: &ChangeEvent) -> Result<Vec<Write>, String> {
 
 fn update_writes(
     key: RawDocumentBuf,
-    desc: &sluice_proto::v1::UpdateDescription,
+    desc: &mut sluice_proto::v1::UpdateDescription,
 ) -> Result<Vec<Write>, String> {
     let mut out = Vec::new();
     if !desc.truncated_arrays.is_empty() {
@@ -119,14 +121,10 @@ fn update_writes(
             update,
         });
     }
-    let set = raw(
-        if desc.updated_fields.is_empty() {
-            &[5, 0, 0, 0, 0]
-        } else {
-            &desc.updated_fields
-        },
-        "updatedFields",
-    )?;
+    if desc.updated_fields.is_empty() {
+        desc.updated_fields = vec![5, 0, 0, 0, 0];
+    }
+    let set = raw(&mut desc.updated_fields, "updatedFields")?;
     let mut update = RawDocumentBuf::new();
     if !set.is_empty() {
         update.append("$set", set);

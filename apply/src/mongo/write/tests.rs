@@ -30,7 +30,7 @@ fn inserts_and_replacements_upsert_the_whole_document() {
         },
     );
     assert_eq!(
-        writes_of(&e).unwrap(),
+        writes_of(&mut e.clone()).unwrap(),
         vec![Write::Replace {
             key: rawdoc! { "_id": 1 },
             doc: rawdoc! { "_id": 1, "a": 2 }
@@ -39,7 +39,10 @@ fn inserts_and_replacements_upsert_the_whole_document() {
     let mut r = e.clone();
     r.op = Op::Update as i32;
     r.mongo.as_mut().unwrap().operation_type = "replace".into();
-    assert!(matches!(writes_of(&r).unwrap()[0], Write::Replace { .. }));
+    assert!(matches!(
+        writes_of(&mut r.clone()).unwrap()[0],
+        Write::Replace { .. }
+    ));
     let d = event(
         Op::Delete,
         MongoChange {
@@ -48,7 +51,7 @@ fn inserts_and_replacements_upsert_the_whole_document() {
         },
     );
     assert_eq!(
-        writes_of(&d).unwrap(),
+        writes_of(&mut d.clone()).unwrap(),
         vec![Write::Delete {
             key: rawdoc! { "_id": 1 }
         }]
@@ -73,7 +76,7 @@ fn updates_apply_their_description_truncation_first() {
             ..Default::default()
         },
     );
-    let w = writes_of(&e).unwrap();
+    let w = writes_of(&mut e.clone()).unwrap();
     assert_eq!(
         w,
         vec![
@@ -90,14 +93,14 @@ fn updates_apply_their_description_truncation_first() {
     // Nothing to do: no write (an empty $set is refused by the server).
     let mut empty = e.clone();
     empty.mongo.as_mut().unwrap().update_description = Some(UpdateDescription::default());
-    assert!(writes_of(&empty).unwrap().is_empty());
+    assert!(writes_of(&mut empty.clone()).unwrap().is_empty());
     // A full document (updateLookup, or an oplog update looked up) replaces.
     let mut full = e.clone();
     let m = full.mongo.as_mut().unwrap();
     m.update_description = None;
     m.full_document = bytes(doc! { "_id": 1, "z": 1 });
     assert!(matches!(
-        writes_of(&full).unwrap()[0],
+        writes_of(&mut full.clone()).unwrap()[0],
         Write::Replace { .. }
     ));
 }
@@ -105,7 +108,7 @@ fn updates_apply_their_description_truncation_first() {
 #[test]
 fn bad_events_are_refused_with_a_reason() {
     let e = event(Op::Insert, MongoChange::default());
-    assert_eq!(writes_of(&e).unwrap_err(), "no document key");
+    assert_eq!(writes_of(&mut e.clone()).unwrap_err(), "no document key");
     let e = event(
         Op::Insert,
         MongoChange {
@@ -113,7 +116,7 @@ fn bad_events_are_refused_with_a_reason() {
             ..Default::default()
         },
     );
-    assert!(writes_of(&e).unwrap_err().contains("no _id"));
+    assert!(writes_of(&mut e.clone()).unwrap_err().contains("no _id"));
     let e = event(
         Op::Insert,
         MongoChange {
@@ -121,9 +124,11 @@ fn bad_events_are_refused_with_a_reason() {
             ..Default::default()
         },
     );
-    assert!(writes_of(&e).unwrap_err().contains("not BSON"));
+    assert!(writes_of(&mut e.clone()).unwrap_err().contains("not BSON"));
     let e = ChangeEvent::default();
-    assert!(writes_of(&e).unwrap_err().contains("not a MongoDB event"));
+    assert!(writes_of(&mut e.clone())
+        .unwrap_err()
+        .contains("not a MongoDB event"));
 }
 
 #[test]
