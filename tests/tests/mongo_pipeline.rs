@@ -629,6 +629,47 @@ async fn refused_writes_are_dead_lettered_and_the_stream_goes_on() {
     dst.database(&mapped).drop().await.unwrap();
 }
 
+/// An insert whose document the target already holds (a replay, or a copy that outlived a
+/// delete) leaves the inserted document, not the one that was there; the other inserts of the
+/// same command are written as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_insert_over_a_document_the_target_holds_replaces_it() {
+    let db = unique("sluice_m_over");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let mut cap = capture(&db, "mode = \"oplog\"", "");
+    let mut app = apply(&cap.prefix, &unique("g"), "");
+    started(&cap, true).await;
+    // Held in the target before the source has them: _id 2 with other fields, _id 4 equal.
+    let target = dst.database(&db).collection::<Document>("c");
+    target
+        .insert_many([
+            doc! { "_id": 2, "stale": true, "v": -1 },
+            doc! { "_id": 4, "v": 4 },
+        ])
+        .await
+        .unwrap();
+    let source = src.database(&db).collection::<Document>("c");
+    source
+        .insert_many((0..8).map(|i| doc! { "_id": i, "v": i }))
+        .await
+        .unwrap();
+    converge(
+        &src,
+        &dst,
+        &db,
+        "c",
+        Duration::from_secs(60),
+        &mut [&mut cap, &mut app],
+    )
+    .await;
+    stop_all(&mut [&mut cap, &mut app]).await;
+    src.database(&db).drop().await.unwrap();
+    dst.database(&db).drop().await.unwrap();
+}
+
 /// The capture resumes from its checkpoint after a clean stop, starts at a given operation time,
 /// stops at the end time, and refuses a resume point older than the oplog.
 #[tokio::test(flavor = "multi_thread")]

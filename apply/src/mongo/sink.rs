@@ -156,6 +156,9 @@ struct Batch {
     oldest_commit_micros: Option<i64>,
 }
 
+/// MongoDB's code for a write that would duplicate a unique index's key.
+const DUPLICATE_KEY: i32 = 11000;
+
 /// Writes batches; shared by the sink and the rebalance callback.
 #[derive(Clone)]
 struct Writer {
@@ -201,65 +204,108 @@ impl Writer {
             .map(|i| (&*i.db, &*i.coll, i.write.key().as_bytes()))
             .collect();
         for round in rounds(&keys) {
-            // Per collection, in first-seen order.
-            #[allow(clippy::type_complexity)] // (namespace, its writes with their indexes)
-            let mut by_ns: Vec<((&str, &str), Vec<(usize, &Write)>)> = Vec::new();
-            for i in round {
-                let it = &batch.items[i];
-                let ns = (&*it.db, &*it.coll);
-                match by_ns.iter_mut().find(|(n, _)| *n == ns) {
-                    Some((_, v)) => v.push((i, &it.write)),
-                    None => by_ns.push((ns, vec![(i, &it.write)])),
-                }
+            let writes: Vec<(usize, &Write)> =
+                round.iter().map(|&i| (i, &batch.items[i].write)).collect();
+            let held = self.write_round(batch, &writes, &mut outcome).await?;
+            if held.is_empty() {
+                continue;
             }
-            let writes = by_ns.iter().flat_map(|((db, coll), writes)| {
-                commands(coll, writes, &self.write_concern)
-                    .into_iter()
-                    .map(move |c| (*db, *coll, c))
-            });
-            let replies = futures::stream::iter(writes.map(|(db, coll, cmd)| async move {
-                let reply = self.client.database(db).run_raw_command(cmd.body).await;
-                (db, coll, cmd.statements, reply)
-            }))
-            .buffer_unordered(4)
-            .collect::<Vec<_>>()
-            .await;
-            for (db, coll, statements, reply) in replies {
-                let reply = reply.map_err(classify)?;
-                let ns = format!("{db}.{coll}");
-                for e in reply_errors(&reply).map_err(WriteFailure::Transient)? {
-                    if transient_code(e.code) {
-                        return Err(WriteFailure::Transient(format!(
-                            "{ns}: {} (code {})",
-                            e.message, e.code
-                        )));
-                    }
-                    if let Some(&item) = statements.get(e.index) {
-                        outcome.refused.push(Refusal {
-                            origin: batch.items[item].origin,
-                            reason: format!(
-                                "{ns}: MongoDB refused the write: {} (code {})",
-                                e.message, e.code
-                            ),
-                            label: if e.code == 11000 {
-                                "duplicate_key"
-                            } else {
-                                "refused"
-                            },
-                        });
-                    }
-                }
-                for i in &statements {
-                    let kind = match batch.items[*i].write {
-                        Write::Replace { .. } => "replace",
-                        Write::Update { .. } => "update",
-                        Write::Delete { .. } => "delete",
-                    };
-                    *outcome.writes.entry((ns.clone(), kind)).or_insert(0) += 1;
-                }
-            }
+            // Inserts of keys the target holds: written again, in the same round (before the
+            // key's next write), as replacements.
+            let again: Vec<(usize, Write)> = held
+                .iter()
+                .filter_map(|&i| Some((i, batch.items[i].write.as_replacement()?)))
+                .collect();
+            let again: Vec<(usize, &Write)> = again.iter().map(|(i, w)| (*i, w)).collect();
+            self.write_round(batch, &again, &mut outcome).await?;
         }
         Ok(outcome)
+    }
+
+    /// Write `writes` (indexes into the batch's items, with the write to make for each; one
+    /// per key) as commands per collection, and read the replies. Returns the inserts refused
+    /// because the target already holds their key.
+    async fn write_round(
+        &self,
+        batch: &Batch,
+        writes: &[(usize, &Write)],
+        outcome: &mut Outcome,
+    ) -> Result<Vec<usize>, WriteFailure> {
+        // Per collection, in first-seen order.
+        #[allow(clippy::type_complexity)] // (namespace, its writes with their indexes)
+        let mut by_ns: Vec<((&str, &str), Vec<(usize, &Write)>)> = Vec::new();
+        for &(i, w) in writes {
+            let it = &batch.items[i];
+            let ns = (&*it.db, &*it.coll);
+            match by_ns.iter_mut().find(|(n, _)| *n == ns) {
+                Some((_, v)) => v.push((i, w)),
+                None => by_ns.push((ns, vec![(i, w)])),
+            }
+        }
+        // A command's statements are positions in its collection's writes.
+        let commands = by_ns.iter().flat_map(|((db, coll), writes)| {
+            let local: Vec<(usize, &Write)> = writes
+                .iter()
+                .enumerate()
+                .map(|(k, (_, w))| (k, *w))
+                .collect();
+            commands(coll, &local, &self.write_concern)
+                .into_iter()
+                .map(move |c| (*db, *coll, writes, c))
+        });
+        let replies = futures::stream::iter(commands.map(|(db, coll, writes, cmd)| async move {
+            let reply = self.client.database(db).run_raw_command(cmd.body).await;
+            (db, coll, writes, cmd.statements, reply)
+        }))
+        .buffer_unordered(4)
+        .collect::<Vec<_>>()
+        .await;
+        let mut held = Vec::new();
+        for (db, coll, writes, statements, reply) in replies {
+            let reply = reply.map_err(classify)?;
+            let ns = format!("{db}.{coll}");
+            let mut done = vec![true; statements.len()];
+            for e in reply_errors(&reply).map_err(WriteFailure::Transient)? {
+                if transient_code(e.code) {
+                    return Err(WriteFailure::Transient(format!(
+                        "{ns}: {} (code {})",
+                        e.message, e.code
+                    )));
+                }
+                let Some(&(item, write)) = statements.get(e.index).map(|&k| &writes[k]) else {
+                    continue;
+                };
+                if e.code == DUPLICATE_KEY && matches!(write, Write::Insert { .. }) {
+                    held.push(item);
+                    done[e.index] = false;
+                    continue;
+                }
+                outcome.refused.push(Refusal {
+                    origin: batch.items[item].origin,
+                    reason: format!(
+                        "{ns}: MongoDB refused the write: {} (code {})",
+                        e.message, e.code
+                    ),
+                    label: if e.code == DUPLICATE_KEY {
+                        "duplicate_key"
+                    } else {
+                        "refused"
+                    },
+                });
+            }
+            let mut kinds: Vec<(&'static str, u64)> = Vec::new();
+            for (k, done) in statements.iter().zip(done) {
+                let kind = writes[*k].1.kind();
+                match kinds.iter_mut().find(|(n, _)| *n == kind) {
+                    Some((_, c)) => *c += u64::from(done),
+                    None => kinds.push((kind, u64::from(done))),
+                }
+            }
+            for (kind, n) in kinds {
+                *outcome.writes.entry((ns.clone(), kind)).or_insert(0) += n;
+            }
+        }
+        Ok(held)
     }
 
     /// After the whole batch is written: count the writes and dead-letter the refused events

@@ -1,7 +1,11 @@
 //! From change events to MongoDB write commands, without I/O (so every rule is unit-tested).
 //!
-//! - insert, replace, snapshot read, and an update carrying the full document: replace by the
-//!   document key, inserting when missing (upsert);
+//! - insert and snapshot read: insert; where the target already holds the key (a replay, or a
+//!   copy that outlived a delete), the insert is refused as a duplicate and written again as a
+//!   replacement (see [`Write::as_replacement`]). Inserting first spares the server the lookup
+//!   of an upsert and the reply its list of upserted ids;
+//! - replace, and an update carrying the full document: replace by the document key, inserting
+//!   when missing (upsert);
 //! - update with a description: the truncated arrays first (`$push` with an empty `$each` and
 //!   `$slice`), then `$set` of the updated fields and `$unset` of the removed ones; no upsert (a
 //!   document the target does not have is not invented from a partial update);
@@ -22,6 +26,10 @@ use sluice_proto::ChangeEvent;
 /// One write to one document.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
+    Insert {
+        key: RawDocumentBuf,
+        doc: RawDocumentBuf,
+    },
     Replace {
         key: RawDocumentBuf,
         doc: RawDocumentBuf,
@@ -38,16 +46,42 @@ pub enum Write {
 impl Write {
     pub fn key(&self) -> &RawDocumentBuf {
         match self {
-            Write::Replace { key, .. } | Write::Update { key, .. } | Write::Delete { key } => key,
+            Write::Insert { key, .. }
+            | Write::Replace { key, .. }
+            | Write::Update { key, .. }
+            | Write::Delete { key } => key,
         }
     }
 
     /// BSON bytes this write adds to a command.
     pub fn size(&self) -> usize {
         match self {
+            Write::Insert { doc, .. } => doc.as_bytes().len() + 8,
             Write::Replace { key, doc } => key.as_bytes().len() + doc.as_bytes().len() + 32,
             Write::Update { key, update } => key.as_bytes().len() + update.as_bytes().len() + 32,
             Write::Delete { key } => key.as_bytes().len() + 16,
+        }
+    }
+
+    /// An insert refused because the target holds its key, as the replacement (upsert) that
+    /// leaves the inserted document there. `None` for other writes.
+    pub fn as_replacement(&self) -> Option<Write> {
+        match self {
+            Write::Insert { key, doc } => Some(Write::Replace {
+                key: key.clone(),
+                doc: doc.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The `kind` label of the writes metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Write::Insert { .. } => "insert",
+            Write::Replace { .. } => "replace",
+            Write::Update { .. } => "update",
+            Write::Delete { .. } => "delete",
         }
     }
 }
@@ -77,7 +111,7 @@ pub fn writes_of(event: &mut ChangeEvent) -> Result<Vec<Write>, String> {
         .then(|| raw(&mut m.full_document, "the full document"))
         .transpose()?;
     match op {
-        Op::Insert | Op::SnapshotRead => Ok(vec![Write::Replace {
+        Op::Insert | Op::SnapshotRead => Ok(vec![Write::Insert {
             key,
             doc: full.ok_or("insert without its document")?,
         }]),
@@ -170,8 +204,9 @@ pub struct Command {
     pub statements: Vec<usize>,
 }
 
-/// The commands that carry `writes` (all to one collection, at most one per key): updates and
-/// replacements in `update` commands, deletes in `delete` commands, each cut to size.
+/// The commands that carry `writes` (all to one collection, at most one per key): inserts in
+/// `insert` commands, updates and replacements in `update` commands, deletes in `delete`
+/// commands, each cut to size.
 ///
 /// The BSON is written straight into each command's buffer: every key and document is copied
 /// once, where building `RawDocumentBuf`s statement by statement copied each three more times.
@@ -182,20 +217,22 @@ pub fn commands(
 ) -> Vec<Command> {
     let wc = RawDocumentBuf::from_document(write_concern).expect("write concern encodes");
     let mut out = Vec::new();
-    for deletes in [false, true] {
+    for kind in [
+        CommandKind::Insert,
+        CommandKind::Update,
+        CommandKind::Delete,
+    ] {
         let mut cmd: Option<CommandBuf> = None;
         for (i, w) in writes {
-            match (w, deletes) {
-                (Write::Delete { .. }, true)
-                | (Write::Replace { .. } | Write::Update { .. }, false) => {}
-                _ => continue,
+            if CommandKind::of(w) != kind {
+                continue;
             }
             if let Some(c) = cmd.take_if(|c| {
                 c.statements.len() >= MAX_STATEMENTS || c.bytes + w.size() > MAX_COMMAND_BYTES
             }) {
                 out.push(c.finish(&wc));
             }
-            cmd.get_or_insert_with(|| CommandBuf::new(collection, deletes))
+            cmd.get_or_insert_with(|| CommandBuf::new(collection, kind))
                 .push(*i, w);
         }
         if let Some(c) = cmd {
@@ -205,8 +242,34 @@ pub fn commands(
     out
 }
 
-/// One command being written: `{update: <coll>, updates: [<statement>...]` (or `delete` and
-/// `deletes`), closed by [`CommandBuf::finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommandKind {
+    Insert,
+    Update,
+    Delete,
+}
+
+impl CommandKind {
+    fn of(w: &Write) -> Self {
+        match w {
+            Write::Insert { .. } => CommandKind::Insert,
+            Write::Replace { .. } | Write::Update { .. } => CommandKind::Update,
+            Write::Delete { .. } => CommandKind::Delete,
+        }
+    }
+
+    /// The command's name and the name of its array.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            CommandKind::Insert => ("insert", "documents"),
+            CommandKind::Update => ("update", "updates"),
+            CommandKind::Delete => ("delete", "deletes"),
+        }
+    }
+}
+
+/// One command being written: `{update: <coll>, updates: [<statement>...]` (or `insert` and
+/// `documents`, `delete` and `deletes`), closed by [`CommandBuf::finish`].
 struct CommandBuf {
     buf: Vec<u8>,
     /// Where the statements' array starts (its length is written there).
@@ -242,23 +305,16 @@ fn close(buf: &mut Vec<u8>, at: usize) {
 }
 
 impl CommandBuf {
-    fn new(collection: &str, deletes: bool) -> Self {
+    fn new(collection: &str, kind: CommandKind) -> Self {
+        let (command, array) = kind.names();
         let mut buf = Vec::with_capacity(64 << 10);
         open(&mut buf);
-        element(
-            &mut buf,
-            BSON_STRING,
-            if deletes { "delete" } else { "update" },
-        );
+        element(&mut buf, BSON_STRING, command);
         let len = i32::try_from(collection.len() + 1).expect("a collection name is short");
         buf.extend_from_slice(&len.to_le_bytes());
         buf.extend_from_slice(collection.as_bytes());
         buf.push(0);
-        element(
-            &mut buf,
-            BSON_ARRAY,
-            if deletes { "deletes" } else { "updates" },
-        );
+        element(&mut buf, BSON_ARRAY, array);
         let array_at = open(&mut buf);
         CommandBuf {
             buf,
@@ -285,6 +341,13 @@ impl CommandBuf {
         }
         b.extend_from_slice(&digits[k..]);
         b.push(0);
+        if let Write::Insert { doc, .. } = w {
+            // An insert's array holds the documents themselves.
+            b.extend_from_slice(doc.as_bytes());
+            self.bytes += w.size();
+            self.statements.push(i);
+            return;
+        }
         let at = open(b);
         element(b, BSON_DOCUMENT, "q");
         b.extend_from_slice(w.key().as_bytes());
@@ -303,6 +366,7 @@ impl CommandBuf {
                 element(b, BSON_INT32, "limit");
                 b.extend_from_slice(&1i32.to_le_bytes());
             }
+            Write::Insert { .. } => unreachable!("written above"),
         }
         close(b, at);
         self.bytes += w.size();

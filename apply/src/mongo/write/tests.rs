@@ -19,7 +19,7 @@ fn key() -> Vec<u8> {
 }
 
 #[test]
-fn inserts_and_replacements_upsert_the_whole_document() {
+fn inserts_insert_and_replacements_upsert_the_whole_document() {
     let e = event(
         Op::Insert,
         MongoChange {
@@ -29,20 +29,34 @@ fn inserts_and_replacements_upsert_the_whole_document() {
             ..Default::default()
         },
     );
+    let insert = writes_of(&mut e.clone()).unwrap();
     assert_eq!(
-        writes_of(&mut e.clone()).unwrap(),
-        vec![Write::Replace {
+        insert,
+        vec![Write::Insert {
             key: rawdoc! { "_id": 1 },
             doc: rawdoc! { "_id": 1, "a": 2 }
         }]
     );
+    // Refused as a duplicate, it is written again as this replacement.
+    assert_eq!(
+        insert[0].as_replacement(),
+        Some(Write::Replace {
+            key: rawdoc! { "_id": 1 },
+            doc: rawdoc! { "_id": 1, "a": 2 }
+        })
+    );
+    let mut s = e.clone();
+    s.op = Op::SnapshotRead as i32;
+    assert!(matches!(
+        writes_of(&mut s).unwrap()[0],
+        Write::Insert { .. }
+    ));
     let mut r = e.clone();
     r.op = Op::Update as i32;
     r.mongo.as_mut().unwrap().operation_type = "replace".into();
-    assert!(matches!(
-        writes_of(&mut r.clone()).unwrap()[0],
-        Write::Replace { .. }
-    ));
+    let replace = writes_of(&mut r.clone()).unwrap();
+    assert!(matches!(replace[0], Write::Replace { .. }));
+    assert_eq!(replace[0].as_replacement(), None);
     let d = event(
         Op::Delete,
         MongoChange {
@@ -176,9 +190,9 @@ fn commands_split_updates_and_deletes_and_cut_to_size() {
 
 #[test]
 fn commands_are_the_bson_of_their_documents() {
-    // Twelve statements, so that array indexes of two digits are written too.
-    let writes: Vec<Write> = (0..12i32)
-        .map(|i| match i % 3 {
+    // Sixteen statements, so that array indexes of two digits are written too.
+    let writes: Vec<Write> = (0..16i32)
+        .map(|i| match i % 4 {
             0 => Write::Replace {
                 key: rawdoc! { "_id": i },
                 doc: rawdoc! { "_id": i, "s": "x".repeat(i as usize), "n": { "a": [1, 2] } },
@@ -187,17 +201,22 @@ fn commands_are_the_bson_of_their_documents() {
                 key: rawdoc! { "_id": i },
                 update: rawdoc! { "$set": { "s": "y" }, "$unset": { "t": "" } },
             },
-            _ => Write::Delete {
+            2 => Write::Delete {
                 key: rawdoc! { "_id": format!("k{i}") },
+            },
+            _ => Write::Insert {
+                key: rawdoc! { "_id": i },
+                doc: rawdoc! { "_id": i, "s": "z", "d": [{ "e": 1 }] },
             },
         })
         .collect();
     let refs: Vec<(usize, &Write)> = writes.iter().enumerate().collect();
     let wc = doc! { "w": "majority", "wtimeout": 5000 };
     let cmds = commands("coll", &refs, &wc);
-    assert_eq!(cmds.len(), 2);
+    assert_eq!(cmds.len(), 3);
     let statement = |w: &Write| -> Document {
         match w {
+            Write::Insert { doc, .. } => doc.to_document().unwrap(),
             Write::Replace { key, doc } => {
                 doc! { "q": key.to_document().unwrap(), "u": doc.to_document().unwrap(), "upsert": true }
             }
@@ -207,17 +226,13 @@ fn commands_are_the_bson_of_their_documents() {
             Write::Delete { key } => doc! { "q": key.to_document().unwrap(), "limit": 1 },
         }
     };
-    let ups: Vec<&Write> = writes
-        .iter()
-        .filter(|w| !matches!(w, Write::Delete { .. }))
-        .collect();
-    let dels: Vec<&Write> = writes
-        .iter()
-        .filter(|w| matches!(w, Write::Delete { .. }))
-        .collect();
+    let of = |f: fn(&Write) -> bool| -> Vec<Document> {
+        writes.iter().filter(|w| f(w)).map(statement).collect()
+    };
     let expected = [
-        doc! { "update": "coll", "updates": ups.iter().map(|w| statement(w)).collect::<Vec<_>>(), "ordered": false, "writeConcern": wc.clone() },
-        doc! { "delete": "coll", "deletes": dels.iter().map(|w| statement(w)).collect::<Vec<_>>(), "ordered": false, "writeConcern": wc.clone() },
+        doc! { "insert": "coll", "documents": of(|w| matches!(w, Write::Insert { .. })), "ordered": false, "writeConcern": wc.clone() },
+        doc! { "update": "coll", "updates": of(|w| matches!(w, Write::Replace { .. } | Write::Update { .. })), "ordered": false, "writeConcern": wc.clone() },
+        doc! { "delete": "coll", "deletes": of(|w| matches!(w, Write::Delete { .. })), "ordered": false, "writeConcern": wc.clone() },
     ];
     for (c, e) in cmds.iter().zip(&expected) {
         // Byte for byte what the driver's own encoder writes.
@@ -226,8 +241,9 @@ fn commands_are_the_bson_of_their_documents() {
             RawDocumentBuf::from_document(e).unwrap().as_bytes()
         );
     }
-    assert_eq!(cmds[0].statements, vec![0, 1, 3, 4, 6, 7, 9, 10]);
-    assert_eq!(cmds[1].statements, vec![2, 5, 8, 11]);
+    assert_eq!(cmds[0].statements, vec![3, 7, 11, 15]);
+    assert_eq!(cmds[1].statements, vec![0, 1, 4, 5, 8, 9, 12, 13]);
+    assert_eq!(cmds[2].statements, vec![2, 6, 10, 14]);
 }
 
 #[test]
