@@ -3,15 +3,17 @@
 //! dead letters.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
+use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{BaseProducer, FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
 use rdkafka::{ClientContext, Message, Statistics};
 use sluice_common::Shutdown;
 
@@ -151,13 +153,42 @@ pub const DEAD_LETTER_MAX_BYTES: usize = 64 << 20;
 /// Sends events that can never be written to the dead-letter topic, with the reason and where
 /// they came from in headers (`sluice.reason`, `sluice.topic`, `sluice.partition`,
 /// `sluice.offset`); the payload and key are the original ones.
+///
+/// The producer is made at the first dead letter. rdkafka's producer keeps a thread polling
+/// in 100 ms slices, and each slice's last millisecond spins (the remaining time is rounded
+/// down to 0 ms): about 1 % of a core for a producer that, here, mostly never sends.
 #[derive(Clone)]
 pub struct DeadLetters {
-    pub producer: FutureProducer,
-    pub topic: Arc<str>,
+    config: ClientConfig,
+    producer: Arc<OnceLock<FutureProducer>>,
+    topic: Arc<str>,
 }
 
 impl DeadLetters {
+    /// Checks the producer's settings now (librdkafka refuses bad ones when a client is made),
+    /// so that a mistake stops the stage at start, not at its first dead letter.
+    pub fn new(config: ClientConfig, topic: &str) -> KafkaResult<Self> {
+        let _check: BaseProducer = config.create()?;
+        Ok(DeadLetters {
+            config,
+            producer: Arc::new(OnceLock::new()),
+            topic: topic.into(),
+        })
+    }
+
+    fn producer(&self) -> Result<&FutureProducer, String> {
+        if let Some(p) = self.producer.get() {
+            return Ok(p);
+        }
+        let p = self
+            .config
+            .create()
+            .map_err(|e| format!("could not make the dead-letter producer: {e}"))?;
+        // Another task may have made one meanwhile: either serves.
+        let _ = self.producer.set(p);
+        Ok(self.producer.get().expect("set just now"))
+    }
+
     pub async fn send<M: Message>(&self, m: &M, reason: &str) -> Result<(), String> {
         let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
         tracing::warn!(at = %where_, reason, "dead-lettering an event");
@@ -186,7 +217,7 @@ impl DeadLetters {
         if let Some(k) = m.key() {
             record = record.key(k);
         }
-        self.producer
+        self.producer()?
             .send(record, Duration::from_secs(60))
             .await
             .map(|_| ())

@@ -389,14 +389,14 @@ impl Sink {
         })?;
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
-        let dead = DeadLetters {
-            producer: config
+        let dead = DeadLetters::new(
+            config
                 .kafka
                 .producer_config("apply-clickhouse")
                 .set("message.max.bytes", DEAD_LETTER_MAX_BYTES.to_string())
-                .create()?,
-            topic: config.errors.dead_letter_topic.as_str().into(),
-        };
+                .clone(),
+            &config.errors.dead_letter_topic,
+        )?;
         config
             .kafka
             .ensure_topic(

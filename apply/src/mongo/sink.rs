@@ -444,14 +444,14 @@ impl Sink {
             let ms = (config.delay_seconds * 1000 + 60_000).max(300_000);
             cc.set("max.poll.interval.ms", ms.min(i32::MAX as u64).to_string());
         }
-        let dead = DeadLetters {
-            producer: config
+        let dead = DeadLetters::new(
+            config
                 .kafka
                 .producer_config("apply-mongo")
                 .set("message.max.bytes", DEAD_LETTER_MAX_BYTES.to_string())
-                .create()?,
-            topic: config.errors.dead_letter_topic.as_str().into(),
-        };
+                .clone(),
+            &config.errors.dead_letter_topic,
+        )?;
         config
             .kafka
             .ensure_topic(
