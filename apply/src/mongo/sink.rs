@@ -860,8 +860,18 @@ impl BatchSink for Sink {
         m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
     ) -> Result<(), ApplyError> {
-        // Kept in the batch (dead letters after a refused bulk write): detached.
-        self.handle(m.detach(), shutdown).await
+        // Kept in the batch (dead letters after a refused bulk write): copied, without the
+        // headers `detach` would also copy (a dead letter carries its own).
+        let kept = OwnedMessage::new(
+            m.payload().map(<[u8]>::to_vec),
+            m.key().map(<[u8]>::to_vec),
+            m.topic().to_string(),
+            m.timestamp(),
+            m.partition(),
+            m.offset(),
+            None,
+        );
+        self.handle(kept, shutdown).await
     }
 
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {

@@ -350,22 +350,36 @@ pub struct OplogEntry {
 
 /// Read an oplog entry.
 pub fn from_oplog(entry: &RawDocument) -> Result<OplogEntry, String> {
-    let ts = entry
-        .get_timestamp("ts")
-        .map_err(|e| format!("oplog entry: ts: {e}"))?;
-    let wall = entry
-        .get_datetime("wall")
-        .ok()
-        .map(|d| d.timestamp_millis());
-    let lsid = get_doc(entry, "lsid")?.map(RawDocument::to_raw_document_buf);
-    let txn = entry.get_i64("txnNumber").ok();
+    let f = Fields::read(entry).map_err(|e| format!("oplog entry: {e}"))?;
+    let ts = match f.ts {
+        Some(RawBsonRef::Timestamp(ts)) => ts,
+        Some(other) => {
+            return Err(format!(
+                "oplog entry: ts is a {:?}, expected a timestamp",
+                other.element_type()
+            ))
+        }
+        None => return Err("oplog entry: no ts".into()),
+    };
+    let wall = match f.wall {
+        Some(RawBsonRef::DateTime(d)) => Some(d.timestamp_millis()),
+        _ => None,
+    };
+    let at = |what: &str| format!("oplog entry at {ts}: {what}");
+    let lsid = f
+        .doc("lsid", f.lsid)
+        .map_err(|e| at(&e))?
+        .map(RawDocument::to_raw_document_buf);
+    let txn = match f.txn_number {
+        Some(RawBsonRef::Int64(n)) => Some(n),
+        _ => None,
+    };
     let mut out = OplogEntry {
         ts,
         changes: Vec::new(),
         partial: false,
     };
-    let at = |what: &str| format!("oplog entry at {ts}: {what}");
-    oplog_op(entry, ts, &mut out, 0).map_err(|e| at(&e))?;
+    op_of(entry, &f, ts, &mut out, 0).map_err(|e| at(&e))?;
     for c in &mut out.changes {
         c.wall_millis = wall;
         c.lsid = lsid.clone();
@@ -378,18 +392,97 @@ fn split_ns(ns: &str) -> (&str, &str) {
     ns.split_once('.').unwrap_or((ns, ""))
 }
 
+/// The fields of an oplog entry (or of an operation inside `applyOps`) the capture reads, found
+/// in one pass over it: looking each one up walks the entry from its start again. As with a
+/// lookup, the first of a repeated name counts.
+#[derive(Default)]
+struct Fields<'a> {
+    ts: Option<RawBsonRef<'a>>,
+    wall: Option<RawBsonRef<'a>>,
+    lsid: Option<RawBsonRef<'a>>,
+    txn_number: Option<RawBsonRef<'a>>,
+    op: Option<RawBsonRef<'a>>,
+    ns: Option<RawBsonRef<'a>>,
+    o: Option<RawBsonRef<'a>>,
+    o2: Option<RawBsonRef<'a>>,
+}
+
+impl<'a> Fields<'a> {
+    fn read(e: &'a RawDocument) -> Result<Self, String> {
+        let mut f = Fields::default();
+        for el in e {
+            let (name, value) = el.map_err(|e| e.to_string())?;
+            let slot = match name {
+                "ts" => &mut f.ts,
+                "wall" => &mut f.wall,
+                "lsid" => &mut f.lsid,
+                "txnNumber" => &mut f.txn_number,
+                "op" => &mut f.op,
+                "ns" => &mut f.ns,
+                "o" => &mut f.o,
+                "o2" => &mut f.o2,
+                _ => continue,
+            };
+            slot.get_or_insert(value);
+        }
+        Ok(f)
+    }
+
+    /// A document field: absent or null is `None`, another type an error.
+    fn doc(
+        &self,
+        name: &str,
+        v: Option<RawBsonRef<'a>>,
+    ) -> Result<Option<&'a RawDocument>, String> {
+        match v {
+            None | Some(RawBsonRef::Null) => Ok(None),
+            Some(RawBsonRef::Document(d)) => Ok(Some(d)),
+            Some(other) => Err(format!(
+                "field {name} is a {:?}, expected a document",
+                other.element_type()
+            )),
+        }
+    }
+}
+
 fn oplog_op(e: &RawDocument, ts: Timestamp, out: &mut OplogEntry, depth: u8) -> Result<(), String> {
-    let op = get_str(e, "op")?;
-    let ns = e.get_str("ns").unwrap_or_default();
+    let f = Fields::read(e)?;
+    op_of(e, &f, ts, out, depth)
+}
+
+fn op_of(
+    e: &RawDocument,
+    f: &Fields<'_>,
+    ts: Timestamp,
+    out: &mut OplogEntry,
+    depth: u8,
+) -> Result<(), String> {
+    let op = match f.op {
+        Some(RawBsonRef::String(op)) => op,
+        Some(other) => {
+            return Err(format!(
+                "field op: is a {:?}, expected a string",
+                other.element_type()
+            ))
+        }
+        None => return Err("field op: missing".into()),
+    };
+    let ns = match f.ns {
+        Some(RawBsonRef::String(ns)) => ns,
+        _ => "",
+    };
     let (db, coll) = split_ns(ns);
-    let o = || get_doc(e, "o")?.ok_or_else(|| format!("op {op:?} without o"));
+    let o = || {
+        f.doc("o", f.o)?
+            .ok_or_else(|| format!("op {op:?} without o"))
+    };
     match op {
         "n" => Ok(()), // no-op (heartbeat): advances the position only
         "i" => {
             let doc = o()?;
             need_id(doc, "insert")?;
             let mut c = Change::new(OpKind::Insert, "insert", db, coll, ts);
-            c.document_key = Some(match get_doc(e, "o2")? {
+            c.document_key = Some(match f.doc("o2", f.o2)? {
                 Some(k) => k.to_raw_document_buf(),
                 None => id_key(doc)?,
             });
@@ -406,7 +499,9 @@ fn oplog_op(e: &RawDocument, ts: Timestamp, out: &mut OplogEntry, depth: u8) -> 
             Ok(())
         }
         "u" => {
-            let key = get_doc(e, "o2")?.ok_or("update without o2 (the document key)")?;
+            let key = f
+                .doc("o2", f.o2)?
+                .ok_or("update without o2 (the document key)")?;
             need_id(key, "update")?;
             let spec = o()?;
             let mut c = Change::new(OpKind::Update, "update", db, coll, ts);

@@ -281,3 +281,52 @@ fn resume_token_times() {
     assert_eq!(token_time(&doc! { "_data": "zz" }), None);
     let _ = rawdoc! {};
 }
+
+#[test]
+fn oplog_entries_read_in_one_pass_keep_the_lookup_rules() {
+    // The first of a repeated name counts, as with a lookup; other fields are skipped.
+    let mut d = RawDocumentBuf::new();
+    d.append("x", 1);
+    d.append("ts", ts(4));
+    d.append("op", "i");
+    d.append("ns", "d.c");
+    d.append("o", rawdoc! { "_id": 1, "a": 1 });
+    d.append("o", rawdoc! { "_id": 2, "a": 2 });
+    d.append("wall", bson::DateTime::from_millis(1_700_000_000_456));
+    d.append("txnNumber", 7i64);
+    let e = from_oplog(&d).unwrap();
+    assert_eq!(e.ts, ts(4));
+    let c = &e.changes[0];
+    assert_eq!(
+        c.full_document.as_ref().unwrap(),
+        &rawdoc! { "_id": 1, "a": 1 }
+    );
+    assert_eq!(c.document_key.as_ref().unwrap(), &rawdoc! { "_id": 1 });
+    assert_eq!(c.wall_millis, Some(1_700_000_000_456));
+    assert_eq!(c.txn_number, Some(7));
+    assert_eq!((c.database.as_str(), c.collection.as_str()), ("d", "c"));
+    // Each refusal names the field.
+    let err = |d: Document| from_oplog(&raw(d)).unwrap_err();
+    assert!(err(doc! { "op": "i" }).contains("no ts"));
+    assert!(err(doc! { "ts": 5, "op": "i" }).contains("ts is a Int32"));
+    let e = err(doc! { "ts": ts(1), "ns": "d.c", "o": { "_id": 1 } });
+    assert!(e.contains("oplog entry at") && e.contains("op"), "{e}");
+    assert!(err(doc! { "ts": ts(1), "op": 3 }).contains("field op"));
+    assert!(
+        err(doc! { "ts": ts(1), "op": "i", "ns": "d.c", "o": 5 }).contains("field o is a Int32")
+    );
+    assert!(err(
+        doc! { "ts": ts(1), "op": "u", "ns": "d.c", "o": { "$set": { "a": 1 } }, "o2": "k" }
+    )
+    .contains("field o2 is a String"));
+    assert!(
+        err(doc! { "ts": ts(1), "op": "i", "ns": "d.c", "o": { "_id": 1 }, "lsid": 1 })
+            .contains("field lsid")
+    );
+    // Null counts as absent.
+    let e = from_oplog(&raw(
+        doc! { "ts": ts(2), "op": "d", "ns": "d.c", "o": { "_id": 3 }, "lsid": null },
+    ))
+    .unwrap();
+    assert_eq!(e.changes[0].lsid, None);
+}
