@@ -105,8 +105,10 @@ mod allocator_tests {
         }
         let after = anon_huge_kib();
         assert_eq!(v.iter().step_by(4096).filter(|b| **b == 1).count(), 16384);
-        assert_eq!(
-            after, before,
+        // Fewer is possible (the kernel splits huge pages of freed memory); none new is not,
+        // in any thread of the process.
+        assert!(
+            after <= before,
             "huge pages appeared: {before} kB -> {after} kB"
         );
     }
