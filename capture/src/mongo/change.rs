@@ -132,14 +132,7 @@ pub enum StreamEvent {
 }
 
 fn get_doc<'a>(d: &'a RawDocument, key: &str) -> Result<Option<&'a RawDocument>, String> {
-    match d.get(key).map_err(|e| format!("field {key}: {e}"))? {
-        None | Some(RawBsonRef::Null) => Ok(None),
-        Some(RawBsonRef::Document(d)) => Ok(Some(d)),
-        Some(other) => Err(format!(
-            "field {key} is a {:?}, expected a document",
-            other.element_type()
-        )),
-    }
+    doc_field(key, d.get(key).map_err(|e| format!("field {key}: {e}"))?)
 }
 
 fn get_str<'a>(d: &'a RawDocument, key: &str) -> Result<&'a str, String> {
@@ -351,23 +344,15 @@ pub struct OplogEntry {
 /// Read an oplog entry.
 pub fn from_oplog(entry: &RawDocument) -> Result<OplogEntry, String> {
     let f = Fields::read(entry).map_err(|e| format!("oplog entry: {e}"))?;
-    let ts = match f.ts {
-        Some(RawBsonRef::Timestamp(ts)) => ts,
-        Some(other) => {
-            return Err(format!(
-                "oplog entry: ts is a {:?}, expected a timestamp",
-                other.element_type()
-            ))
-        }
-        None => return Err("oplog entry: no ts".into()),
-    };
+    let ts = typed("ts", f.ts, "a timestamp", RawBsonRef::as_timestamp)
+        .map_err(|e| format!("oplog entry: {e}"))?
+        .ok_or("oplog entry: no ts")?;
     let wall = match f.wall {
         Some(RawBsonRef::DateTime(d)) => Some(d.timestamp_millis()),
         _ => None,
     };
     let at = |what: &str| format!("oplog entry at {ts}: {what}");
-    let lsid = f
-        .doc("lsid", f.lsid)
+    let lsid = doc_field("lsid", f.lsid)
         .map_err(|e| at(&e))?
         .map(RawDocument::to_raw_document_buf);
     let txn = match f.txn_number {
@@ -427,21 +412,31 @@ impl<'a> Fields<'a> {
         }
         Ok(f)
     }
+}
 
-    /// A document field: absent or null is `None`, another type an error.
-    fn doc(
-        &self,
-        name: &str,
-        v: Option<RawBsonRef<'a>>,
-    ) -> Result<Option<&'a RawDocument>, String> {
-        match v {
-            None | Some(RawBsonRef::Null) => Ok(None),
-            Some(RawBsonRef::Document(d)) => Ok(Some(d)),
-            Some(other) => Err(format!(
-                "field {name} is a {:?}, expected a document",
-                other.element_type()
-            )),
-        }
+/// A field's value as `pick` reads it: absent is `None`, another type an error naming the field.
+fn typed<'a, T>(
+    name: &str,
+    v: Option<RawBsonRef<'a>>,
+    expected: &str,
+    pick: impl Fn(RawBsonRef<'a>) -> Option<T>,
+) -> Result<Option<T>, String> {
+    match v {
+        None => Ok(None),
+        Some(v) => pick(v).map(Some).ok_or_else(|| {
+            format!(
+                "field {name} is a {:?}, expected {expected}",
+                v.element_type()
+            )
+        }),
+    }
+}
+
+/// A document field: absent or null is `None`, another type an error.
+fn doc_field<'a>(name: &str, v: Option<RawBsonRef<'a>>) -> Result<Option<&'a RawDocument>, String> {
+    match v {
+        Some(RawBsonRef::Null) => Ok(None),
+        v => typed(name, v, "a document", RawBsonRef::as_document),
     }
 }
 
@@ -457,32 +452,20 @@ fn op_of(
     out: &mut OplogEntry,
     depth: u8,
 ) -> Result<(), String> {
-    let op = match f.op {
-        Some(RawBsonRef::String(op)) => op,
-        Some(other) => {
-            return Err(format!(
-                "field op: is a {:?}, expected a string",
-                other.element_type()
-            ))
-        }
-        None => return Err("field op: missing".into()),
-    };
+    let op = typed("op", f.op, "a string", RawBsonRef::as_str)?.ok_or("field op: missing")?;
     let ns = match f.ns {
         Some(RawBsonRef::String(ns)) => ns,
         _ => "",
     };
     let (db, coll) = split_ns(ns);
-    let o = || {
-        f.doc("o", f.o)?
-            .ok_or_else(|| format!("op {op:?} without o"))
-    };
+    let o = || doc_field("o", f.o)?.ok_or_else(|| format!("op {op:?} without o"));
     match op {
         "n" => Ok(()), // no-op (heartbeat): advances the position only
         "i" => {
             let doc = o()?;
             need_id(doc, "insert")?;
             let mut c = Change::new(OpKind::Insert, "insert", db, coll, ts);
-            c.document_key = Some(match f.doc("o2", f.o2)? {
+            c.document_key = Some(match doc_field("o2", f.o2)? {
                 Some(k) => k.to_raw_document_buf(),
                 None => id_key(doc)?,
             });
@@ -499,9 +482,7 @@ fn op_of(
             Ok(())
         }
         "u" => {
-            let key = f
-                .doc("o2", f.o2)?
-                .ok_or("update without o2 (the document key)")?;
+            let key = doc_field("o2", f.o2)?.ok_or("update without o2 (the document key)")?;
             need_id(key, "update")?;
             let spec = o()?;
             let mut c = Change::new(OpKind::Update, "update", db, coll, ts);
