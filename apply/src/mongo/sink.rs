@@ -280,6 +280,8 @@ impl Writer {
                     done[e.index] = false;
                     continue;
                 }
+                // Refused, not acknowledged: not counted as a write.
+                done[e.index] = false;
                 outcome.refused.push(Refusal {
                     origin: batch.items[item].origin,
                     reason: format!(

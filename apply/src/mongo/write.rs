@@ -111,10 +111,21 @@ pub fn writes_of(event: &mut ChangeEvent) -> Result<Vec<Write>, String> {
         .then(|| raw(&mut m.full_document, "the full document"))
         .transpose()?;
     match op {
-        Op::Insert | Op::SnapshotRead => Ok(vec![Write::Insert {
-            key,
-            doc: full.ok_or("insert without its document")?,
-        }]),
+        Op::Insert | Op::SnapshotRead => {
+            let doc = full.ok_or("insert without its document")?;
+            // An insert takes its `_id` from the document. One without it, or with another,
+            // goes as the replacement by the key that it always was (the server then keeps the
+            // key's `_id` or refuses the document), never inserted under an `_id` of its own.
+            let same_id = matches!(
+                (doc.get("_id"), key.get("_id")),
+                (Ok(Some(a)), Ok(Some(b))) if a == b
+            );
+            Ok(vec![if same_id {
+                Write::Insert { key, doc }
+            } else {
+                Write::Replace { key, doc }
+            }])
+        }
         Op::Delete => Ok(vec![Write::Delete { key }]),
         Op::Update => {
             if m.operation_type == "replace" {

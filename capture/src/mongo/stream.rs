@@ -663,8 +663,8 @@ impl Capture {
                 if shutdown.is_triggered() || self.publisher.failed() {
                     return Ok(());
                 }
-                // `advance` + `current`: each entry is read where it lies in the cursor's
-                // batch, not copied out first.
+                // `advance` + `current`: each entry is read where the cursor holds it, not
+                // copied out once more first.
                 let next = tokio::select! {
                     biased;
                     _ = shutdown.wait() => return Ok(()),

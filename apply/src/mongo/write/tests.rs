@@ -45,6 +45,23 @@ fn inserts_insert_and_replacements_upsert_the_whole_document() {
             doc: rawdoc! { "_id": 1, "a": 2 }
         })
     );
+    // A document without the key's `_id`, or with another, is not inserted under its own.
+    for doc in [
+        doc! { "a": 2 },
+        doc! { "_id": 2, "a": 2 },
+        doc! { "_id": 1i64, "a": 2 },
+    ] {
+        let mut odd = e.clone();
+        odd.mongo.as_mut().unwrap().full_document = bytes(doc.clone());
+        assert_eq!(
+            writes_of(&mut odd).unwrap(),
+            vec![Write::Replace {
+                key: rawdoc! { "_id": 1 },
+                doc: RawDocumentBuf::from_document(&doc).unwrap(),
+            }],
+            "{doc}"
+        );
+    }
     let mut s = e.clone();
     s.op = Op::SnapshotRead as i32;
     assert!(matches!(
