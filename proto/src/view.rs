@@ -127,8 +127,8 @@ impl<'a> From<&'a Value> for ValueRef<'a> {
 }
 
 /// What writing the row of an encoded row event takes, borrowed from its bytes: one pass over
-/// the event, nothing allocated. The other fields (source, position, transaction, key, DDL,
-/// MongoDB change) are skipped unread. Fields as in `ChangeEvent`.
+/// the event, nothing allocated. The other fields (source, position, transaction, key, DDL) are
+/// skipped unread. Fields as in `ChangeEvent`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RowEvent<'a> {
     pub contract: u32,
@@ -143,6 +143,8 @@ pub struct RowEvent<'a> {
     /// The images: encoded `Row` messages.
     pub before: Option<&'a [u8]>,
     pub after: Option<&'a [u8]>,
+    /// The `MongoChange` message, when the event carries it ([`MongoChangeRef::parse`]).
+    pub mongo: Option<&'a [u8]>,
 }
 
 impl<'a> RowEvent<'a> {
@@ -161,7 +163,8 @@ impl<'a> RowEvent<'a> {
                 (12, Field::Len(b)) => e.schema = Some(b),
                 (14, Field::Len(b)) => e.before = Some(b),
                 (15, Field::Len(b)) => e.after = Some(b),
-                (1 | 3 | 4 | 5 | 6 | 8 | 11 | 12 | 14 | 15, _) => {
+                (17, Field::Len(b)) => e.mongo = Some(b),
+                (1 | 3 | 4 | 5 | 6 | 8 | 11 | 12 | 14 | 15 | 17, _) => {
                     return Err(ViewError("an event's field has the wrong wire type"))
                 }
                 _ => {}
@@ -173,6 +176,39 @@ impl<'a> RowEvent<'a> {
     /// The operation (`Op::Unspecified` for a value this build does not know).
     pub fn op(&self) -> v1::Op {
         v1::Op::try_from(self.op).unwrap_or_default()
+    }
+}
+
+/// What writing a MongoDB change takes, borrowed from an encoded `MongoChange`: the documents
+/// stay BSON bytes; the before-image, session and transaction number are skipped unread.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MongoChangeRef<'a> {
+    pub document_key: &'a [u8],
+    pub full_document: &'a [u8],
+    /// The `UpdateDescription` message, when there is one.
+    pub update_description: Option<&'a [u8]>,
+    pub operation_type: &'a str,
+}
+
+impl<'a> MongoChangeRef<'a> {
+    pub fn parse(change: &'a [u8]) -> Result<Self, ViewError> {
+        let mut r = Reader(change);
+        let mut m = MongoChangeRef::default();
+        while let Some((tag, f)) = r.field()? {
+            match (tag, f) {
+                (1, Field::Len(b)) => m.document_key = b,
+                (2, Field::Len(b)) => m.full_document = b,
+                (4, Field::Len(b)) => m.update_description = Some(b),
+                (5, Field::Len(b)) => m.operation_type = utf8(b)?,
+                (1 | 2 | 4 | 5, _) => {
+                    return Err(ViewError(
+                        "a MongoDB change's field has the wrong wire type",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(m)
     }
 }
 
@@ -416,6 +452,57 @@ mod tests {
         );
         // The database name with a varint's wire type.
         assert!(RowEvent::parse(&[4 << 3, 1]).is_err());
+    }
+
+    #[test]
+    fn a_mongo_change_reads_as_its_message_says() {
+        let change = v1::MongoChange {
+            document_key: vec![5, 0, 0, 0, 0],
+            full_document: vec![12, 0, 0, 0, 0x10, b'a', 0, 1, 0, 0, 0, 0],
+            full_document_before_change: vec![9],
+            update_description: Some(v1::UpdateDescription {
+                updated_fields: vec![5, 0, 0, 0, 0],
+                removed_fields: vec!["gone".into()],
+                truncated_arrays: vec![],
+            }),
+            operation_type: "update".into(),
+            lsid: vec![1, 2],
+            txn_number: 7,
+        };
+        let e = v1::ChangeEvent {
+            op: v1::Op::Update as i32,
+            database: "shop".into(),
+            table: "orders".into(),
+            mongo: Some(change.clone()),
+            ..crate::tests::sample_event()
+        };
+        let bytes = e.encode_to_vec();
+        let r = RowEvent::parse(&bytes).unwrap();
+        assert_eq!(
+            (r.database, r.table, r.op()),
+            ("shop", "orders", v1::Op::Update)
+        );
+        let m = MongoChangeRef::parse(r.mongo.expect("the event's MongoDB part")).unwrap();
+        assert_eq!(m.document_key, &change.document_key[..]);
+        assert_eq!(m.full_document, &change.full_document[..]);
+        assert_eq!(m.operation_type, "update");
+        assert_eq!(
+            m.update_description
+                .map(|b| v1::UpdateDescription::decode(b).unwrap()),
+            change.update_description
+        );
+        // Absent parts read as empty, as prost reads them.
+        let m = MongoChangeRef::parse(&[]).unwrap();
+        assert_eq!(m, MongoChangeRef::default());
+        assert_eq!(RowEvent::parse(&[]).unwrap().mongo, None);
+        // The full document with a varint's wire type; the operation type not UTF-8.
+        assert!(MongoChangeRef::parse(&[2 << 3, 1]).is_err());
+        assert!(MongoChangeRef::parse(&[(5 << 3) | 2, 1, 0xff]).is_err());
+        // The MongoDB part (field 17: a two-byte key) with a varint's wire type.
+        assert_eq!(
+            RowEvent::parse(&[0x88, 0x01, 0x01]).unwrap_err(),
+            ViewError("an event's field has the wrong wire type")
+        );
     }
 
     #[test]

@@ -42,6 +42,7 @@ use crate::group::{
     block_on, BatchSink, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets,
     DEAD_LETTER_MAX_BYTES,
 };
+use sluice_proto::view::RowEvent;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -540,7 +541,10 @@ impl Sink {
     }
 
     async fn handle(&mut self, m: OwnedMessage, shutdown: &Shutdown) -> Result<(), ApplyError> {
-        let event = match ChangeEvent::decode(m.payload().unwrap_or_default()) {
+        // Read where it lies: a row event's documents are copied once, into its writes. A DDL
+        // event is decoded whole below.
+        let payload = m.payload().unwrap_or_default();
+        let event = match RowEvent::parse(payload) {
             Ok(e) if e.contract > sluice_proto::CONTRACT_VERSION => Err(format!(
                 "contract version {} is newer than this build's {}",
                 e.contract,
@@ -549,7 +553,7 @@ impl Sink {
             Ok(e) => Ok(e),
             Err(e) => Err(format!("not a change event: {e}")),
         };
-        let mut event = match event {
+        let event = match event {
             Ok(e) => e,
             Err(reason) => {
                 self.writer
@@ -576,7 +580,11 @@ impl Sink {
         match event.op() {
             Op::Ddl | Op::Truncate => {
                 self.flush(shutdown).await?;
-                if let Err(reason) = self.apply_ddl(&event).await {
+                let applied = match ChangeEvent::decode(payload) {
+                    Ok(ddl) => self.apply_ddl(&ddl).await,
+                    Err(e) => Err(format!("not a change event: {e}")),
+                };
+                if let Err(reason) = applied {
                     self.writer
                         .dead_letter(&m, &reason, "ddl")
                         .await
@@ -586,14 +594,15 @@ impl Sink {
                 b.offsets.record(&m);
             }
             Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => {
-                let (db, coll) = self.target(&event.database, &event.table);
+                let (db, coll) = self.target(event.database, event.table);
                 if self.stale(&db, &coll, event.version).await? {
                     self.metrics.stale.inc();
                     self.batch().offsets.record(&m);
                     return Ok(());
                 }
-                match writes_of(&mut event) {
+                match writes_of(&event) {
                     Ok(writes) => {
+                        let commit_time_micros = event.commit_time_micros;
                         let mut b = self.batch();
                         let origin = b.messages.len();
                         for w in writes {
@@ -606,11 +615,9 @@ impl Sink {
                             });
                         }
                         b.events += 1;
-                        if event.commit_time_micros > 0 {
-                            let o = b
-                                .oldest_commit_micros
-                                .get_or_insert(event.commit_time_micros);
-                            *o = (*o).min(event.commit_time_micros);
+                        if commit_time_micros > 0 {
+                            let o = b.oldest_commit_micros.get_or_insert(commit_time_micros);
+                            *o = (*o).min(commit_time_micros);
                         }
                         b.offsets.record(&m);
                         b.messages.push(m);

@@ -20,8 +20,9 @@ use std::collections::HashMap;
 
 use mongodb::bson::raw::{RawArrayBuf, RawDocumentBuf};
 use mongodb::bson::{Bson, Document};
-use sluice_proto::v1::Op;
-use sluice_proto::ChangeEvent;
+use prost::Message as _;
+use sluice_proto::v1::{Op, UpdateDescription};
+use sluice_proto::view::{MongoChangeRef, RowEvent};
 
 /// One write to one document.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,28 +88,26 @@ impl Write {
 }
 
 /// The document in `bytes`, taken (not copied) once its framing is checked.
-fn raw(bytes: &mut Vec<u8>, what: &str) -> Result<RawDocumentBuf, String> {
-    RawDocumentBuf::from_bytes(std::mem::take(bytes))
-        .map_err(|e| format!("{what} is not BSON: {e}"))
+fn raw(bytes: &[u8], what: &str) -> Result<RawDocumentBuf, String> {
+    RawDocumentBuf::from_bytes(bytes.to_vec()).map_err(|e| format!("{what} is not BSON: {e}"))
 }
 
 /// The writes that repeat a row event on the target (none for an update that carries nothing
-/// to apply). The event's documents are moved into the writes.
-pub fn writes_of(event: &mut ChangeEvent) -> Result<Vec<Write>, String> {
+/// to apply). The event is read where it lies (`sluice_proto::view`): its documents are copied
+/// once, into the writes; the fields writing does not need are not decoded.
+pub fn writes_of(event: &RowEvent<'_>) -> Result<Vec<Write>, String> {
     let op = event.op();
-    let m = event
-        .mongo
-        .as_mut()
-        .ok_or("not a MongoDB event (no mongo part)")?;
+    let m = MongoChangeRef::parse(event.mongo.ok_or("not a MongoDB event (no mongo part)")?)
+        .map_err(|e| format!("the MongoDB change: {e}"))?;
     if m.document_key.is_empty() {
         return Err("no document key".into());
     }
-    let key = raw(&mut m.document_key, "the document key")?;
+    let key = raw(m.document_key, "the document key")?;
     if key.get("_id").ok().flatten().is_none() {
         return Err("the document key has no _id".into());
     }
     let full = (!m.full_document.is_empty())
-        .then(|| raw(&mut m.full_document, "the full document"))
+        .then(|| raw(m.full_document, "the full document"))
         .transpose()?;
     match op {
         Op::Insert | Op::SnapshotRead => {
@@ -134,8 +133,10 @@ pub fn writes_of(event: &mut ChangeEvent) -> Result<Vec<Write>, String> {
                     doc: full.ok_or("replace without its document")?,
                 }]);
             }
-            if let Some(desc) = &mut m.update_description {
-                return update_writes(key, desc);
+            if let Some(desc) = m.update_description {
+                let desc = UpdateDescription::decode(desc)
+                    .map_err(|e| format!("the update description: {e}"))?;
+                return update_writes(key, &desc);
             }
             Ok(full
                 .map(|doc| Write::Replace { key, doc })
@@ -146,10 +147,7 @@ pub fn writes_of(event: &mut ChangeEvent) -> Result<Vec<Write>, String> {
     }
 }
 
-fn update_writes(
-    key: RawDocumentBuf,
-    desc: &mut sluice_proto::v1::UpdateDescription,
-) -> Result<Vec<Write>, String> {
+fn update_writes(key: RawDocumentBuf, desc: &UpdateDescription) -> Result<Vec<Write>, String> {
     let mut out = Vec::new();
     if !desc.truncated_arrays.is_empty() {
         let mut push = RawDocumentBuf::new();
@@ -166,10 +164,11 @@ fn update_writes(
             update,
         });
     }
-    if desc.updated_fields.is_empty() {
-        desc.updated_fields = vec![5, 0, 0, 0, 0];
-    }
-    let set = raw(&mut desc.updated_fields, "updatedFields")?;
+    let set = if desc.updated_fields.is_empty() {
+        RawDocumentBuf::new()
+    } else {
+        raw(&desc.updated_fields, "updatedFields")?
+    };
     let mut update = RawDocumentBuf::new();
     if !set.is_empty() {
         update.append("$set", set);

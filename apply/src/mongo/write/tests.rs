@@ -1,6 +1,7 @@
 use super::*;
 use mongodb::bson::{doc, rawdoc};
 use sluice_proto::v1::{MongoChange, TruncatedArray, UpdateDescription};
+use sluice_proto::ChangeEvent;
 
 fn bytes(d: Document) -> Vec<u8> {
     RawDocumentBuf::from_document(&d).unwrap().into_bytes()
@@ -12,6 +13,12 @@ fn event(op: Op, m: MongoChange) -> ChangeEvent {
         mongo: Some(m),
         ..Default::default()
     }
+}
+
+/// [`writes_of`] of the event as it travels: encoded, then read where it lies.
+fn writes_of_event(e: &ChangeEvent) -> Result<Vec<Write>, String> {
+    let bytes = prost::Message::encode_to_vec(e);
+    writes_of(&RowEvent::parse(&bytes).unwrap())
 }
 
 fn key() -> Vec<u8> {
@@ -29,7 +36,7 @@ fn inserts_insert_and_replacements_upsert_the_whole_document() {
             ..Default::default()
         },
     );
-    let insert = writes_of(&mut e.clone()).unwrap();
+    let insert = writes_of_event(&e).unwrap();
     assert_eq!(
         insert,
         vec![Write::Insert {
@@ -54,7 +61,7 @@ fn inserts_insert_and_replacements_upsert_the_whole_document() {
         let mut odd = e.clone();
         odd.mongo.as_mut().unwrap().full_document = bytes(doc.clone());
         assert_eq!(
-            writes_of(&mut odd).unwrap(),
+            writes_of_event(&odd).unwrap(),
             vec![Write::Replace {
                 key: rawdoc! { "_id": 1 },
                 doc: RawDocumentBuf::from_document(&doc).unwrap(),
@@ -65,13 +72,13 @@ fn inserts_insert_and_replacements_upsert_the_whole_document() {
     let mut s = e.clone();
     s.op = Op::SnapshotRead as i32;
     assert!(matches!(
-        writes_of(&mut s).unwrap()[0],
+        writes_of_event(&s).unwrap()[0],
         Write::Insert { .. }
     ));
     let mut r = e.clone();
     r.op = Op::Update as i32;
     r.mongo.as_mut().unwrap().operation_type = "replace".into();
-    let replace = writes_of(&mut r.clone()).unwrap();
+    let replace = writes_of_event(&r).unwrap();
     assert!(matches!(replace[0], Write::Replace { .. }));
     assert_eq!(replace[0].as_replacement(), None);
     let d = event(
@@ -82,7 +89,7 @@ fn inserts_insert_and_replacements_upsert_the_whole_document() {
         },
     );
     assert_eq!(
-        writes_of(&mut d.clone()).unwrap(),
+        writes_of_event(&d).unwrap(),
         vec![Write::Delete {
             key: rawdoc! { "_id": 1 }
         }]
@@ -107,7 +114,7 @@ fn updates_apply_their_description_truncation_first() {
             ..Default::default()
         },
     );
-    let w = writes_of(&mut e.clone()).unwrap();
+    let w = writes_of_event(&e).unwrap();
     assert_eq!(
         w,
         vec![
@@ -124,14 +131,14 @@ fn updates_apply_their_description_truncation_first() {
     // Nothing to do: no write (an empty $set is refused by the server).
     let mut empty = e.clone();
     empty.mongo.as_mut().unwrap().update_description = Some(UpdateDescription::default());
-    assert!(writes_of(&mut empty.clone()).unwrap().is_empty());
+    assert!(writes_of_event(&empty).unwrap().is_empty());
     // A full document (updateLookup, or an oplog update looked up) replaces.
     let mut full = e.clone();
     let m = full.mongo.as_mut().unwrap();
     m.update_description = None;
     m.full_document = bytes(doc! { "_id": 1, "z": 1 });
     assert!(matches!(
-        writes_of(&mut full.clone()).unwrap()[0],
+        writes_of_event(&full).unwrap()[0],
         Write::Replace { .. }
     ));
 }
@@ -139,7 +146,7 @@ fn updates_apply_their_description_truncation_first() {
 #[test]
 fn bad_events_are_refused_with_a_reason() {
     let e = event(Op::Insert, MongoChange::default());
-    assert_eq!(writes_of(&mut e.clone()).unwrap_err(), "no document key");
+    assert_eq!(writes_of_event(&e).unwrap_err(), "no document key");
     let e = event(
         Op::Insert,
         MongoChange {
@@ -147,7 +154,7 @@ fn bad_events_are_refused_with_a_reason() {
             ..Default::default()
         },
     );
-    assert!(writes_of(&mut e.clone()).unwrap_err().contains("no _id"));
+    assert!(writes_of_event(&e).unwrap_err().contains("no _id"));
     let e = event(
         Op::Insert,
         MongoChange {
@@ -155,9 +162,9 @@ fn bad_events_are_refused_with_a_reason() {
             ..Default::default()
         },
     );
-    assert!(writes_of(&mut e.clone()).unwrap_err().contains("not BSON"));
+    assert!(writes_of_event(&e).unwrap_err().contains("not BSON"));
     let e = ChangeEvent::default();
-    assert!(writes_of(&mut e.clone())
+    assert!(writes_of_event(&e)
         .unwrap_err()
         .contains("not a MongoDB event"));
 }
