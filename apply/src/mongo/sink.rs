@@ -580,13 +580,13 @@ impl Sink {
         match event.op() {
             Op::Ddl | Op::Truncate => {
                 self.flush(shutdown).await?;
-                let applied = match ChangeEvent::decode(payload) {
-                    Ok(ddl) => self.apply_ddl(&ddl).await,
-                    Err(e) => Err(format!("not a change event: {e}")),
+                let (applied, label) = match ChangeEvent::decode(payload) {
+                    Ok(ddl) => (self.apply_ddl(&ddl).await, "ddl"),
+                    Err(e) => (Err(format!("not a change event: {e}")), "undecodable"),
                 };
                 if let Err(reason) = applied {
                     self.writer
-                        .dead_letter(&m, &reason, "ddl")
+                        .dead_letter(&m, &reason, label)
                         .await
                         .map_err(ApplyError::Definite)?;
                 }
