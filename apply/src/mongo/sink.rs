@@ -245,12 +245,7 @@ impl Writer {
         }
         // A command's statements are positions in its collection's writes.
         let commands = by_ns.iter().flat_map(|((db, coll), writes)| {
-            let local: Vec<(usize, &Write)> = writes
-                .iter()
-                .enumerate()
-                .map(|(k, (_, w))| (k, *w))
-                .collect();
-            commands(coll, &local, &self.write_concern)
+            commands(coll, writes.iter().map(|(_, w)| *w), &self.write_concern)
                 .into_iter()
                 .map(move |c| (*db, *coll, writes, c))
         });

@@ -207,8 +207,8 @@ pub const MAX_STATEMENTS: usize = 10_000;
 /// Command size, at most (MongoDB allows 16 MiB plus a little).
 pub const MAX_COMMAND_BYTES: usize = 12 << 20;
 
-/// An `update` or `delete` command for `collection` and the indexes (into the given writes) of
-/// its statements, in statement order.
+/// An `insert`, `update` or `delete` command and the positions (in the writes given to
+/// [`commands`]) of its statements, in statement order.
 pub struct Command {
     pub body: RawDocumentBuf,
     pub statements: Vec<usize>,
@@ -220,9 +220,9 @@ pub struct Command {
 ///
 /// The BSON is written straight into each command's buffer: every key and document is copied
 /// once, where building `RawDocumentBuf`s statement by statement copied each three more times.
-pub fn commands(
+pub fn commands<'w>(
     collection: &str,
-    writes: &[(usize, &Write)],
+    writes: impl Iterator<Item = &'w Write> + Clone,
     write_concern: &Document,
 ) -> Vec<Command> {
     let wc = RawDocumentBuf::from_document(write_concern).expect("write concern encodes");
@@ -233,7 +233,7 @@ pub fn commands(
         CommandKind::Delete,
     ] {
         let mut cmd: Option<CommandBuf> = None;
-        for (i, w) in writes {
+        for (i, w) in writes.clone().enumerate() {
             if CommandKind::of(w) != kind {
                 continue;
             }
@@ -243,7 +243,7 @@ pub fn commands(
                 out.push(c.finish(&wc));
             }
             cmd.get_or_insert_with(|| CommandBuf::new(collection, kind))
-                .push(*i, w);
+                .push(i, w);
         }
         if let Some(c) = cmd {
             out.push(c.finish(&wc));

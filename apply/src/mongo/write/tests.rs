@@ -187,8 +187,7 @@ fn commands_split_updates_and_deletes_and_cut_to_size() {
             key: rawdoc! { "_id": -1 },
         }])
         .collect();
-    let refs: Vec<(usize, &Write)> = writes.iter().enumerate().collect();
-    let cmds = commands("c", &refs, &doc! { "w": "majority" });
+    let cmds = commands("c", writes.iter(), &doc! { "w": "majority" });
     assert_eq!(cmds.len(), 3);
     assert_eq!(cmds[0].statements.len(), MAX_STATEMENTS);
     assert_eq!(
@@ -234,9 +233,8 @@ fn commands_are_the_bson_of_their_documents() {
             },
         })
         .collect();
-    let refs: Vec<(usize, &Write)> = writes.iter().enumerate().collect();
     let wc = doc! { "w": "majority", "wtimeout": 5000 };
-    let cmds = commands("coll", &refs, &wc);
+    let cmds = commands("coll", writes.iter(), &wc);
     assert_eq!(cmds.len(), 3);
     let statement = |w: &Write| -> Document {
         match w {
