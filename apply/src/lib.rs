@@ -3,10 +3,15 @@
 //! - [`clickhouse`]: ClickHouse tables (binary `apply-clickhouse`);
 //! - [`mongo`]: MongoDB collections (binary `apply-mongo`).
 //!
-//! Both commit a Kafka offset only after the target acknowledged every write before it.
+//! Both commit a Kafka offset only after the target acknowledged every write before it. What
+//! they share: the error model ([`error`]), the consumer group's run loop and drain
+//! ([`group`]), the consumer settings ([`consumer`]) and the schema cache ([`schemas`]).
 
 pub mod clickhouse;
 pub mod consumer;
+pub mod error;
 pub mod group;
 pub mod mongo;
 pub mod schemas;
+
+pub use error::{ApplyError, BadEvent, Origin, Reason};

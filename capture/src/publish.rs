@@ -536,6 +536,22 @@ where
         Ok(())
     }
 
+    /// Send one record to every partition of `topic` (created if need be): a DDL or
+    /// truncate event, which every apply instance must see in order with the rows of its own
+    /// partitions. Returns the partition count.
+    pub async fn send_to_every_partition(
+        &mut self,
+        topic: &str,
+        key: &[u8],
+        payload: &[u8],
+    ) -> Result<i32, PublishError> {
+        let partitions = self.ensure_topic(topic, false).await?;
+        for p in 0..partitions {
+            self.send(topic, key, payload, Some(p)).await?;
+        }
+        Ok(partitions)
+    }
+
     /// Publish one record and wait for its acknowledgement, and that of every record before
     /// it (schema records).
     pub async fn send_and_wait(

@@ -1,6 +1,35 @@
-//! `[snapshot]`, shared by the captures: which snapshot to take, and how.
+//! What both captures share about snapshots: `[snapshot]` (which snapshot to take, and how)
+//! and the progress of one under way, which travels in the checkpoint.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+/// A snapshot under way, stored in the checkpoint: a restart goes on from each table's (or
+/// collection's) last published key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotProgress {
+    /// `initial` or the re-snapshot's `request_id`.
+    pub id: String,
+    /// `database.table` (MongoDB `database.collection`) -> its progress, for every table of
+    /// this snapshot. (capture-mongo's checkpoints before 2026-12 name it `collections`.)
+    #[serde(alias = "collections")]
+    pub tables: BTreeMap<String, TableProgress>,
+}
+
+/// Where the copy of one table or collection stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableProgress {
+    /// The last key published, in hex: MySQL a protobuf `Row` of the key values, MongoDB the
+    /// BSON document `{v: _id}`. Empty before the first chunk.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub after: String,
+    /// Rows (documents) published so far. (capture-mongo's older checkpoints name it `docs`.)
+    #[serde(alias = "docs")]
+    pub rows: u64,
+    #[serde(default)]
+    pub done: bool,
+}
 
 /// `[snapshot]`: what to read besides the binlog.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -101,6 +130,34 @@ pub const INITIAL: &str = "initial";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_reads_both_captures_older_checkpoints() {
+        // capture-mongo wrote `collections` and `docs` before the two progress types became one.
+        let old = r#"{"id":"initial","collections":{"db.c":{"after":"0a","docs":7,"done":true}}}"#;
+        let p: SnapshotProgress = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            p.tables["db.c"],
+            TableProgress {
+                after: "0a".into(),
+                rows: 7,
+                done: true
+            }
+        );
+        let mysql = r#"{"id":"r1","tables":{"db.t":{"rows":3}}}"#;
+        let p: SnapshotProgress = serde_json::from_str(mysql).unwrap();
+        assert_eq!(
+            p.tables["db.t"],
+            TableProgress {
+                after: String::new(),
+                rows: 3,
+                done: false
+            }
+        );
+        let again: SnapshotProgress =
+            serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(again, p);
+    }
 
     #[test]
     fn config_is_checked() {

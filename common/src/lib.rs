@@ -1,10 +1,14 @@
 //! What every sluice binary shares: the command line and config loading ([`app`], [`config`]),
 //! the Prometheus endpoint ([`metrics`]), logging ([`logging`]), shutdown on signals
-//! ([`shutdown`]), Kafka client settings ([`kafka`]) and preflight checks ([`preflight`]).
+//! ([`shutdown`]), Kafka client settings ([`kafka`]) and preflight checks ([`preflight`]);
+//! and the small helpers both stages use: the calendar ([`civil`]), the clock ([`clock`]) and
+//! hex ([`hex`]).
 
 pub mod app;
 pub mod civil;
+pub mod clock;
 pub mod config;
+pub mod hex;
 pub mod kafka;
 pub mod logging;
 pub mod metrics;

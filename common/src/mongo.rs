@@ -43,3 +43,89 @@ pub async fn describe_server(uri: &str) -> Result<(String, Document), String> {
 fn command_not_found(e: &mongodb::error::Error) -> bool {
     matches!(&*e.kind, mongodb::error::ErrorKind::Command(c) if c.code == 59)
 }
+
+/// MongoDB server codes that say "try again later", not "this request is wrong": the host
+/// is unreachable or shutting down, the primary stepped down or is not writable, a time limit
+/// or a network timeout ran out, a cursor was lost in a fail-over, a write conflict.
+/// (MongoDB's `error_codes.yml`.)
+pub const TRANSIENT_CODES: &[i32] = &[
+    6,     // HostUnreachable
+    7,     // HostNotFound
+    43,    // CursorNotFound (a tailing cursor killed in a fail-over: reopened from the position)
+    50,    // MaxTimeMSExpired
+    89,    // NetworkTimeout
+    91,    // ShutdownInProgress
+    112,   // WriteConflict
+    134,   // ReadConcernMajorityNotAvailableYet
+    189,   // PrimarySteppedDown
+    262,   // ExceededTimeLimit
+    9001,  // SocketException
+    10107, // NotWritablePrimary
+    11600, // InterruptedAtShutdown
+    11602, // InterruptedDueToReplStateChange
+    13435, // NotPrimaryNoSecondaryOk
+    13436, // NotPrimaryOrSecondary
+];
+
+/// A server code of [`TRANSIENT_CODES`].
+pub fn transient_code(code: i32) -> bool {
+    TRANSIENT_CODES.contains(&code)
+}
+
+/// Whether a driver error is worth retrying: by the labels the server and the driver attach
+/// (`RetryableWriteError`, `ResumableChangeStreamError`, `TransientTransactionError`), by the
+/// kind of failure (network, pool cleared, no server selectable) and by the server's code,
+/// never by its message.
+pub fn transient(e: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    if [
+        "RetryableWriteError",
+        "ResumableChangeStreamError",
+        "TransientTransactionError",
+    ]
+    .iter()
+    .any(|l| e.contains_label(l))
+    {
+        return true;
+    }
+    match &*e.kind {
+        ErrorKind::Io(_) | ErrorKind::ConnectionPoolCleared { .. } => true,
+        ErrorKind::ServerSelection { .. } => true,
+        ErrorKind::Command(c) => transient_code(c.code),
+        ErrorKind::Write(mongodb::error::WriteFailure::WriteConcernError(w)) => {
+            transient_code(w.code)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::error::{Error, ErrorKind};
+
+    fn command(code: i32) -> Error {
+        // The driver's own shape of a server's command error.
+        let reply = doc! { "ok": 0, "code": code, "codeName": "X", "errmsg": "m" };
+        let c: mongodb::error::CommandError =
+            mongodb::bson::from_document(reply).expect("a command error");
+        Error::from(ErrorKind::Command(c))
+    }
+
+    #[test]
+    fn codes_and_kinds_decide_not_messages() {
+        for code in [91, 189, 10107, 11602, 43] {
+            assert!(transient(&command(code)), "{code}");
+        }
+        // Duplicate key, bad value, unauthorized, document too large: definite.
+        for code in [11000, 2, 13, 10334] {
+            assert!(!transient(&command(code)), "{code}");
+        }
+        let io = Error::from(ErrorKind::Io(std::sync::Arc::new(std::io::Error::other(
+            "x",
+        ))));
+        assert!(transient(&io));
+        let custom = Error::custom("ShutdownInProgress NotWritablePrimary");
+        assert!(!transient(&custom), "the text of a message says nothing");
+    }
+}

@@ -361,9 +361,17 @@ pub fn mongo_version(ts_seconds: u32, ts_increment: u32) -> u64 {
 pub fn schema_id(schema: &TableSchema) -> u64 {
     let mut s = schema.clone();
     s.schema_id = 0;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.encode_to_vec() {
-        h ^= u64::from(b);
+    fnv1a(FNV_START, &s.encode_to_vec())
+}
+
+/// The offset basis of 64-bit FNV-1a: where a hash with [`fnv1a`] starts.
+pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// 64-bit FNV-1a of `bytes`, continuing from `h` (start with [`FNV_START`]): hashing `a` then
+/// `b` gives the hash of `a` and `b` joined.
+pub fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h

@@ -457,3 +457,15 @@ fn an_event_header_writes_prosts_encoding() {
         }
     }
 }
+
+#[test]
+fn fnv1a_matches_the_published_vectors_and_chains() {
+    // The FNV reference's test vectors for 64-bit FNV-1a.
+    assert_eq!(fnv1a(FNV_START, b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(fnv1a(FNV_START, b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_eq!(fnv1a(FNV_START, b"foobar"), 0x8594_4171_f739_67e8);
+    assert_eq!(
+        fnv1a(fnv1a(FNV_START, b"foo"), b"bar"),
+        fnv1a(FNV_START, b"foobar")
+    );
+}
