@@ -13,7 +13,7 @@ pub fn encode(bytes: &[u8]) -> String {
 
 /// The bytes of a hex string (either case). The error names the first bad pair.
 pub fn decode(hex: &str) -> Result<Vec<u8>, String> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err(format!("{hex:?} is not hex: odd length {}", hex.len()));
     }
     (0..hex.len())
