@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use serde::{Deserialize, Serialize};
 
 /// A snapshot under way, stored in the checkpoint: a restart goes on from each table's (or
@@ -122,6 +123,65 @@ impl SnapshotConfig {
 pub fn split_name(name: &str) -> Option<(String, String)> {
     let (db, table) = name.split_once('.')?;
     (!db.is_empty() && !table.is_empty()).then(|| (db.to_string(), table.to_string()))
+}
+
+/// The snapshot metrics both captures serve (a MongoDB collection is its `table`).
+pub struct SnapshotMetrics {
+    pub rows: IntCounterVec,
+    pub left_to_stream: IntCounterVec,
+    pub estimated: IntGaugeVec,
+    pub tables_remaining: IntGauge,
+    pub chunks: IntCounterVec,
+}
+
+impl SnapshotMetrics {
+    pub fn new(r: &Registry) -> prometheus::Result<Self> {
+        let rows = IntCounterVec::new(
+            Opts::new(
+                "sluice_capture_snapshot_rows_total",
+                "Rows published by snapshots (after reconciliation with the stream).",
+            ),
+            &["database", "table"],
+        )?;
+        let left_to_stream = IntCounterVec::new(
+            Opts::new(
+                "sluice_capture_snapshot_rows_left_to_stream_total",
+                "Rows of snapshot chunks not published because the stream changed them while \
+                 the chunk was read (the stream's newer image stands).",
+            ),
+            &["database", "table"],
+        )?;
+        let estimated = IntGaugeVec::new(
+            Opts::new(
+                "sluice_capture_snapshot_rows_estimated",
+                "Estimated rows of each table being snapshotted (information_schema).",
+            ),
+            &["database", "table"],
+        )?;
+        let tables_remaining = IntGauge::new(
+            "sluice_capture_snapshot_tables_remaining",
+            "Tables of the running snapshot not finished yet.",
+        )?;
+        let chunks = IntCounterVec::new(
+            Opts::new(
+                "sluice_capture_snapshot_chunks_total",
+                "Snapshot chunks read, by outcome (published, retried).",
+            ),
+            &["outcome"],
+        )?;
+        r.register(Box::new(rows.clone()))?;
+        r.register(Box::new(left_to_stream.clone()))?;
+        r.register(Box::new(estimated.clone()))?;
+        r.register(Box::new(tables_remaining.clone()))?;
+        r.register(Box::new(chunks.clone()))?;
+        Ok(Self {
+            rows,
+            left_to_stream,
+            estimated,
+            tables_remaining,
+            chunks,
+        })
+    }
 }
 
 /// The id of the snapshot a connector takes first.

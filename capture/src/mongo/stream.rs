@@ -202,7 +202,7 @@ pub struct Capture {
     buf: Vec<u8>,
     snapshot: Option<SnapshotProgress>,
     snapshots_done: Vec<String>,
-    snapshot_metrics: crate::mysql::snapshot::SnapshotMetrics,
+    snapshot_metrics: crate::snapshot::SnapshotMetrics,
 }
 
 const MARK_EVERY: usize = 1000;
@@ -260,7 +260,7 @@ impl Capture {
             .map(|c| (c.snapshot.clone(), c.snapshots_done.clone()))
             .unwrap_or_default();
         let snapshot_metrics =
-            crate::mysql::snapshot::SnapshotMetrics::new(registry).expect("metrics register once");
+            crate::snapshot::SnapshotMetrics::new(registry).expect("metrics register once");
         let resume = match checkpoint {
             Some(c) => {
                 if !c.replica_set.is_empty() && c.replica_set != replica_set {

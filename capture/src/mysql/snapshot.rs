@@ -32,7 +32,6 @@ use std::time::Instant;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Value as My};
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts as MOpts, Registry};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sluice_proto::v1::{self, value::Kind, ColumnType, TableSchema};
@@ -41,7 +40,7 @@ use tokio::sync::mpsc;
 use super::charset;
 use super::position::BinlogPos;
 
-pub use crate::snapshot::{split_name, SnapshotConfig, INITIAL};
+pub use crate::snapshot::{split_name, SnapshotConfig, SnapshotMetrics, INITIAL};
 
 /// Snapshot progress, stored in the checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -308,64 +307,6 @@ impl SnapshotRun {
             done = t.progress.done,
             "snapshot progress"
         );
-    }
-}
-
-pub struct SnapshotMetrics {
-    pub rows: IntCounterVec,
-    pub left_to_stream: IntCounterVec,
-    pub estimated: IntGaugeVec,
-    pub tables_remaining: IntGauge,
-    pub chunks: IntCounterVec,
-}
-
-impl SnapshotMetrics {
-    pub fn new(r: &Registry) -> prometheus::Result<Self> {
-        let rows = IntCounterVec::new(
-            MOpts::new(
-                "sluice_capture_snapshot_rows_total",
-                "Rows published by snapshots (after reconciliation with the stream).",
-            ),
-            &["database", "table"],
-        )?;
-        let left_to_stream = IntCounterVec::new(
-            MOpts::new(
-                "sluice_capture_snapshot_rows_left_to_stream_total",
-                "Rows of snapshot chunks not published because the stream changed them while \
-                 the chunk was read (the stream's newer image stands).",
-            ),
-            &["database", "table"],
-        )?;
-        let estimated = IntGaugeVec::new(
-            MOpts::new(
-                "sluice_capture_snapshot_rows_estimated",
-                "Estimated rows of each table being snapshotted (information_schema).",
-            ),
-            &["database", "table"],
-        )?;
-        let tables_remaining = IntGauge::new(
-            "sluice_capture_snapshot_tables_remaining",
-            "Tables of the running snapshot not finished yet.",
-        )?;
-        let chunks = IntCounterVec::new(
-            MOpts::new(
-                "sluice_capture_snapshot_chunks_total",
-                "Snapshot chunks read, by outcome (published, retried).",
-            ),
-            &["outcome"],
-        )?;
-        r.register(Box::new(rows.clone()))?;
-        r.register(Box::new(left_to_stream.clone()))?;
-        r.register(Box::new(estimated.clone()))?;
-        r.register(Box::new(tables_remaining.clone()))?;
-        r.register(Box::new(chunks.clone()))?;
-        Ok(Self {
-            rows,
-            left_to_stream,
-            estimated,
-            tables_remaining,
-            chunks,
-        })
     }
 }
 
