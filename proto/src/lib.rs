@@ -16,6 +16,14 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/sluice.v1.rs"));
 }
 
+pub mod tags {
+    //! Every field's number and wire key, written at build time from
+    //! `proto/sluice/v1/event.proto` (see `build.rs`): what the hand-written encoders
+    //! ([`crate::EventHeader`], [`crate::wire`] users) and readers ([`crate::view`]) name
+    //! instead of numbers, so the `.proto` stays the one source of truth. A `*_KEY` is the
+    //! field's key as it is written, one byte for fields 1 to 15, two from 16.
+    include!(concat!(env!("OUT_DIR"), "/sluice.v1.tags.rs"));
+}
 pub mod view;
 pub mod wire;
 
@@ -118,19 +126,20 @@ impl EventHeader {
         after: Option<&[u8]>,
         buf: &mut Vec<u8>,
     ) {
-        use wire::{key as k, put_bytes, put_delimited, put_uint_field, LEN, VARINT};
+        use tags::{binlog_position as bp, change_event as ce, position, transaction as tx};
+        use wire::{put_bytes, put_delimited, put_uint_field};
         buf.extend_from_slice(&self.head);
-        put_uint_field(k(3, VARINT), op as i32 as u64, buf);
+        put_uint_field(ce::OP_KEY[0], op as i32 as u64, buf);
         buf.extend_from_slice(&self.names);
-        put_uint_field(k(6, VARINT), version, buf);
+        put_uint_field(ce::VERSION_KEY[0], version, buf);
         match &self.position {
             PositionParts::None => {}
             PositionParts::Binlog(rest) => {
-                let _ = put_delimited::<()>(&[k(7, LEN)], buf, |buf| {
-                    // `Position.binlog` (field 1) holding the binlog position.
-                    let _ = put_delimited::<()>(&[k(1, LEN)], buf, |buf| {
+                let _ = put_delimited::<()>(&ce::POSITION_KEY, buf, |buf| {
+                    let _ = put_delimited::<()>(&position::BINLOG_KEY, buf, |buf| {
+                        // `row` is the binlog position's last field.
                         buf.extend_from_slice(rest);
-                        put_uint_field(k(6, VARINT), row.into(), buf);
+                        put_uint_field(bp::ROW_KEY[0], row.into(), buf);
                         Ok(())
                     });
                     Ok(())
@@ -140,20 +149,20 @@ impl EventHeader {
         }
         buf.extend_from_slice(&self.times);
         if let Some((id, last)) = &self.transaction {
-            let _ = put_delimited::<()>(&[k(10, LEN)], buf, |buf| {
+            let _ = put_delimited::<()>(&ce::TRANSACTION_KEY, buf, |buf| {
                 buf.extend_from_slice(id);
-                put_uint_field(k(2, VARINT), tx_index, buf);
+                put_uint_field(tx::INDEX_KEY[0], tx_index, buf);
                 buf.extend_from_slice(last);
                 Ok(())
             });
         }
         buf.extend_from_slice(&self.tail);
-        put_bytes(&[k(13, LEN)], key, buf);
+        put_bytes(&ce::KEY_KEY, key, buf);
         if let Some(b) = before {
-            put_bytes(&[k(14, LEN)], b, buf);
+            put_bytes(&ce::BEFORE_KEY, b, buf);
         }
         if let Some(a) = after {
-            put_bytes(&[k(15, LEN)], a, buf);
+            put_bytes(&ce::AFTER_KEY, a, buf);
         }
     }
 }

@@ -8,6 +8,10 @@
 //! writer of the contract produces: a message field given twice is read from its last
 //! occurrence (protobuf would merge the two), and groups (wire types 3 and 4) are refused.
 
+use crate::tags::{
+    change_event as ce, enum_value, geometry, mongo_change as mc, raw_text, row, set_value,
+    value as val,
+};
 use crate::v1::{self, value::Kind, Value};
 
 /// Why bytes are not a valid encoding. Always definite.
@@ -70,7 +74,7 @@ impl<'a> Members<'a> {
         let encoded = encoded.into_iter().flat_map(|mut r| {
             std::iter::from_fn(move || loop {
                 match r.field().ok()?? {
-                    (2, Field::Len(b)) => return std::str::from_utf8(b).ok(),
+                    (set_value::MEMBERS, Field::Len(b)) => return std::str::from_utf8(b).ok(),
                     _ => continue,
                 }
             })
@@ -153,20 +157,31 @@ impl<'a> RowEvent<'a> {
         let mut e = RowEvent::default();
         while let Some((tag, f)) = r.field()? {
             match (tag, f) {
-                (1, Field::Varint(x)) => e.contract = x as u32,
-                (3, Field::Varint(x)) => e.op = x as i32,
-                (4, Field::Len(b)) => e.database = utf8(b)?,
-                (5, Field::Len(b)) => e.table = utf8(b)?,
-                (6, Field::Varint(x)) => e.version = x,
-                (8, Field::Varint(x)) => e.commit_time_micros = x as i64,
-                (11, Field::Varint(x)) => e.schema_id = x,
-                (12, Field::Len(b)) => e.schema = Some(b),
-                (14, Field::Len(b)) => e.before = Some(b),
-                (15, Field::Len(b)) => e.after = Some(b),
-                (17, Field::Len(b)) => e.mongo = Some(b),
-                (1 | 3 | 4 | 5 | 6 | 8 | 11 | 12 | 14 | 15 | 17, _) => {
-                    return Err(ViewError("an event's field has the wrong wire type"))
-                }
+                (ce::CONTRACT, Field::Varint(x)) => e.contract = x as u32,
+                (ce::OP, Field::Varint(x)) => e.op = x as i32,
+                (ce::DATABASE, Field::Len(b)) => e.database = utf8(b)?,
+                (ce::TABLE, Field::Len(b)) => e.table = utf8(b)?,
+                (ce::VERSION, Field::Varint(x)) => e.version = x,
+                (ce::COMMIT_TIME_MICROS, Field::Varint(x)) => e.commit_time_micros = x as i64,
+                (ce::SCHEMA_ID, Field::Varint(x)) => e.schema_id = x,
+                (ce::SCHEMA, Field::Len(b)) => e.schema = Some(b),
+                (ce::BEFORE, Field::Len(b)) => e.before = Some(b),
+                (ce::AFTER, Field::Len(b)) => e.after = Some(b),
+                (ce::MONGO, Field::Len(b)) => e.mongo = Some(b),
+                (
+                    ce::CONTRACT
+                    | ce::OP
+                    | ce::DATABASE
+                    | ce::TABLE
+                    | ce::VERSION
+                    | ce::COMMIT_TIME_MICROS
+                    | ce::SCHEMA_ID
+                    | ce::SCHEMA
+                    | ce::BEFORE
+                    | ce::AFTER
+                    | ce::MONGO,
+                    _,
+                ) => return Err(ViewError("an event's field has the wrong wire type")),
                 _ => {}
             }
         }
@@ -196,11 +211,17 @@ impl<'a> MongoChangeRef<'a> {
         let mut m = MongoChangeRef::default();
         while let Some((tag, f)) = r.field()? {
             match (tag, f) {
-                (1, Field::Len(b)) => m.document_key = b,
-                (2, Field::Len(b)) => m.full_document = b,
-                (4, Field::Len(b)) => m.update_description = Some(b),
-                (5, Field::Len(b)) => m.operation_type = utf8(b)?,
-                (1 | 2 | 4 | 5, _) => {
+                (mc::DOCUMENT_KEY, Field::Len(b)) => m.document_key = b,
+                (mc::FULL_DOCUMENT, Field::Len(b)) => m.full_document = b,
+                (mc::UPDATE_DESCRIPTION, Field::Len(b)) => m.update_description = Some(b),
+                (mc::OPERATION_TYPE, Field::Len(b)) => m.operation_type = utf8(b)?,
+                (
+                    mc::DOCUMENT_KEY
+                    | mc::FULL_DOCUMENT
+                    | mc::UPDATE_DESCRIPTION
+                    | mc::OPERATION_TYPE,
+                    _,
+                ) => {
                     return Err(ViewError(
                         "a MongoDB change's field has the wrong wire type",
                     ))
@@ -222,8 +243,10 @@ pub fn values(row: &[u8]) -> impl Iterator<Item = Result<ValueRef<'_>, ViewError
                 return Some(Err(e));
             }
             Ok(None) => return None,
-            Ok(Some((1, Field::Len(b)))) => return Some(value(b)),
-            Ok(Some((1, _))) => return Some(Err(ViewError("a row value is not a message"))),
+            Ok(Some((row::VALUES, Field::Len(b)))) => return Some(value(b)),
+            Ok(Some((row::VALUES, _))) => {
+                return Some(Err(ViewError("a row value is not a message")))
+            }
             Ok(Some(_)) => continue,
         }
     })
@@ -235,38 +258,38 @@ pub fn value(body: &[u8]) -> Result<ValueRef<'_>, ViewError> {
     let mut v = ValueRef::Absent;
     while let Some((tag, f)) = r.field()? {
         v = match (tag, f) {
-            (1, Field::Varint(_)) => ValueRef::Null,
-            (2, Field::Varint(x)) => ValueRef::Int(unzigzag(x)),
-            (3, Field::Varint(x)) => ValueRef::Uint(x),
-            (4, Field::Fixed32(b)) => ValueRef::Float32(f32::from_le_bytes(b)),
-            (5, Field::Fixed64(b)) => ValueRef::Float64(f64::from_le_bytes(b)),
-            (6, Field::Len(b)) => ValueRef::Decimal(utf8(b)?),
-            (7, Field::Len(b)) => ValueRef::Text(utf8(b)?),
-            (8, Field::Len(b)) => ValueRef::Bytes(b),
-            (9, Field::Varint(x)) => ValueRef::Bits(x),
-            (10, Field::Len(b)) => {
+            (val::NULL, Field::Varint(_)) => ValueRef::Null,
+            (val::INT, Field::Varint(x)) => ValueRef::Int(unzigzag(x)),
+            (val::UINT, Field::Varint(x)) => ValueRef::Uint(x),
+            (val::FLOAT32, Field::Fixed32(b)) => ValueRef::Float32(f32::from_le_bytes(b)),
+            (val::FLOAT64, Field::Fixed64(b)) => ValueRef::Float64(f64::from_le_bytes(b)),
+            (val::DECIMAL, Field::Len(b)) => ValueRef::Decimal(utf8(b)?),
+            (val::TEXT, Field::Len(b)) => ValueRef::Text(utf8(b)?),
+            (val::BYTES, Field::Len(b)) => ValueRef::Bytes(b),
+            (val::BITS, Field::Varint(x)) => ValueRef::Bits(x),
+            (val::ENUM_VALUE, Field::Len(b)) => {
                 let (mut index, mut label) = (0, "");
                 let mut m = Reader(b);
                 while let Some(f) = m.field()? {
                     match f {
-                        (1, Field::Varint(x)) => index = x as u32,
-                        (2, Field::Len(b)) => label = utf8(b)?,
-                        (1 | 2, _) => return Err(WIRE),
+                        (enum_value::INDEX, Field::Varint(x)) => index = x as u32,
+                        (enum_value::LABEL, Field::Len(b)) => label = utf8(b)?,
+                        (enum_value::INDEX | enum_value::LABEL, _) => return Err(WIRE),
                         _ => {}
                     }
                 }
                 ValueRef::Enum { index, label }
             }
-            (11, Field::Len(b)) => {
+            (val::SET_VALUE, Field::Len(b)) => {
                 let mut bits = 0;
                 let mut m = Reader(b);
                 while let Some(f) = m.field()? {
                     match f {
-                        (1, Field::Varint(x)) => bits = x,
-                        (2, Field::Len(b)) => {
+                        (set_value::BITS, Field::Varint(x)) => bits = x,
+                        (set_value::MEMBERS, Field::Len(b)) => {
                             utf8(b)?;
                         }
-                        (1 | 2, _) => return Err(WIRE),
+                        (set_value::BITS | set_value::MEMBERS, _) => return Err(WIRE),
                         _ => {}
                     }
                 }
@@ -275,39 +298,39 @@ pub fn value(body: &[u8]) -> Result<ValueRef<'_>, ViewError> {
                     members: Members::Encoded(b),
                 }
             }
-            (12, Field::Len(b)) => ValueRef::Date(message(b)?),
-            (13, Field::Varint(x)) => ValueRef::TimeMicros(unzigzag(x)),
-            (14, Field::Len(b)) => ValueRef::Datetime(message(b)?),
-            (15, Field::Varint(x)) => ValueRef::TimestampMicros(unzigzag(x)),
-            (16, Field::Len(b)) => {
+            (val::DATE, Field::Len(b)) => ValueRef::Date(message(b)?),
+            (val::TIME_MICROS, Field::Varint(x)) => ValueRef::TimeMicros(unzigzag(x)),
+            (val::DATETIME, Field::Len(b)) => ValueRef::Datetime(message(b)?),
+            (val::TIMESTAMP_MICROS, Field::Varint(x)) => ValueRef::TimestampMicros(unzigzag(x)),
+            (val::GEOMETRY, Field::Len(b)) => {
                 let (mut srid, mut wkb) = (0, &[][..]);
                 let mut m = Reader(b);
                 while let Some(f) = m.field()? {
                     match f {
-                        (1, Field::Varint(x)) => srid = x as u32,
-                        (2, Field::Len(b)) => wkb = b,
-                        (1 | 2, _) => return Err(WIRE),
+                        (geometry::SRID, Field::Varint(x)) => srid = x as u32,
+                        (geometry::WKB, Field::Len(b)) => wkb = b,
+                        (geometry::SRID | geometry::WKB, _) => return Err(WIRE),
                         _ => {}
                     }
                 }
                 ValueRef::Geometry { srid, wkb }
             }
-            (17, Field::Len(b)) => ValueRef::Json(utf8(b)?),
-            (18, Field::Len(b)) => ValueRef::Bson(b),
-            (19, Field::Len(b)) => {
+            (val::JSON, Field::Len(b)) => ValueRef::Json(utf8(b)?),
+            (val::BSON, Field::Len(b)) => ValueRef::Bson(b),
+            (val::RAW_TEXT, Field::Len(b)) => {
                 let (mut data, mut charset) = (&[][..], "");
                 let mut m = Reader(b);
                 while let Some(f) = m.field()? {
                     match f {
-                        (1, Field::Len(b)) => data = b,
-                        (2, Field::Len(b)) => charset = utf8(b)?,
-                        (1 | 2, _) => return Err(WIRE),
+                        (raw_text::DATA, Field::Len(b)) => data = b,
+                        (raw_text::CHARSET, Field::Len(b)) => charset = utf8(b)?,
+                        (raw_text::DATA | raw_text::CHARSET, _) => return Err(WIRE),
                         _ => {}
                     }
                 }
                 ValueRef::RawText { data, charset }
             }
-            (1..=19, _) => return Err(WIRE),
+            (val::NULL..=val::RAW_TEXT, _) => return Err(WIRE),
             _ => v, // an unknown field
         };
     }

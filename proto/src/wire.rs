@@ -29,8 +29,15 @@ pub fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
-/// The key byte of field `tag` (below 16) with `wire_type`.
+/// The key byte of field `tag` with `wire_type`: one byte holds fields 1 to 15 only, so a
+/// larger `tag` is refused (at build time where the key is a constant). Prefer the generated
+/// keys of [`crate::tags`], which come from the `.proto` and have the right length for every
+/// field.
 pub const fn key(tag: u8, wire_type: u8) -> u8 {
+    assert!(
+        tag >= 1 && tag < 16,
+        "fields from 16 on take a two-byte key"
+    );
     (tag << 3) | wire_type
 }
 
