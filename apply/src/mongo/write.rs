@@ -21,8 +21,11 @@ use std::collections::HashMap;
 use mongodb::bson::raw::{RawArrayBuf, RawDocumentBuf};
 use mongodb::bson::{Bson, Document};
 use prost::Message as _;
+use sluice_common::mongo::transient_code;
 use sluice_proto::v1::{Op, UpdateDescription};
 use sluice_proto::view::{MongoChangeRef, RowEvent};
+
+use crate::error::{ApplyError, Origin};
 
 /// One write to one document.
 #[derive(Debug, Clone, PartialEq)]
@@ -406,22 +409,39 @@ pub struct StatementError {
     pub message: String,
 }
 
-/// Server codes that say "try again later", not "this write is wrong".
-pub fn transient_code(code: i32) -> bool {
-    matches!(
-        code,
-        6 | 7 | 50 | 89 | 91 | 112 | 189 | 262 | 9001 | 10107 | 11600 | 11602 | 13435 | 13436
-    )
+impl StatementError {
+    /// The server refused the statement for now (an election, a shutdown, a write conflict:
+    /// [`sluice_common::mongo::TRANSIENT_CODES`]), not for its document: the batch is
+    /// written again.
+    pub fn transient(&self) -> bool {
+        transient_code(self.code)
+    }
 }
 
+/// MongoDB's WriteConcernFailed: the writes were made but not confirmed by `w` members within
+/// `wtimeout`. Every write here is idempotent (by document key), so writing the batch again,
+/// and waiting for its confirmation again, is safe: it is transient.
+pub const WRITE_CONCERN_FAILED: i32 = 64;
+
 /// Read a write command's reply: per-statement errors, or the error of the whole command.
-pub fn reply_errors(reply: &Document) -> Result<Vec<StatementError>, String> {
+///
+/// A write concern error is transient when its code is [`WRITE_CONCERN_FAILED`] (a
+/// `wtimeout` ran out) or one of the shared transient codes (the primary stepped down or is
+/// shutting down while waiting); otherwise it is definite: the deployment cannot satisfy the
+/// configured `mongodb.write_concern` (UnknownReplWriteConcern 79, UnsatisfiableWriteConcern
+/// 100, ...) and writing again would be refused again.
+pub fn reply_errors(reply: &Document) -> Result<Vec<StatementError>, ApplyError> {
     if let Ok(wce) = reply.get_document("writeConcernError") {
-        return Err(format!(
-            "write concern not satisfied: {} (code {})",
+        let code = wce.get_i32("code").unwrap_or(0);
+        let message = format!(
+            "write concern not satisfied: {} (code {code})",
             wce.get_str("errmsg").unwrap_or("?"),
-            wce.get_i32("code").unwrap_or(0)
-        ));
+        );
+        return Err(if code == WRITE_CONCERN_FAILED || transient_code(code) {
+            ApplyError::transient(Origin::Mongo, message)
+        } else {
+            ApplyError::definite(Origin::Mongo, message)
+        });
     }
     let mut out = Vec::new();
     if let Ok(errs) = reply.get_array("writeErrors") {

@@ -279,7 +279,32 @@ fn replies_name_the_refused_statements() {
             message: "E11000 duplicate key".into()
         }]
     );
-    let r = doc! { "ok": 1.0, "writeConcernError": { "code": 64, "errmsg": "waiting for replication timed out" } };
-    assert!(reply_errors(&r).unwrap_err().contains("timed out"));
-    assert!(transient_code(91) && !transient_code(11000) && !transient_code(121));
+    // A statement refused for now (the primary stepping down) writes the batch again; one
+    // refused for its document (duplicate key, validation) does not.
+    let refused = |code| StatementError {
+        index: 0,
+        code,
+        message: "m".into(),
+    };
+    assert!(refused(91).transient() && refused(10107).transient());
+    assert!(!refused(11000).transient() && !refused(121).transient());
+}
+
+#[test]
+fn write_concern_errors_are_classified_by_code() {
+    let wce = |code: i32| doc! { "ok": 1.0, "writeConcernError": { "code": code, "errmsg": "waiting for replication timed out" } };
+    // A wtimeout: the writes are made, their confirmation is waited for again.
+    let e = reply_errors(&wce(WRITE_CONCERN_FAILED)).unwrap_err();
+    assert!(
+        e.is_transient() && e.to_string().contains("timed out"),
+        "{e}"
+    );
+    assert_eq!(e.origin(), Origin::Mongo);
+    assert!(reply_errors(&wce(189)).unwrap_err().is_transient());
+    // A write concern this deployment cannot satisfy: stop and say so.
+    for code in [79, 100] {
+        let e = reply_errors(&wce(code)).unwrap_err();
+        assert!(!e.is_transient(), "{code}");
+        assert!(e.to_string().contains(&format!("(code {code})")), "{e}");
+    }
 }

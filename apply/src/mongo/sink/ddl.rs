@@ -1,0 +1,235 @@
+//! Source commands repeated on the target, and the record that keeps a replay from undoing a
+//! drop.
+//!
+//! - A DDL event is applied in order with its partition (the sink writes the batch so far
+//!   first). `[ddl] apply` filters it by kind; `[namespaces]` maps its collection (and a
+//!   rename's new name) to the target's. "Already so" answers (NamespaceNotFound 26,
+//!   NamespaceExists 48, IndexNotFound 27) count as done. One that cannot be applied is a
+//!   [`BadEvent`] (`ddl`, or `undecodable` when it cannot be read), dead-lettered by the sink.
+//! - Drops, renames and database drops arrive on every partition of the topic. The first
+//!   applied is recorded with its version in `<meta_database>.applied_ddl` ([`AppliedDdl`]):
+//!   the copies from the other partitions are then skipped, and so is a row event older than
+//!   it (read late from another partition, or replayed after a restart), which would otherwise
+//!   bring back what was dropped. The record is read at start and every 5 s (other instances
+//!   apply commands too), so it survives restarts.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use mongodb::bson::{doc, Bson, Document};
+use prost::Message as _;
+use sluice_proto::ChangeEvent;
+
+use super::Sink;
+use crate::error::{ApplyError, BadEvent, Reason};
+
+/// The versions of the drops and renames applied to the target, as recorded in
+/// `<meta_database>.applied_ddl`.
+pub(super) struct AppliedDdl {
+    collection: mongodb::Collection<Document>,
+    /// `<meta_database>.applied_ddl`, for messages.
+    name: String,
+    /// Target namespace ("db.coll") or database ("db") -> version of the last drop or rename
+    /// applied to it.
+    versions: HashMap<String, u64>,
+    read_at: Option<Instant>,
+}
+
+impl AppliedDdl {
+    pub(super) fn new(client: &mongodb::Client, meta_database: &str) -> Self {
+        AppliedDdl {
+            collection: client.database(meta_database).collection("applied_ddl"),
+            name: format!("{meta_database}.applied_ddl"),
+            versions: HashMap::new(),
+            read_at: None,
+        }
+    }
+
+    /// Load the versions of applied drops and renames (other instances apply them too).
+    pub(super) async fn read(&mut self) -> Result<(), ApplyError> {
+        let context = || format!("reading {}", self.name);
+        let mut cursor = self
+            .collection
+            .find(doc! {})
+            .await
+            .map_err(|e| ApplyError::from(e).context(context()))?;
+        while let Some(d) = cursor.next().await {
+            let d = d.map_err(|e| ApplyError::from(e).context(context()))?;
+            if let (Ok(ns), Ok(v)) = (d.get_str("_id"), d.get_i64("version")) {
+                let v = v as u64;
+                let e = self.versions.entry(ns.to_string()).or_insert(0);
+                *e = (*e).max(v);
+            }
+        }
+        self.read_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// True when a drop or rename of the namespace (or a drop of its database) newer than
+    /// `version` was applied: the event's effect is gone at the source too.
+    pub(super) async fn stale(
+        &mut self,
+        db: &str,
+        coll: &str,
+        version: u64,
+    ) -> Result<bool, ApplyError> {
+        if self.versions.is_empty()
+            && self
+                .read_at
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(5))
+        {
+            return Ok(false);
+        }
+        if self
+            .read_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
+        {
+            self.read().await?;
+        }
+        let v = |k: &str| self.versions.get(k).copied().unwrap_or(0);
+        Ok(v(&format!("{db}.{coll}")).max(v(db)) > version)
+    }
+
+    fn version(&self, key: &str) -> u64 {
+        self.versions.get(key).copied().unwrap_or(0)
+    }
+
+    async fn record(&mut self, key: String, version: u64) -> Result<(), String> {
+        self.collection
+            .update_one(
+                doc! { "_id": &key },
+                doc! { "$max": { "version": version as i64 } },
+            )
+            .upsert(true)
+            .await
+            .map_err(|e| format!("recording the command in {}: {e}", self.name))?;
+        let e = self.versions.entry(key).or_insert(0);
+        *e = (*e).max(version);
+        Ok(())
+    }
+}
+
+impl Sink {
+    /// Read a DDL event whole and apply it.
+    pub(super) async fn apply_ddl_event(&mut self, payload: &[u8]) -> Result<(), BadEvent> {
+        let event = ChangeEvent::decode(payload)
+            .map_err(|e| BadEvent::new(Reason::Undecodable, format!("not a change event: {e}")))?;
+        self.apply_ddl(&event).await
+    }
+
+    /// Repeat a source command on the target. `Err`: it failed (dead-lettered).
+    async fn apply_ddl(&mut self, event: &ChangeEvent) -> Result<(), BadEvent> {
+        let failed = |message: String| BadEvent::new(Reason::Ddl, message);
+        let Some(ddl) = &event.ddl else { return Ok(()) };
+        let kind = ddl.kind.as_str();
+        if !self.config.ddl.applies(kind) {
+            self.metrics
+                .ddl
+                .with_label_values(&[kind, "filtered"])
+                .inc();
+            tracing::info!(kind, statement = %ddl.statement, "source command not applied (ddl.apply)");
+            return Ok(());
+        }
+        let (db, coll) = self.config.target(&event.database, &event.table);
+        let destructive = matches!(kind, "drop" | "rename" | "drop_database");
+        let key = if kind == "drop_database" {
+            db.clone()
+        } else {
+            format!("{db}.{coll}")
+        };
+        if destructive {
+            let _ = self.applied.read().await;
+            if self.applied.version(&key) >= event.version {
+                self.metrics.ddl.with_label_values(&[kind, "skipped"]).inc();
+                return Ok(()); // applied already (from another partition, or before a restart)
+            }
+        }
+        let json: serde_json::Value = serde_json::from_str(&ddl.statement)
+            .map_err(|e| failed(format!("command {:?} is not JSON: {e}", ddl.statement)))?;
+        let command = match Bson::try_from(json) {
+            Ok(Bson::Document(d)) => d,
+            _ => {
+                return Err(failed(format!(
+                    "command {:?} is not a document",
+                    ddl.statement
+                )))
+            }
+        };
+        let database = self.client.database(&db);
+        // Codes that mean "already so": NamespaceNotFound, NamespaceExists, IndexNotFound.
+        let ignore = |code: i32| matches!(code, 26 | 48 | 27);
+        let run = |cmd: Document, on: mongodb::Database| async move {
+            match on.run_command(cmd).await {
+                Ok(_) => Ok(()),
+                Err(e) => match &*e.kind {
+                    mongodb::error::ErrorKind::Command(c) if ignore(c.code) => Ok(()),
+                    _ => Err(e.to_string()),
+                },
+            }
+        };
+        let result = match kind {
+            "drop" => run(doc! { "drop": &coll }, database).await,
+            "drop_database" => run(doc! { "dropDatabase": 1 }, database).await,
+            "create" => {
+                let mut cmd = command.clone();
+                cmd.insert("create", &coll);
+                run(cmd, database).await
+            }
+            "create_indexes" => {
+                let indexes: Vec<Bson> = command
+                    .get_array("indexes")
+                    .map_err(|e| failed(format!("createIndexes without indexes: {e}")))?
+                    .iter()
+                    .map(|i| match i {
+                        Bson::Document(d) => {
+                            let mut d = d.clone();
+                            d.remove("ns");
+                            d.remove("v");
+                            Bson::Document(d)
+                        }
+                        other => other.clone(),
+                    })
+                    .collect();
+                run(
+                    doc! { "createIndexes": &coll, "indexes": indexes },
+                    database,
+                )
+                .await
+            }
+            "drop_indexes" => {
+                let index = command
+                    .get("index")
+                    .cloned()
+                    .unwrap_or(Bson::String("*".into()));
+                run(doc! { "dropIndexes": &coll, "index": index }, database).await
+            }
+            "rename" => {
+                let (tdb, tcoll) = self.config.target(&ddl.new_database, &ddl.new_table);
+                run(
+                    doc! { "renameCollection": format!("{db}.{coll}"), "to": format!("{tdb}.{tcoll}"), "dropTarget": false },
+                    self.client.database("admin"),
+                )
+                .await
+            }
+            _ => Ok(()),
+        };
+        match result {
+            Ok(()) => {
+                if destructive {
+                    self.applied
+                        .record(key, event.version)
+                        .await
+                        .map_err(failed)?;
+                }
+                self.metrics.ddl.with_label_values(&[kind, "applied"]).inc();
+                tracing::info!(kind, target = %format!("{db}.{coll}"), "applied source command");
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.ddl.with_label_values(&[kind, "failed"]).inc();
+                Err(failed(format!("{kind} on {db}.{coll} failed: {e}")))
+            }
+        }
+    }
+}
