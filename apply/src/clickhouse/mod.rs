@@ -1,5 +1,10 @@
 //! apply-clickhouse: configuration and preflight checks against the target server.
+//!
+//! - [`sink`]: the sink (batches, writes, target tables, DDL);
+//! - [`types`]: ClickHouse column types and the mapping from source columns;
+//! - [`rowbinary`]: source values encoded as RowBinary of their target column's type.
 
+pub mod rowbinary;
 pub mod sink;
 pub mod types;
 

@@ -36,7 +36,8 @@ use sluice_proto::v1::{Column, Op, TableSchema};
 use sluice_proto::view::{self, RowEvent, ValueRef};
 use sluice_proto::ChangeEvent;
 
-use super::types::{encode, map_column, ChType, Features};
+use super::rowbinary::encode;
+use super::types::{map_column, ChType, Features};
 use super::{Config, Mode, OnBadEvent};
 use crate::group::{
     block_on, BatchSink, DeadLetters, Drain, GroupContext, GroupMetrics, Offsets,

@@ -1,0 +1,522 @@
+//! RowBinary encoding of source values into ClickHouse columns.
+//!
+//! Encoding is driven by the *target* column type, so the same code writes into tables the
+//! apply stage created and into tables the user made (such as the W1 change-log table, whose
+//! TIME and DECIMAL columns are Strings). A value the target type cannot hold exactly is an
+//! error naming the column and the reason, never a silent conversion: such an event goes to the
+//! dead-letter topic.
+//!
+//! This is the per-value hot path of the sink: values are read where they lie in the event and
+//! written straight into the table's buffer; only an error allocates.
+
+use sluice_proto::v1::Column;
+use sluice_proto::view::{ValueRef, ValueRef as V};
+// RowBinary's string lengths are LEB128, the same as protobuf's varints.
+use sluice_proto::wire::put_varint;
+
+use super::types::ChType;
+
+/// Append `v` (of source column `c`) to `out` as RowBinary of `t`.
+pub fn encode(v: ValueRef<'_>, c: &Column, t: &ChType, out: &mut Vec<u8>) -> Result<(), String> {
+    if let ChType::Nullable(inner) = t {
+        if matches!(v, V::Absent | V::Null) {
+            out.push(1);
+            return Ok(());
+        }
+        out.push(0);
+        return encode(v, c, inner, out);
+    }
+    match (v, t) {
+        (V::Absent, _) => Err("no value in the row image (MINIMAL row image?)".into()),
+        (V::Null, _) => Err(format!("NULL into non-Nullable {}", t.sql())),
+        (V::Int(i), ChType::Int(b)) => put_int(i as i128, *b, true, out),
+        (V::Int(i), ChType::UInt(b)) => put_int(i as i128, *b, false, out),
+        (V::Uint(u), ChType::Int(b)) => put_int(u as i128, *b, true, out),
+        (V::Uint(u), ChType::UInt(b)) => put_int(u as i128, *b, false, out),
+        (V::Bits(u), ChType::Int(b)) => put_int(u as i128, *b, true, out),
+        (V::Bits(u), ChType::UInt(b)) => put_int(u as i128, *b, false, out),
+        (V::Int(i), ChType::Float64) => {
+            out.extend_from_slice(&(i as f64).to_le_bytes());
+            Ok(())
+        }
+        (V::Float32(x), ChType::Float32) => {
+            out.extend_from_slice(&x.to_le_bytes());
+            Ok(())
+        }
+        (V::Float32(x), ChType::Float64) => {
+            out.extend_from_slice(&f64::from(x).to_le_bytes());
+            Ok(())
+        }
+        (V::Float64(x), ChType::Float64) => {
+            out.extend_from_slice(&x.to_le_bytes());
+            Ok(())
+        }
+        (V::Decimal(d), ChType::Decimal { precision, scale }) => {
+            put_decimal(d, *precision, *scale, out)
+        }
+        (V::Int(_) | V::Uint(_), ChType::Decimal { precision, scale }) => {
+            put_decimal(&text(&v, c), *precision, *scale, out)
+        }
+        (V::Enum { label, .. }, ChType::Enum(members, bits)) => {
+            let n = members
+                .iter()
+                .find(|(m, _)| m == label)
+                .map(|(_, n)| *n)
+                .ok_or_else(|| format!("{label:?} is not a member of {}", t.sql()))?;
+            put_int(n as i128, *bits, true, out)
+        }
+        (V::Enum { index, .. }, ChType::UInt(b)) => put_int(index as i128, *b, false, out),
+        (V::Set { bits, .. }, ChType::UInt(b)) => put_int(bits as i128, *b, false, out),
+        (V::Date(d), ChType::Date) => {
+            let days = if d.year == 0 && d.month == 0 && d.day == 0 {
+                0 // the zero date: ClickHouse's own zero, 1970-01-01
+            } else {
+                days_from_civil(d.year, d.month, d.day)?
+            };
+            if !(0..=u16::MAX as i64).contains(&days) {
+                return Err(format!(
+                    "{} is outside ClickHouse Date's range (1970-01-01 .. 2149-06-06)",
+                    text(&v, c)
+                ));
+            }
+            out.extend_from_slice(&(days as u16).to_le_bytes());
+            Ok(())
+        }
+        (V::Datetime(d), ChType::DateTime) => {
+            if d.micros != 0 {
+                return Err(format!(
+                    "{} has fractional seconds a DateTime column would drop",
+                    text(&v, c)
+                ));
+            }
+            let secs = datetime_seconds(&d)?;
+            put_u32_seconds(secs, &v, c, out)
+        }
+        (V::TimestampMicros(us), ChType::DateTime) => {
+            if us % 1_000_000 != 0 {
+                return Err(format!(
+                    "{} has fractional seconds a DateTime column would drop",
+                    text(&v, c)
+                ));
+            }
+            put_u32_seconds(us / 1_000_000, &v, c, out)
+        }
+        (V::Datetime(d), ChType::DateTime64(p)) => {
+            let us = datetime_seconds(&d)? * 1_000_000 + i64::from(d.micros);
+            put_dt64(us, *p, &v, c, out)
+        }
+        (V::TimestampMicros(us), ChType::DateTime64(p)) => put_dt64(us, *p, &v, c, out),
+        (V::TimeMicros(us), ChType::Int(64)) => put_int(us as i128, 64, true, out),
+        (_, ChType::String) => {
+            let bytes: &[u8] = match v {
+                V::Bytes(b) | V::Bson(b) => b,
+                V::RawText { data, .. } => data,
+                V::Geometry { wkb, .. } => wkb,
+                V::Text(t) | V::Decimal(t) | V::Json(t) => t.as_bytes(),
+                _ => {
+                    // The text, written in place; its length (LEB128, as protobuf's varint)
+                    // is patched in front of it.
+                    out.push(0);
+                    let start = out.len();
+                    write_text(&v, c, out);
+                    sluice_proto::wire::patch_len(out, start);
+                    return Ok(());
+                }
+            };
+            put_varint(bytes.len() as u64, out);
+            out.extend_from_slice(bytes);
+            Ok(())
+        }
+        (_, ChType::FixedString(n)) => {
+            let owned;
+            let bytes: &[u8] = match v {
+                V::Bytes(b) => b,
+                V::Text(t) => t.as_bytes(),
+                _ => {
+                    owned = text(&v, c);
+                    owned.as_bytes()
+                }
+            };
+            if bytes.len() > *n {
+                return Err(format!("{} bytes do not fit FixedString({n})", bytes.len()));
+            }
+            out.extend_from_slice(bytes);
+            out.resize(out.len() + (n - bytes.len()), 0);
+            Ok(())
+        }
+        (v, t) => Err(format!(
+            "a {} value cannot be written to a {} column",
+            kind_name(&v),
+            t.sql()
+        )),
+    }
+}
+
+fn kind_name(v: &ValueRef<'_>) -> &'static str {
+    match v {
+        V::Absent => "missing",
+        V::Null => "NULL",
+        V::Int(_) => "signed integer",
+        V::Uint(_) => "unsigned integer",
+        V::Float32(_) => "FLOAT",
+        V::Float64(_) => "DOUBLE",
+        V::Decimal(_) => "DECIMAL",
+        V::Text(_) => "text",
+        V::Bytes(_) => "binary",
+        V::Bits(_) => "BIT",
+        V::Enum { .. } => "ENUM",
+        V::Set { .. } => "SET",
+        V::Date(_) => "DATE",
+        V::TimeMicros(_) => "TIME",
+        V::Datetime(_) => "DATETIME",
+        V::TimestampMicros(_) => "TIMESTAMP",
+        V::Geometry { .. } => "GEOMETRY",
+        V::Json(_) => "JSON",
+        V::Bson(_) => "BSON",
+        V::RawText { .. } => "text in another charset",
+    }
+}
+
+/// A value as text, the way MySQL prints it (fractional seconds to the column's precision).
+pub fn text(v: &ValueRef<'_>, c: &Column) -> String {
+    let mut out = Vec::new();
+    write_text(v, c, &mut out);
+    String::from_utf8(out).expect("every piece of text is UTF-8")
+}
+
+/// [`text`], appended to `out`.
+fn write_text(v: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) {
+    use std::io::Write;
+    // Writing into a Vec cannot fail.
+    let frac = |us: u32, out: &mut Vec<u8>| {
+        if c.fsp > 0 {
+            let at = out.len();
+            let _ = write!(out, ".{us:06}");
+            out.truncate(at + 1 + (c.fsp as usize).min(6));
+        }
+    };
+    let _ = match *v {
+        V::Absent => Ok(()),
+        V::Null => out.write_all(b"NULL"),
+        V::Int(i) => write!(out, "{i}"),
+        V::Uint(u) | V::Bits(u) => write!(out, "{u}"),
+        V::Float32(f) => write!(out, "{f}"),
+        V::Float64(f) => write!(out, "{f}"),
+        V::Decimal(d) | V::Text(d) | V::Json(d) => out.write_all(d.as_bytes()),
+        V::Bytes(b) | V::Bson(b) => out.write_all(String::from_utf8_lossy(b).as_bytes()),
+        V::RawText { data, .. } => out.write_all(String::from_utf8_lossy(data).as_bytes()),
+        V::Enum { label, .. } => out.write_all(label.as_bytes()),
+        V::Set { members, .. } => {
+            for (i, m) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(m.as_bytes());
+            }
+            Ok(())
+        }
+        V::Date(d) => write!(out, "{:04}-{:02}-{:02}", d.year, d.month, d.day),
+        V::TimeMicros(t) => {
+            let (sign, t) = if t < 0 { ("-", -t) } else { ("", t) };
+            let s = t / 1_000_000;
+            let r = write!(
+                out,
+                "{sign}{:02}:{:02}:{:02}",
+                s / 3600,
+                s / 60 % 60,
+                s % 60
+            );
+            frac((t % 1_000_000) as u32, out);
+            r
+        }
+        V::Datetime(d) => {
+            let r = write!(
+                out,
+                "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+                d.year, d.month, d.day, d.hour, d.minute, d.second
+            );
+            frac(d.micros, out);
+            r
+        }
+        V::TimestampMicros(0) => {
+            let r = out.write_all(b"0000-00-00 00:00:00");
+            frac(0, out);
+            r
+        }
+        V::TimestampMicros(us) => {
+            let secs = us.div_euclid(1_000_000);
+            let (y, m, d) = sluice_common::civil::civil_from_days(secs.div_euclid(86_400));
+            let rem = secs.rem_euclid(86_400);
+            let r = write!(
+                out,
+                "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+                rem / 3600,
+                rem / 60 % 60,
+                rem % 60
+            );
+            frac(us.rem_euclid(1_000_000) as u32, out);
+            r
+        }
+        V::Geometry { wkb, .. } => write!(out, "{} bytes of WKB", wkb.len()),
+    };
+}
+
+fn put_int(v: i128, bits: u8, signed: bool, out: &mut Vec<u8>) -> Result<(), String> {
+    let (min, max) = if signed {
+        (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+    } else {
+        (0, (1i128 << bits) - 1)
+    };
+    if v < min || v > max {
+        return Err(format!(
+            "{v} is out of range for {}{bits}",
+            if signed { "Int" } else { "UInt" }
+        ));
+    }
+    let bytes = v.to_le_bytes();
+    out.extend_from_slice(&bytes[..bits as usize / 8]);
+    Ok(())
+}
+
+/// Exact decimal text to ClickHouse's scaled integer of the width its precision needs.
+fn put_decimal(d: &str, precision: u8, scale: u8, out: &mut Vec<u8>) -> Result<(), String> {
+    let (neg, digits) = match d.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, d),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let int = int.trim_start_matches('0');
+    let scale = scale as usize;
+    if frac.len() > scale && frac.as_bytes()[scale..].iter().any(|b| *b != b'0') {
+        return Err(format!("{d} has more than {scale} decimal places"));
+    }
+    if int.len() + scale > precision as usize {
+        return Err(format!("{d} does not fit Decimal({precision}, {scale})"));
+    }
+    let mut v: i128 = 0;
+    let digit = |b: u8| {
+        if b.is_ascii_digit() {
+            Ok(i128::from(b - b'0'))
+        } else {
+            Err(format!("{d} is not a decimal"))
+        }
+    };
+    for b in int.bytes() {
+        v = v * 10 + digit(b)?;
+    }
+    let fb = frac.as_bytes();
+    for i in 0..scale {
+        v = v * 10 + fb.get(i).map(|b| digit(*b)).transpose()?.unwrap_or(0);
+    }
+    if neg {
+        v = -v;
+    }
+    let bytes = v.to_le_bytes();
+    let width = match precision {
+        0..=9 => 4,
+        10..=18 => 8,
+        _ => 16,
+    };
+    out.extend_from_slice(&bytes[..width]);
+    Ok(())
+}
+
+fn put_u32_seconds(
+    secs: i64,
+    k: &ValueRef<'_>,
+    c: &Column,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    if !(0..=u32::MAX as i64).contains(&secs) {
+        return Err(format!(
+            "{} is outside ClickHouse DateTime's range (1970 .. 2106)",
+            text(k, c)
+        ));
+    }
+    out.extend_from_slice(&(secs as u32).to_le_bytes());
+    Ok(())
+}
+
+fn put_dt64(us: i64, p: u8, k: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) -> Result<(), String> {
+    let v = if p >= 6 {
+        us * 10i64.pow(u32::from(p) - 6)
+    } else {
+        let div = 10i64.pow(6 - u32::from(p));
+        if us % div != 0 {
+            return Err(format!(
+                "{} has more fractional digits than DateTime64({p})",
+                text(k, c)
+            ));
+        }
+        us / div
+    };
+    out.extend_from_slice(&v.to_le_bytes());
+    Ok(())
+}
+
+/// Seconds since the epoch of a wall-clock DATETIME read as UTC; the zero datetime is 0.
+fn datetime_seconds(d: &sluice_proto::v1::DateTime) -> Result<i64, String> {
+    if d.year == 0 && d.month == 0 && d.day == 0 {
+        return Ok(0);
+    }
+    let days = days_from_civil(d.year, d.month, d.day)?;
+    Ok(days * 86_400 + i64::from(d.hour) * 3600 + i64::from(d.minute) * 60 + i64::from(d.second))
+}
+
+fn days_from_civil(y: i32, m: u32, d: u32) -> Result<i64, String> {
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return Err(format!(
+            "{y:04}-{m:02}-{d:02} is a partial date ClickHouse cannot hold"
+        ));
+    }
+    Ok(sluice_common::civil::days_from_civil(
+        i64::from(y),
+        i64::from(m),
+        i64::from(d),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_proto::v1::{value::Kind, ColumnType, Value};
+    use sluice_proto::value;
+
+    fn col(ty: ColumnType) -> Column {
+        Column {
+            name: "c".into(),
+            r#type: ty as i32,
+            ..Default::default()
+        }
+    }
+
+    fn enc(v: Value, c: &Column, t: &ChType) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        encode(ValueRef::from(&v), c, t, &mut out).map(|_| out)
+    }
+
+    #[test]
+    fn integers_are_range_checked() {
+        let c = col(ColumnType::Bigint);
+        assert_eq!(
+            enc(value::uint(u64::MAX), &c, &ChType::UInt(64)).unwrap(),
+            vec![0xff; 8]
+        );
+        let e = enc(value::uint(u64::MAX), &c, &ChType::Int(64)).unwrap_err();
+        assert!(e.contains("out of range for Int64"), "{e}");
+        assert_eq!(
+            enc(value::int(-1), &c, &ChType::Int(8)).unwrap(),
+            vec![0xff]
+        );
+        assert!(enc(value::int(-1), &c, &ChType::UInt(8)).is_err());
+    }
+
+    #[test]
+    fn decimals_are_exact() {
+        let c = col(ColumnType::Decimal);
+        let t = ChType::Decimal {
+            precision: 10,
+            scale: 2,
+        };
+        assert_eq!(
+            enc(value::decimal("-12.50"), &c, &t).unwrap(),
+            (-1250i64).to_le_bytes().to_vec()
+        );
+        assert!(enc(value::decimal("1.005"), &c, &t)
+            .unwrap_err()
+            .contains("decimal places"));
+        assert!(enc(value::decimal("123456789.00"), &c, &t)
+            .unwrap_err()
+            .contains("does not fit"));
+        let wide = ChType::Decimal {
+            precision: 38,
+            scale: 30,
+        };
+        let v = enc(
+            value::decimal("-12345678.123456789012345678901234567890"),
+            &c,
+            &wide,
+        )
+        .unwrap();
+        assert_eq!(
+            i128::from_le_bytes(v.try_into().unwrap()),
+            -12345678_123456789012345678901234567890i128
+        );
+    }
+
+    #[test]
+    fn temporal_values_keep_or_refuse_their_precision() {
+        let mut c = col(ColumnType::Datetime);
+        c.fsp = 6;
+        let dt = |micros| {
+            value::of(Kind::Datetime(sluice_proto::v1::DateTime {
+                year: 2024,
+                month: 2,
+                day: 29,
+                hour: 12,
+                minute: 0,
+                second: 1,
+                micros,
+            }))
+        };
+        assert_eq!(
+            enc(dt(0), &c, &ChType::DateTime).unwrap(),
+            1_709_208_001u32.to_le_bytes().to_vec()
+        );
+        assert!(enc(dt(5), &c, &ChType::DateTime)
+            .unwrap_err()
+            .contains("fractional"));
+        assert_eq!(
+            enc(dt(5), &c, &ChType::DateTime64(6)).unwrap(),
+            1_709_208_001_000_005i64.to_le_bytes().to_vec()
+        );
+        let s = enc(dt(5), &c, &ChType::String).unwrap();
+        assert_eq!(&s[1..], b"2024-02-29 12:00:01.000005");
+        let old = value::of(Kind::Date(sluice_proto::v1::Date {
+            year: 1969,
+            month: 12,
+            day: 31,
+        }));
+        assert!(enc(old, &col(ColumnType::Date), &ChType::Date)
+            .unwrap_err()
+            .contains("range"));
+        let mut t = col(ColumnType::Time);
+        t.fsp = 2;
+        let s = enc(value::of(Kind::TimeMicros(-1_500_000)), &t, &ChType::String).unwrap();
+        assert_eq!(&s[1..], b"-00:00:01.50");
+    }
+
+    #[test]
+    fn nullable_and_strings() {
+        let c = col(ColumnType::Varchar);
+        let t = ChType::Nullable(Box::new(ChType::String));
+        assert_eq!(enc(value::null(), &c, &t).unwrap(), vec![1]);
+        assert_eq!(
+            enc(value::text("hé"), &c, &t).unwrap(),
+            vec![0, 3, b'h', 0xc3, 0xa9]
+        );
+        assert!(enc(value::null(), &c, &ChType::String)
+            .unwrap_err()
+            .contains("NULL"));
+        assert_eq!(
+            enc(value::bytes(vec![0, 255]), &c, &ChType::String).unwrap(),
+            vec![2, 0, 255]
+        );
+        // Text written in place: its length prefix takes two bytes past 127.
+        let members: Vec<String> = (0..40).map(|i| format!("member{i:02}")).collect();
+        let set = value::of(Kind::SetValue(sluice_proto::v1::SetValue {
+            bits: u64::MAX >> 24,
+            members: members.clone(),
+        }));
+        let joined = members.join(",");
+        assert_eq!(joined.len(), 359);
+        let mut want = vec![0xe7, 0x02]; // 359 as LEB128
+        want.extend_from_slice(joined.as_bytes());
+        assert_eq!(
+            enc(set, &col(ColumnType::Set), &ChType::String).unwrap(),
+            want
+        );
+        let s = enc(value::of(Kind::Int(-42)), &c, &ChType::String).unwrap();
+        assert_eq!(s, b"\x03-42");
+    }
+}
