@@ -1,0 +1,390 @@
+//! The batch: rows gathered per target table, written when full, its offsets stored once
+//! ClickHouse acknowledged every table's part.
+//!
+//! - Rows are encoded straight into their table's part ([`TableBatch`]), in pieces that each
+//!   end at a row's end; a row that fails is cut off again, and the event is refused.
+//! - At most one batch is being written ([`InFlight`]) while the next is gathered; its offsets
+//!   are stored before any later batch's, and a DDL event or a column list change waits for it
+//!   ([`Sink::settle`]). A failed batch stores nothing, and nothing after it is stored either.
+//! - Before partitions are let go, the rebalance callback writes both, the batch being written
+//!   and then the one in hand ([`ChDrain`]), and stores their offsets; if that fails, nothing is
+//!   stored and the next owner reads those events again (harmless: replays collapse).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdkafka::consumer::StreamConsumer;
+use rdkafka::message::BorrowedMessage;
+use sluice_common::clock::now_micros;
+use sluice_common::Shutdown;
+use sluice_proto::v1::{Column, Op};
+use sluice_proto::view::{self, RowEvent, ValueRef};
+
+use super::writer::{insert, Writer};
+use super::{undecodable, Context, Refusal, Sink};
+use crate::clickhouse::rowbinary::encode;
+use crate::clickhouse::Mode;
+use crate::error::{ApplyError, BadEvent, Origin, Reason};
+use crate::group::{block_on, BatchSink, Drain, Offsets};
+
+/// Writes the batch in hand before partitions are let go (see [`crate::group`]).
+pub(crate) struct ChDrain {
+    pub(super) batch: Arc<Mutex<Batch>>,
+    pub(super) in_flight: Arc<Mutex<InFlight>>,
+    pub(super) writer: Writer,
+    pub(super) runtime: tokio::runtime::Handle,
+}
+
+/// The batch being written while the next one is gathered: at most one. Its offsets are
+/// stored once it is written, before any later batch's.
+#[derive(Default)]
+pub(super) struct InFlight {
+    task: Option<tokio::task::JoinHandle<Result<Offsets, ApplyError>>>,
+    /// A write that failed where the sink did not see it (in the rebalance callback): the sink
+    /// stops instead of storing later offsets past it.
+    failed: Option<String>,
+}
+
+impl Drain for ChDrain {
+    /// If the write fails, nothing is stored: the next owner reads those events again
+    /// (harmless).
+    fn drain(&self) -> Option<Offsets> {
+        // First the batch being written: its offsets come before the batch in hand's.
+        let task = self.in_flight.lock().expect("in-flight lock").task.take();
+        let mut offsets = Offsets::default();
+        if let Some(task) = task {
+            match block_on(&self.runtime, task) {
+                Ok(Ok(o)) => offsets = o,
+                failed => {
+                    let why = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        Err(e) => format!("the write task ended: {e}"),
+                        Ok(Ok(_)) => unreachable!(),
+                    };
+                    tracing::warn!(error = %why, "the batch being written failed; its partitions' next owner reads it again");
+                    self.in_flight.lock().expect("in-flight lock").failed = Some(why);
+                    return None;
+                }
+            }
+        }
+        let taken = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
+        if taken.offsets.is_empty() {
+            return (!offsets.is_empty()).then_some(offsets);
+        }
+        let write = async {
+            for (name, tb) in &taken.tables {
+                self.writer.insert_once(name, tb).await?;
+            }
+            Ok::<(), clickhouse::error::Error>(())
+        };
+        match block_on(&self.runtime, write) {
+            Ok(()) => {
+                tracing::info!(
+                    rows = taken.rows,
+                    "wrote the batch in hand before letting partitions go"
+                );
+                offsets.merge(taken.offsets);
+                Some(offsets)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, rows = taken.rows,
+                    "could not write the batch in hand before letting partitions go; their next owner reads it again");
+                None
+            }
+        }
+    }
+}
+
+/// One table's part of a batch: the INSERT's column list and RowBinary rows, in pieces of
+/// about [`PIECE`] bytes that each end at a row's end. A large batch never reallocates (and
+/// copies) one buffer as it grows, and each piece is compressed and sent on its own, so the
+/// INSERT holds no second copy of the batch.
+pub(super) struct TableBatch {
+    pub(super) columns: Arc<Vec<String>>,
+    /// Full pieces.
+    pub(super) done: Vec<Bytes>,
+    /// The piece being filled.
+    pub(super) body: Vec<u8>,
+    pub(super) rows: usize,
+}
+
+const PIECE: usize = 1 << 20;
+
+impl TableBatch {
+    /// After a row: start a new piece once this one is full.
+    fn row_done(&mut self) {
+        if self.body.len() >= PIECE {
+            // Later pieces are sized at once: this table's part is a large one.
+            let next = Vec::with_capacity(PIECE + PIECE / 8);
+            self.done
+                .push(Bytes::from(std::mem::replace(&mut self.body, next)));
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Batch {
+    tables: BTreeMap<String, TableBatch>,
+    /// The offsets stored once this batch is written.
+    offsets: Offsets,
+    rows: usize,
+    bytes: usize,
+    started: Option<Instant>,
+    oldest_commit_micros: Option<i64>,
+}
+
+impl Sink {
+    fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
+        self.batch.lock().expect("batch lock")
+    }
+
+    fn full(&self) -> bool {
+        let b = self.batch();
+        b.rows >= self.config.batch.max_rows || b.bytes >= self.config.batch.max_bytes
+    }
+
+    /// Take one event: into the batch, or to the dead letters if it can never be written. Its
+    /// offset is stored with the batch in hand's.
+    async fn handle(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        shutdown: &Shutdown,
+    ) -> Result<(), ApplyError> {
+        match self.apply_event(m, shutdown).await {
+            Ok(()) => {}
+            Err(Refusal::Bad(bad)) => self.dead_letter(m, &bad).await?,
+            Err(Refusal::Stop(e)) => return Err(e),
+        }
+        // The event belongs to the batch in hand now (one that a DDL began, if it flushed).
+        let mut batch = self.batch();
+        batch.started.get_or_insert_with(Instant::now);
+        batch.offsets.record(m);
+        Ok(())
+    }
+
+    /// Add the row of `event` (its image is read where it lies).
+    pub(super) async fn add_row(&mut self, event: &RowEvent<'_>) -> Result<(), Refusal> {
+        let plan = match self.plans.get(&event.schema_id) {
+            Some(p) => p.clone(),
+            None => {
+                let p = self.plan(event).await?;
+                self.plans.insert(event.schema_id, p.clone());
+                p
+            }
+        };
+        let op = event.op();
+        let image = match op {
+            Op::Delete => event.before,
+            _ => event.after,
+        }
+        .ok_or_else(|| {
+            BadEvent::new(Reason::Value, format!("{op:?} event without its row image"))
+        })?;
+        let schema = &plan.schema;
+        // One INSERT per table per batch: a different column list (a schema change) closes
+        // this table's part first.
+        let mut guard = loop {
+            {
+                let guard = self.batch();
+                let other_columns = guard.tables.get(&plan.target).is_some_and(|b| {
+                    !Arc::ptr_eq(&b.columns, &plan.insert_columns)
+                        && *b.columns != *plan.insert_columns
+                });
+                if !other_columns {
+                    break guard;
+                }
+            }
+            self.flush_table(&plan.target).await?;
+        };
+        let batch = &mut *guard;
+        let tb = match batch.tables.get_mut(&plan.target) {
+            Some(tb) => tb,
+            None => batch
+                .tables
+                .entry(plan.target.clone())
+                .or_insert_with(|| TableBatch {
+                    columns: plan.insert_columns.clone(),
+                    done: Vec::new(),
+                    body: Vec::with_capacity(1 << 16),
+                    rows: 0,
+                }),
+        };
+        // Encode straight into the table's buffer; a failing row is cut off again.
+        let start = tb.body.len();
+        let value = |message: String| BadEvent::new(Reason::Value, message);
+        let mut encode_row = || -> Result<(), BadEvent> {
+            let mut n = 0;
+            for v in view::values(image) {
+                let v = v.map_err(undecodable)?;
+                let (Some(c), Some(t)) = (schema.columns.get(n), plan.types.get(n)) else {
+                    return Err(value(format!(
+                        "the row has more values than its schema's {} columns",
+                        schema.columns.len()
+                    )));
+                };
+                n += 1;
+                if let Some(t) = t {
+                    encode(v, c, t, &mut tb.body).map_err(|e| {
+                        value(format!(
+                            "{}.{} column {}: {e}",
+                            event.database, event.table, c.name
+                        ))
+                    })?;
+                }
+            }
+            if n != schema.columns.len() {
+                return Err(value(format!(
+                    "the row has {n} values, its schema {} columns",
+                    schema.columns.len()
+                )));
+            }
+            let meta = Column::default();
+            if let Some(t) = &plan.version {
+                encode(ValueRef::Uint(event.version), &meta, t, &mut tb.body)
+                    .map_err(|e| value(format!("version column: {e}")))?;
+            }
+            if let Some(t) = &plan.flag {
+                let v = match plan.mode {
+                    Mode::Mirror => ValueRef::Uint(u64::from(op == Op::Delete)),
+                    Mode::Changelog => ValueRef::Text(op_name(op)),
+                };
+                encode(v, &meta, t, &mut tb.body)
+                    .map_err(|e| value(format!("flag column: {e}")))?;
+            }
+            Ok(())
+        };
+        if let Err(bad) = encode_row() {
+            tb.body.truncate(start);
+            return Err(Refusal::Bad(bad));
+        }
+        let len = tb.body.len() - start;
+        tb.rows += 1;
+        tb.row_done();
+        batch.rows += 1;
+        batch.bytes += len;
+        if event.commit_time_micros > 0 {
+            let o = batch
+                .oldest_commit_micros
+                .get_or_insert(event.commit_time_micros);
+            *o = (*o).min(event.commit_time_micros);
+        }
+        Ok(())
+    }
+
+    /// Write one table's part now (its column list changes), after the batch being written.
+    pub(super) async fn flush_table(&mut self, name: &str) -> Result<(), ApplyError> {
+        self.settle().await?;
+        let part = self.batch().tables.remove(name);
+        if let Some(tb) = part {
+            insert(&self.writer, &self.metrics, name, tb, &self.shutdown).await?;
+        }
+        Ok(())
+    }
+
+    /// Start writing the batch in hand (after the one being written, whose offsets are stored
+    /// first); the next batch is gathered meanwhile. Its offsets are stored once it is written.
+    pub(super) async fn flush(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        self.settle().await?;
+        let batch = std::mem::take(&mut *self.batch());
+        if batch.tables.is_empty() {
+            // Only events without rows (heartbeats, dead letters): nothing to wait for.
+            batch.offsets.store(&*self.consumer);
+            return Ok(());
+        }
+        let (writer, metrics, shutdown) =
+            (self.writer.clone(), self.metrics.clone(), shutdown.clone());
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let mut batch = batch;
+            for (name, tb) in std::mem::take(&mut batch.tables) {
+                // On failure nothing of this batch is stored; it is read again after a restart.
+                insert(&writer, &metrics, &name, tb, &shutdown).await?;
+            }
+            metrics.batch_rows.observe(batch.rows as f64);
+            metrics
+                .batch_seconds
+                .observe(started.elapsed().as_secs_f64());
+            if let Some(c) = batch.oldest_commit_micros {
+                metrics
+                    .latency
+                    .observe((now_micros() - c).max(0) as f64 / 1e6);
+            }
+            Ok(batch.offsets)
+        });
+        self.in_flight.lock().expect("in-flight lock").task = Some(task);
+        Ok(())
+    }
+
+    /// Wait for the batch being written, if any, and store its offsets.
+    pub(super) async fn settle(&mut self) -> Result<(), ApplyError> {
+        let (task, failed) = {
+            let mut f = self.in_flight.lock().expect("in-flight lock");
+            (f.task.take(), f.failed.take())
+        };
+        if let Some(why) = failed {
+            return Err(ApplyError::definite(
+                Origin::ClickHouse,
+                format!("ClickHouse: a batch could not be written before a rebalance: {why}"),
+            ));
+        }
+        if let Some(task) = task {
+            let offsets = task.await.map_err(|e| {
+                ApplyError::definite(
+                    Origin::Sink,
+                    format!("ClickHouse: the write task ended: {e}"),
+                )
+            })??;
+            offsets.store(&*self.consumer);
+        }
+        Ok(())
+    }
+}
+
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Insert => "insert",
+        Op::Update => "update",
+        Op::Delete => "delete",
+        Op::SnapshotRead => "snapshot",
+        _ => "other",
+    }
+}
+
+impl BatchSink for Sink {
+    type Drain = ChDrain;
+    type Error = ApplyError;
+
+    fn consumer(&self) -> Arc<StreamConsumer<Context>> {
+        self.consumer.clone()
+    }
+
+    fn batch_started(&self) -> Option<Instant> {
+        self.batch().started
+    }
+
+    fn batch_full(&self) -> bool {
+        self.full()
+    }
+
+    fn max_wait(&self) -> Duration {
+        Duration::from_millis(self.config.batch.max_wait_ms)
+    }
+
+    async fn on_message(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        shutdown: &Shutdown,
+    ) -> Result<(), ApplyError> {
+        self.handle(m, shutdown).await
+    }
+
+    async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        self.flush(shutdown).await
+    }
+
+    async fn settle(&mut self) -> Result<(), ApplyError> {
+        Sink::settle(self).await
+    }
+}

@@ -1,0 +1,359 @@
+//! Target tables and how the rows of a source schema are written into them.
+//!
+//! - A source table's target is named by `tables.name`; what the server has of it (its columns
+//!   and their types) is read once from `system.columns` and kept ([`Target`]). A missing
+//!   table is created from the schema (`tables.create`): mirror tables as
+//!   `ReplacingMergeTree(version)` over the primary key, change logs as `ReplacingMergeTree`
+//!   over (key, version, op), so replays collapse.
+//! - Schema evolution: source columns the target lacks are added before the first row that has
+//!   them ([`Sink::add_column`]); an ALTER that drops source columns drops them from the target
+//!   ([`Sink::drop_column`], from [`super::ddl`]), the bookkeeping columns stay. A change that
+//!   the server answers with "already done" (the column is there, or gone) is taken as done:
+//!   after a crash the same DDL or row is read again and must not stop the table.
+//! - A [`Plan`] is worked out once per schema id: per source column its target type (or none,
+//!   when the target lacks it), and the INSERT's column list. Plans are dropped when a DDL
+//!   arrives, since target columns may change.
+//!
+//! Every statement here waits for an unreachable ClickHouse ([`Sink::answered`]); only the
+//! server refusing one makes the event bad.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use prost::Message as _;
+use sluice_proto::v1::{Column, TableSchema};
+use sluice_proto::view::RowEvent;
+
+use super::{quote, refused, undecodable, Refusal, Sink};
+use crate::clickhouse::types::{map_column, ChType};
+use crate::clickhouse::Mode;
+use crate::error::{clickhouse_code, ApplyError, BadEvent, Origin, Reason};
+
+/// ClickHouse exception codes (`src/Common/ErrorCodes.cpp`) of the answers to schema changes
+/// that mean "already done". ClickHouse 18.16 answers both an ADD COLUMN of a column that is
+/// there and a DROP COLUMN of one that is not with `ILLEGAL_COLUMN`; current servers answer
+/// `DUPLICATE_COLUMN` and `NOT_FOUND_COLUMN_IN_BLOCK` (or `NO_SUCH_COLUMN_IN_TABLE`).
+mod code {
+    pub const NOT_FOUND_COLUMN_IN_BLOCK: i32 = 10;
+    pub const DUPLICATE_COLUMN: i32 = 15;
+    pub const NO_SUCH_COLUMN_IN_TABLE: i32 = 16;
+    pub const ILLEGAL_COLUMN: i32 = 44;
+}
+
+/// ADD COLUMN: the column is there already.
+const COLUMN_EXISTS: &[i32] = &[code::DUPLICATE_COLUMN, code::ILLEGAL_COLUMN];
+/// DROP COLUMN: the column is not there.
+const COLUMN_MISSING: &[i32] = &[
+    code::NOT_FOUND_COLUMN_IN_BLOCK,
+    code::NO_SUCH_COLUMN_IN_TABLE,
+    code::ILLEGAL_COLUMN,
+];
+
+/// Whether ClickHouse answered with one of `codes`.
+fn answered_with(e: &clickhouse::error::Error, codes: &[i32]) -> bool {
+    clickhouse_code(e).is_some_and(|c| codes.contains(&c))
+}
+
+/// What is known of a target table.
+#[derive(Clone)]
+pub(super) struct Target {
+    pub(super) name: String,
+    pub(super) mode: Mode,
+    /// Column name -> ClickHouse type, as the server has them.
+    pub(super) columns: BTreeMap<String, ChType>,
+    /// Why the table is stopped (a DDL failed), if it is.
+    pub(super) stopped: Option<String>,
+}
+
+/// How the rows of one schema are written: worked out once per schema id.
+pub(super) struct Plan {
+    pub(super) target: String,
+    pub(super) mode: Mode,
+    pub(super) schema: Arc<TableSchema>,
+    /// Per source column, in schema order: the target type, or `None` if the target lacks it.
+    pub(super) types: Vec<Option<ChType>>,
+    /// The bookkeeping columns' types, where the target has them.
+    pub(super) version: Option<ChType>,
+    pub(super) flag: Option<ChType>,
+    /// The INSERT's column list.
+    pub(super) insert_columns: Arc<Vec<String>>,
+}
+
+impl Sink {
+    pub(super) fn target_name(&self, db: &str, table: &str) -> String {
+        self.config
+            .tables
+            .name
+            .replace("{db}", db)
+            .replace("{table}", table)
+    }
+
+    /// The schema of `event`: carried inline, or from the schema topic.
+    async fn schema(&mut self, event: &RowEvent<'_>) -> Result<TableSchema, Refusal> {
+        if let Some(s) = event.schema {
+            let s = TableSchema::decode(s).map_err(undecodable)?;
+            self.schemas.remember(&s);
+        }
+        match self.schemas.get(event.schema_id).await {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => Err(BadEvent::new(
+                Reason::UnknownSchema,
+                format!(
+                    "schema {} of {}.{} is not on the schema topic {}",
+                    sluice_proto::schema_record_key(event.schema_id),
+                    event.database,
+                    event.table,
+                    self.config.schema_topic
+                ),
+            )
+            .into()),
+            // Kafka failing, not the event: stop rather than dead-letter what is readable.
+            Err(e) => Err(ApplyError::definite(
+                Origin::Kafka,
+                format!("reading the schema topic {}: {e}", self.config.schema_topic),
+            )
+            .into()),
+        }
+    }
+
+    /// The target of a source table: known, read from the server, or created.
+    async fn target(&mut self, schema: &TableSchema) -> Result<Target, Refusal> {
+        let name = self.target_name(&schema.database, &schema.table);
+        if let Some(t) = self.targets.get(&name) {
+            return Ok(t.clone());
+        }
+        let source = format!("{}.{}", schema.database, schema.table);
+        let mut mode = self.config.tables.mode_of(&source);
+        if mode == Mode::Mirror && schema.primary_key.is_empty() {
+            tracing::warn!(table = %source, "no primary key: mirror mode impossible, writing a change log");
+            mode = Mode::Changelog;
+        }
+        let mut columns = self.describe(&name).await?;
+        if columns.is_empty() {
+            if !self.config.tables.create {
+                return Err(BadEvent::new(
+                    Reason::Value,
+                    format!(
+                        "target table {}.{name} does not exist and tables.create is off",
+                        self.config.clickhouse.database
+                    ),
+                )
+                .into());
+            }
+            self.create(&name, mode, schema).await?;
+            columns = self.describe(&name).await?;
+        }
+        let t = Target {
+            name: name.clone(),
+            mode,
+            columns,
+            stopped: None,
+        };
+        self.targets.insert(name, t.clone());
+        Ok(t)
+    }
+
+    async fn describe(&self, name: &str) -> Result<BTreeMap<String, ChType>, Refusal> {
+        #[derive(clickhouse::Row, serde::Deserialize)]
+        struct Col {
+            name: String,
+            r#type: String,
+        }
+        let what = format!("reading the columns of {name}");
+        let cols = self
+            .answered(&what, || {
+                self.client
+                    .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
+                    .bind(&self.config.clickhouse.database)
+                    .bind(name)
+                    .fetch_all::<Col>()
+            })
+            .await?
+            // The server refusing to show its own columns: no event can be written.
+            .map_err(|e| refused(format_args!("{what}: {e}")))?;
+        let mut out = BTreeMap::new();
+        for c in cols {
+            // Columns of types this stage cannot write are simply not written (defaults).
+            if let Ok(t) = ChType::parse(&c.r#type) {
+                out.insert(c.name, t);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn create(&mut self, name: &str, mode: Mode, s: &TableSchema) -> Result<(), Refusal> {
+        let m = &self.config.tables;
+        let mut cols: Vec<String> = s
+            .columns
+            .iter()
+            .map(|c| format!("{} {}", quote(&c.name), map_column(c, self.features).sql()))
+            .collect();
+        let key: Vec<String> = s
+            .primary_key
+            .iter()
+            .map(|i| quote(&s.columns[*i as usize].name))
+            .collect();
+        let (engine, order) = match mode {
+            Mode::Mirror => {
+                cols.push(format!("{} UInt64", quote(&m.version_column)));
+                cols.push(format!("{} UInt8", quote(&m.deleted_column)));
+                (
+                    format!("ReplacingMergeTree({})", quote(&m.version_column)),
+                    key.join(", "),
+                )
+            }
+            Mode::Changelog => {
+                cols.push(format!("{} String", quote(&m.op_column)));
+                cols.push(format!("{} UInt64", quote(&m.version_column)));
+                let mut order = key.clone();
+                order.push(quote(&m.version_column));
+                order.push(quote(&m.op_column));
+                ("ReplacingMergeTree".to_string(), order.join(", "))
+            }
+        };
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {}.{} ({}) ENGINE = {engine} ORDER BY ({order})",
+            quote(&self.config.clickhouse.database),
+            quote(name),
+            cols.join(", ")
+        );
+        self.answered(&format!("creating {name}"), || {
+            self.client.query(&sql).execute()
+        })
+        .await?
+        .map_err(|e| BadEvent::new(Reason::Value, format!("{sql}: {e}")))?;
+        tracing::info!(table = name, ?mode, "created target table");
+        Ok(())
+    }
+
+    /// Add source column `c` to target `table`, with the type [`map_column`] gives it.
+    async fn add_column(&self, table: &str, c: &Column) -> Result<ChType, Refusal> {
+        let t = map_column(c, self.features);
+        let sql = format!(
+            "ALTER TABLE {}.{} ADD COLUMN {} {}",
+            quote(&self.config.clickhouse.database),
+            quote(table),
+            quote(&c.name),
+            t.sql()
+        );
+        let what = format!("adding column {} to {}", c.name, table);
+        match self
+            .answered(&what, || self.client.query(&sql).execute())
+            .await?
+        {
+            Ok(()) => tracing::info!(table = %table, column = %c.name, "added column"),
+            Err(e) if answered_with(&e, COLUMN_EXISTS) => {}
+            Err(e) => return Err(BadEvent::new(Reason::Value, format!("{sql}: {e}")).into()),
+        }
+        Ok(t)
+    }
+
+    /// Drop column `col` of target `table` (its source column was dropped).
+    pub(super) async fn drop_column(&self, table: &str, col: &str) -> Result<(), Refusal> {
+        let sql = format!(
+            "ALTER TABLE {}.{} DROP COLUMN {}",
+            quote(&self.config.clickhouse.database),
+            quote(table),
+            quote(col)
+        );
+        let what = format!("dropping column {col} of {table}");
+        match self
+            .answered(&what, || self.client.query(&sql).execute())
+            .await?
+        {
+            Ok(()) => tracing::info!(table = %table, column = %col, "dropped column"),
+            Err(e) if answered_with(&e, COLUMN_MISSING) => {}
+            Err(e) => return Err(BadEvent::new(Reason::Ddl, format!("{sql}: {e}")).into()),
+        }
+        Ok(())
+    }
+
+    /// Work out how rows of `event`'s schema are written: the target (created or extended as
+    /// needed), and per column its target type.
+    pub(super) async fn plan(&mut self, event: &RowEvent<'_>) -> Result<Arc<Plan>, Refusal> {
+        let schema = self.schema(event).await?;
+        let mut target = self.target(&schema).await?;
+        if let Some(why) = &target.stopped {
+            return Err(BadEvent::new(
+                Reason::TableStopped,
+                format!("table {} is stopped: {why}", target.name),
+            )
+            .into());
+        }
+        // New source columns: add them to the target first.
+        let missing: Vec<&Column> = schema
+            .columns
+            .iter()
+            .filter(|c| !target.columns.contains_key(&c.name))
+            .collect();
+        if !missing.is_empty() && self.config.tables.create {
+            self.flush_table(&target.name).await?;
+            for c in missing {
+                let t = self.add_column(&target.name, c).await?;
+                target.columns.insert(c.name.clone(), t);
+            }
+            self.targets.insert(target.name.clone(), target.clone());
+        }
+        let m = &self.config.tables;
+        let types: Vec<Option<ChType>> = schema
+            .columns
+            .iter()
+            .map(|c| target.columns.get(&c.name).cloned())
+            .collect();
+        let mut insert_columns: Vec<String> = schema
+            .columns
+            .iter()
+            .zip(&types)
+            .filter(|(_, t)| t.is_some())
+            .map(|(c, _)| c.name.clone())
+            .collect();
+        let version = target.columns.get(&m.version_column).cloned();
+        if version.is_some() {
+            insert_columns.push(m.version_column.clone());
+        }
+        let flag_name = match target.mode {
+            Mode::Mirror => &m.deleted_column,
+            Mode::Changelog => &m.op_column,
+        };
+        let flag = target.columns.get(flag_name).cloned();
+        if flag.is_some() {
+            insert_columns.push(flag_name.clone());
+        }
+        Ok(Arc::new(Plan {
+            target: target.name.clone(),
+            mode: target.mode,
+            schema: Arc::new(schema),
+            types,
+            version,
+            flag,
+            insert_columns: Arc::new(insert_columns),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clickhouse::error::Error;
+
+    #[test]
+    fn already_done_is_told_by_the_code() {
+        let bad = |t: &str| Error::BadResponse(t.to_string());
+        // ClickHouse 18.16: the same code for both.
+        let add = bad("Code: 44, e.displayText() = DB::Exception: Cannot add column a: column with this name already exists, e.what() = DB::Exception");
+        let drop = bad("Code: 44, e.displayText() = DB::Exception: Wrong column name. Cannot find column nope to drop, e.what() = DB::Exception");
+        assert!(answered_with(&add, COLUMN_EXISTS));
+        assert!(answered_with(&drop, COLUMN_MISSING));
+        // Current servers.
+        let add = bad("Code: 15. DB::Exception: Cannot add column `a`: column with this name already exists. (DUPLICATE_COLUMN)");
+        let drop = bad("Code: 10. DB::Exception: Wrong column name. Cannot find column `nope` to drop. (NOT_FOUND_COLUMN_IN_BLOCK)");
+        assert!(answered_with(&add, COLUMN_EXISTS));
+        assert!(answered_with(&drop, COLUMN_MISSING));
+        assert!(!answered_with(&add, COLUMN_MISSING));
+        // Other refusals are not "already done", whatever their text says.
+        let other =
+            bad("Code: 60. DB::Exception: Table db.t already exists or not. (UNKNOWN_TABLE)");
+        assert!(!answered_with(&other, COLUMN_EXISTS));
+        assert!(!answered_with(&Error::TimedOut, COLUMN_MISSING));
+    }
+}

@@ -1,0 +1,150 @@
+//! Statements sent to ClickHouse, and their retries.
+//!
+//! - [`Writer::insert_once`]: one table's part of a batch, one INSERT in RowBinary, its pieces
+//!   sent as they are. On servers that know `insert_deduplication_token` (22.2+) it carries a
+//!   hash of the part, so an INSERT repeated after a crash or a lost answer is dropped at once.
+//! - [`insert`]: that INSERT retried with backoff (0.5 s to 30 s) while ClickHouse is
+//!   unreachable or overloaded, until written, refused for good, or shut down.
+//! - [`Sink::answered`]: the same retries for the bookkeeping around writes (reading, creating
+//!   or changing a target table): an unreachable ClickHouse never makes an event "bad".
+//!
+//! Which failures are retried is decided by the client's failure kind and the server's
+//! exception code ([`clickhouse_transient`]), never by the message text.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use prometheus::IntCounterVec;
+use sluice_common::Shutdown;
+use sluice_proto::{fnv1a, FNV_START};
+
+use super::batch::TableBatch;
+use super::metrics::Metrics;
+use super::{quote, refused, Sink};
+use crate::error::{clickhouse_transient, ApplyError, Origin};
+
+/// Writes one table's part of a batch: one INSERT. Shared by the sink and the rebalance
+/// callback (which writes the batch in hand before partitions are let go).
+#[derive(Clone)]
+pub(super) struct Writer {
+    pub(super) client: clickhouse::Client,
+    pub(super) database: String,
+    pub(super) dedup_token: bool,
+    pub(super) rows: IntCounterVec,
+}
+
+impl Writer {
+    pub(super) async fn insert_once(
+        &self,
+        name: &str,
+        tb: &TableBatch,
+    ) -> Result<(), clickhouse::error::Error> {
+        let sql = format!(
+            "INSERT INTO {}.{} ({}) FORMAT RowBinary",
+            quote(&self.database),
+            quote(name),
+            tb.columns
+                .iter()
+                .map(|c| quote(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        // The full pieces are shared, not copied; the one being filled is copied (at most about
+        // a piece).
+        let tail = Bytes::copy_from_slice(&tb.body);
+        let pieces = tb.done.iter().chain(std::iter::once(&tail));
+        let mut insert = self.client.insert_formatted_with(sql);
+        if self.dedup_token {
+            // Only servers that know the setting get a token (hashing the batch costs CPU).
+            let (hash, len) = pieces
+                .clone()
+                .fold((FNV_START, 0usize), |(h, n), p| (fnv1a(h, p), n + p.len()));
+            let token = format!("{hash:016x}-{len}");
+            insert = insert.with_setting("insert_deduplication_token", token);
+        }
+        for piece in pieces {
+            if !piece.is_empty() {
+                insert.send(piece.clone()).await?;
+            }
+        }
+        insert.end().await?;
+        self.rows.with_label_values(&[name]).inc_by(tb.rows as u64);
+        Ok(())
+    }
+}
+
+/// One table's part, retried until written, refused for good (an error the data will always
+/// get) or shut down.
+pub(super) async fn insert(
+    writer: &Writer,
+    metrics: &Metrics,
+    name: &str,
+    tb: TableBatch,
+    shutdown: &Shutdown,
+) -> Result<(), ApplyError> {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match writer.insert_once(name, &tb).await {
+            Ok(()) => return Ok(()),
+            Err(e) if !clickhouse_transient(&e) => {
+                return Err(refused(format_args!("INSERT into {name} refused: {e}")))
+            }
+            Err(e) => {
+                metrics.retries.inc();
+                tracing::warn!(table = name, error = %e, retry_in = ?backoff, "INSERT failed; retrying");
+                if shutdown.is_triggered() {
+                    return Err(ApplyError::transient(
+                        Origin::ClickHouse,
+                        format!(
+                            "ClickHouse: stopping with an unwritten batch for {name} (it is read again on restart): {e}"
+                        ),
+                    ));
+                }
+                tokio::select! {
+                    _ = shutdown.wait() => {}
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+impl Sink {
+    /// Run a statement of the bookkeeping around writes (reading or changing a target) until
+    /// ClickHouse answers: unreachable or overloaded, it is retried with backoff as INSERTs
+    /// are; its answer, success or refusal, is returned. A shutdown during the wait stops the
+    /// sink.
+    pub(super) async fn answered<T, F>(
+        &self,
+        what: &str,
+        mut attempt: impl FnMut() -> F,
+    ) -> Result<Result<T, clickhouse::error::Error>, ApplyError>
+    where
+        F: std::future::Future<Output = Result<T, clickhouse::error::Error>>,
+    {
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            match attempt().await {
+                Err(e) if clickhouse_transient(&e) => {
+                    self.metrics.retries.inc();
+                    tracing::warn!(what, error = %e, retry_in = ?backoff, "ClickHouse did not answer; retrying");
+                    if self.shutdown.is_triggered() {
+                        return Err(ApplyError::transient(
+                            Origin::ClickHouse,
+                            format!(
+                                "ClickHouse: stopping while {what} waits for ClickHouse (read again on restart): {e}"
+                            ),
+                        ));
+                    }
+                    tokio::select! {
+                        _ = self.shutdown.wait() => {}
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+                answer => return Ok(answer),
+            }
+        }
+    }
+}
