@@ -34,7 +34,7 @@ pub struct Config {
     #[serde(default)]
     pub publish: PublishConfig,
     #[serde(default)]
-    pub snapshot: snapshot::SnapshotConfig,
+    pub snapshot: crate::snapshot::SnapshotConfig,
     #[serde(default = "default_metrics")]
     pub metrics: MetricsConfig,
     #[serde(default)]

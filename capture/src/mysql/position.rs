@@ -85,7 +85,7 @@ pub struct Checkpoint {
     pub written_at: u64,
     /// The snapshot being taken, with each table's last published key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot: Option<std::sync::Arc<super::snapshot::SnapshotProgress>>,
+    pub snapshot: Option<std::sync::Arc<crate::snapshot::SnapshotProgress>>,
     /// Snapshots finished (`initial`, re-snapshot request ids).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots_done: Vec<String>,
@@ -144,19 +144,17 @@ mod tests {
         let mut tables = std::collections::BTreeMap::new();
         tables.insert(
             "db.t".to_string(),
-            super::super::snapshot::TableProgress {
+            crate::snapshot::TableProgress {
                 after: "0a020804".into(),
                 rows: 10,
                 done: false,
             },
         );
         let c = Checkpoint {
-            snapshot: Some(std::sync::Arc::new(
-                super::super::snapshot::SnapshotProgress {
-                    id: "initial".into(),
-                    tables,
-                },
-            )),
+            snapshot: Some(std::sync::Arc::new(crate::snapshot::SnapshotProgress {
+                id: "initial".into(),
+                tables,
+            })),
             snapshots_done: vec!["r1".into()],
             ..c
         };

@@ -1,0 +1,117 @@
+//! The state the binlog loop carries from event to event: the [`Capture`] itself, the decoder
+//! of each mapped table, the transaction being read, what the server said about itself, and the
+//! loop's own metrics.
+//!
+//! None of it is stored: after a crash or a reconnect everything here is rebuilt from the
+//! checkpoint (`resume`, `last_gtid`, the snapshot's progress) and from the server (schemas,
+//! table maps, which come again before their rows).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use mysql_async::{Conn, Opts};
+use prometheus::{IntCounter, IntGauge, Registry};
+use sluice_proto::v1::{self, TableSchema};
+use sluice_proto::TopicTemplate;
+
+use crate::filter::Filter;
+use crate::mysql::decode::TableDecoder;
+use crate::mysql::position::{BinlogPos, Checkpoint};
+use crate::mysql::snapshot::SnapshotRun;
+use crate::mysql::Config;
+use crate::publish::{PublishMetrics, Publisher};
+use crate::snapshot::SnapshotMetrics;
+
+/// A running binlog capture: built by [`Capture::start`], driven by [`Capture::run`].
+pub struct Capture {
+    pub(super) config: Config,
+    pub(super) opts: Opts,
+    /// For `information_schema` and the snapshot's table list; re-opened after a reconnect.
+    pub(super) schema_conn: Conn,
+    pub(super) server: ServerInfo,
+    pub(super) filter: Filter,
+    pub(super) topics: TopicTemplate,
+    pub(super) publisher: Publisher<Checkpoint>,
+    pub(super) metrics: StreamMetrics,
+    pub(super) publish_metrics: PublishMetrics,
+    pub(super) schemas: HashMap<(String, String), TableSchema>,
+    /// table id -> decoder, rebuilt at each table map whose schema changed.
+    pub(super) decoders: HashMap<u64, DecoderEntry>,
+    pub(super) published_schemas: HashSet<u64>,
+    /// Current binlog file and the position to resume from after the last commit.
+    pub(super) file: String,
+    pub(super) resume: BinlogPos,
+    pub(super) last_gtid: String,
+    pub(super) tx: Option<TxState>,
+    /// While starting from a timestamp: skip transactions that began before it.
+    pub(super) skip_until: Option<u64>,
+    pub(super) source: v1::Source,
+    /// The end of the last event read in `file`.
+    pub(super) read_to: u64,
+    pub(super) snapshot: Option<SnapshotRun>,
+    pub(super) snapshots_done: Vec<String>,
+    pub(super) snapshot_metrics: Arc<SnapshotMetrics>,
+}
+
+/// The capture's own metrics (the publisher has the event counters).
+pub(super) struct StreamMetrics {
+    pub(super) file_number: IntGauge,
+    pub(super) offset: IntGauge,
+    pub(super) reconnects: IntCounter,
+}
+
+impl StreamMetrics {
+    pub(super) fn new(r: &Registry) -> prometheus::Result<Self> {
+        let file_number = IntGauge::new(
+            "sluice_capture_binlog_file_number",
+            "Numeric suffix of the binlog file being read.",
+        )?;
+        let offset = IntGauge::new(
+            "sluice_capture_binlog_offset_bytes",
+            "Offset in the binlog file being read.",
+        )?;
+        let reconnects = IntCounter::new(
+            "sluice_capture_reconnects_total",
+            "Binlog connections re-opened after a transient failure.",
+        )?;
+        r.register(Box::new(file_number.clone()))?;
+        r.register(Box::new(offset.clone()))?;
+        r.register(Box::new(reconnects.clone()))?;
+        Ok(Self {
+            file_number,
+            offset,
+            reconnects,
+        })
+    }
+}
+
+/// A mapped table the filter takes: how its rows decode and where they go.
+pub(super) struct DecoderEntry {
+    pub(super) database: String,
+    pub(super) table: String,
+    pub(super) schema: Arc<TableSchema>,
+    pub(super) decoder: Arc<TableDecoder>,
+    /// Worked out once per table map, not per row.
+    pub(super) topic: String,
+    pub(super) key_prefix: Vec<u8>,
+    pub(super) counters: [IntCounter; 3], // insert, update, delete
+    pub(super) bytes: IntCounter,
+}
+
+/// The transaction being read.
+pub(super) struct TxState {
+    pub(super) id: String,
+    pub(super) gtid: String,
+    /// The index the transaction's next event gets.
+    pub(super) index: u64,
+    pub(super) commit_time_micros: i64,
+}
+
+/// What the server says about itself.
+pub(super) struct ServerInfo {
+    pub(super) server_id: u32,
+    pub(super) server_uuid: String,
+    pub(super) mariadb: bool,
+    /// The binlog files it has (`SHOW BINARY LOGS`), and those seen rotating to since.
+    pub(super) binlogs: Vec<String>,
+}

@@ -1,0 +1,120 @@
+//! DDL and TRUNCATE statements as events.
+//!
+//! A statement naming tables (see [`crate::mysql::ddl`]) drops their cached schemas and
+//! decoders, tells a snapshot under way (its chunk in flight is read again; a dropped or renamed
+//! table's snapshot ends), and, for each table the filter takes, publishes one DDL (or TRUNCATE)
+//! event carrying the schema after the statement, to every partition of the table's topic: each
+//! apply instance sees it in order with the rows of its own partitions. The statement then
+//! commits like a transaction.
+
+use prost::Message;
+use sluice_common::clock::now_micros;
+use sluice_proto::v1::{self, Op};
+use sluice_proto::{event_key, mysql_version, CONTRACT_VERSION};
+
+use super::context::Capture;
+use crate::error::CaptureError;
+use crate::mysql::ddl::TableRef;
+
+impl Capture {
+    /// Publish a DDL statement `kind` on `tables` (renamed to `renamed_to`), read at `start`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn apply_ddl(
+        &mut self,
+        kind: &'static str,
+        sql: &str,
+        default_db: &str,
+        tables: Vec<TableRef>,
+        renamed_to: Vec<TableRef>,
+        start: u64,
+        ts: u32,
+    ) -> Result<(), CaptureError> {
+        let resolve = |t: &TableRef| {
+            (
+                t.database.clone().unwrap_or_else(|| default_db.to_string()),
+                t.table.clone(),
+            )
+        };
+        for (i, t) in tables.iter().enumerate() {
+            let (db, table) = resolve(t);
+            let new_name = renamed_to.get(i).map(resolve);
+            self.schemas.remove(&(db.clone(), table.clone()));
+            self.decoders
+                .retain(|_, d| !(d.database == db && d.table == table));
+            if let Some(s) = self.snapshot.as_mut() {
+                s.on_ddl(&db, &table, kind == "drop" || new_name.is_some());
+            }
+            if !self.filter.wants(&db, &table) {
+                continue;
+            }
+            // The schema after the statement: of the new name for renames, none for drops.
+            let after = match (&new_name, kind) {
+                (_, "drop") => None,
+                (Some((ndb, nt)), _) => {
+                    self.schemas.remove(&(ndb.clone(), nt.clone()));
+                    self.schema_of(ndb, nt).await?
+                }
+                (None, _) => self.schema_of(&db, &table).await?,
+            };
+            let op = if kind == "truncate" {
+                Op::Truncate
+            } else {
+                Op::Ddl
+            };
+            let event = v1::ChangeEvent {
+                contract: CONTRACT_VERSION,
+                source: Some(self.source.clone()),
+                op: op as i32,
+                database: db.clone(),
+                table: table.clone(),
+                version: mysql_version(&self.file, start, 0)?,
+                position: Some(self.position(start, 0)),
+                commit_time_micros: i64::from(ts) * 1_000_000,
+                capture_time_micros: now_micros(),
+                transaction: self.tx.as_ref().map(|t| v1::Transaction {
+                    id: t.id.clone(),
+                    index: 0,
+                    last: true,
+                }),
+                schema_id: after.as_ref().map(|s| s.schema_id).unwrap_or(0),
+                schema: after.clone(),
+                key: None,
+                before: None,
+                after: None,
+                ddl: Some(v1::Ddl {
+                    statement: sql.to_string(),
+                    schema: after.clone(),
+                    new_database: new_name.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
+                    new_table: new_name.as_ref().map(|n| n.1.clone()).unwrap_or_default(),
+                    kind: kind.to_string(),
+                }),
+                mongo: None,
+            };
+            let topic = self.topics.topic(&db, &table)?;
+            let payload = event.encode_to_vec();
+            let key = event_key(&db, &table, &[]);
+            self.publisher
+                .send_to_every_partition(&topic, &key, &payload)
+                .await?;
+            self.publish_metrics
+                .events
+                .with_label_values(&[&db, &table, op_label(op)])
+                .inc();
+            tracing::info!(database = %db, table = %table, kind, "DDL published");
+        }
+        Ok(())
+    }
+}
+
+/// The `op` label of an event counter.
+fn op_label(op: Op) -> &'static str {
+    match op {
+        Op::Insert => "insert",
+        Op::Update => "update",
+        Op::Delete => "delete",
+        Op::SnapshotRead => "snapshot_read",
+        Op::Ddl => "ddl",
+        Op::Truncate => "truncate",
+        _ => "other",
+    }
+}

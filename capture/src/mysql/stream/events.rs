@@ -1,0 +1,446 @@
+//! One function per binlog event kind: what each does to the loop's state and what it
+//! publishes.
+//!
+//! - rotate: the file being read (and, between transactions, the resume point);
+//! - GTID (MySQL's, MariaDB's raw `0xa2`), anonymous GTID and `BEGIN`: a transaction begins;
+//! - query: classified by [`crate::mysql::ddl::classify`]: COMMIT/ROLLBACK commit, a DDL
+//!   statement is published (see `ddl`) and commits, a database statement drops its cached
+//!   schemas;
+//! - XID: commit;
+//! - table map: the decoder of the rows that follow (schema, topic, counters, worked out once);
+//! - rows: one event per row change, encoded from the row's bytes (see [`Image`]).
+//!
+//! A commit queues a mark (`marks`): the resume point after it. An event cut off by a lost
+//! connection is read again, with the same versions, from the last commit.
+
+use mysql_async::binlog::events::{
+    Event, EventData, GtidEvent, QueryEvent, RotateEvent, RowsEventData, TableMapEvent,
+};
+use sluice_common::clock::now_micros;
+use sluice_proto::v1::{self, Op};
+use sluice_proto::{mysql_version, EventHeader, CONTRACT_VERSION};
+
+use super::context::{Capture, DecoderEntry};
+use crate::error::{CaptureError, Origin};
+use crate::mysql::ddl::{self, Statement, TxControl};
+use crate::mysql::decode::{DecodeError, Image, TableDecoder};
+use crate::mysql::position::BinlogPos;
+use crate::mysql::schema;
+
+/// One event a row change becomes: op, the image its key comes from, before, after.
+type RowOut<'a> = (Op, &'a Image, Option<&'a Image>, Option<&'a Image>);
+
+impl Capture {
+    /// Dispatch one binlog event (its header's position and time first).
+    pub(super) async fn handle(
+        &mut self,
+        event: &Event,
+        table_map: Option<TableMapEvent<'static>>,
+    ) -> Result<(), CaptureError> {
+        let header = event.header();
+        let end = u64::from(header.log_pos());
+        let start = end.saturating_sub(u64::from(header.event_size()));
+        let ts = header.timestamp();
+        if ts != 0 {
+            let lag = (now_micros() / 1_000_000 - i64::from(ts)).max(0);
+            self.publish_metrics.lag_seconds.set(lag);
+        }
+        if end != 0 {
+            self.metrics.offset.set(end as i64);
+            self.read_to = end;
+        }
+        match header.event_type_raw() {
+            0xa2 => {
+                self.on_mariadb_gtid(event.data(), header.server_id(), ts);
+                return Ok(());
+            }
+            0xa0 | 0xa1 | 0xa3 => return Ok(()),
+            // MariaDB's compressed query and rows events: never skip rows silently.
+            0xa4..=0xa9 => {
+                return Err(CaptureError::source(format!(
+                    "{}:{start}: a compressed MariaDB binlog event (type {:#x}); binlog \
+                     compression is not supported: set log_bin_compress=OFF on the source",
+                    self.file,
+                    header.event_type_raw()
+                )))
+            }
+            _ => {}
+        }
+        let data = match event.read_data() {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                return Err(CaptureError::source(format!(
+                    "cannot parse binlog event type {} at {}:{start}: {e}",
+                    header.event_type_raw(),
+                    self.file
+                )))
+            }
+        };
+        match data {
+            EventData::RotateEvent(r) => self.on_rotate(&r),
+            EventData::GtidEvent(g) => self.on_gtid(&g, ts),
+            EventData::AnonymousGtidEvent(_) => {
+                self.begin(
+                    format!("{}:{start}", self.file),
+                    String::new(),
+                    i64::from(ts) * 1_000_000,
+                );
+            }
+            EventData::QueryEvent(q) => self.on_query(&q, start, end, ts).await?,
+            EventData::XidEvent(_) => self.commit(end).await?,
+            // While skipping to a start time, a table map is not needed: a transaction
+            // begins (ending the skip) before its own table maps.
+            EventData::TableMapEvent(_) if self.skip_until.is_none() => {
+                if let Some(tme) = table_map {
+                    self.on_table_map(tme).await?;
+                }
+            }
+            EventData::RowsEvent(rows) if self.skip_until.is_none() => {
+                self.on_rows(&rows, start, ts).await?;
+            }
+            EventData::HeartbeatEvent if self.tx.is_none() => {
+                self.publish_metrics.lag_seconds.set(0);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A new binlog file (or, first in a dump, the file the dump starts in).
+    fn on_rotate(&mut self, r: &RotateEvent<'_>) {
+        let mut name = r.name().to_string();
+        if !self.server.binlogs.contains(&name) && name.len() > 4 {
+            // The fake rotate's name may carry the checksum bytes at its end.
+            let trimmed =
+                String::from_utf8_lossy(&r.name_raw()[..r.name_raw().len() - 4]).to_string();
+            if self.server.binlogs.contains(&trimmed)
+                || sluice_proto::binlog_file_seq(&name).is_err()
+            {
+                name = trimmed;
+            }
+        }
+        if !self.server.binlogs.contains(&name) {
+            self.server.binlogs.push(name.clone());
+        }
+        if let Ok(seq) = sluice_proto::binlog_file_seq(&name) {
+            self.metrics.file_number.set(seq as i64);
+        }
+        self.file = name;
+        self.read_to = r.position().max(4);
+        if self.tx.is_none() {
+            self.resume = BinlogPos {
+                file: self.file.clone(),
+                pos: r.position().max(4),
+            };
+        }
+    }
+
+    /// MariaDB's GTID event (raw bytes): seq_no u64, domain u32, flags u8.
+    fn on_mariadb_gtid(&mut self, d: &[u8], server_id: u32, ts: u32) {
+        if d.len() >= 13 {
+            let seq = u64::from_le_bytes(d[0..8].try_into().expect("8 bytes"));
+            let domain = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
+            let gtid = format!("{domain}-{server_id}-{seq}");
+            self.begin(gtid.clone(), gtid, i64::from(ts) * 1_000_000);
+        }
+    }
+
+    /// MySQL's GTID event; MySQL 8 stamps it with the commit's microseconds.
+    fn on_gtid(&mut self, g: &GtidEvent, ts: u32) {
+        let gtid = format!("{}:{}", uuid_text(&g.sid()), g.gno());
+        let commit = g.immediate_commit_timestamp();
+        let micros = if commit > 0 {
+            commit as i64
+        } else {
+            i64::from(ts) * 1_000_000
+        };
+        self.begin(gtid.clone(), gtid, micros);
+    }
+
+    /// A statement: transaction control, DDL, a database statement, or anything else (which
+    /// commits when outside a transaction).
+    async fn on_query(
+        &mut self,
+        q: &QueryEvent<'_>,
+        start: u64,
+        end: u64,
+        ts: u32,
+    ) -> Result<(), CaptureError> {
+        let sql = q.query().to_string();
+        let default_db = q.schema().to_string();
+        match ddl::classify(&sql) {
+            Statement::Transaction(TxControl::Begin) => {
+                if self.tx.is_none() {
+                    self.begin(
+                        format!("{}:{start}", self.file),
+                        String::new(),
+                        i64::from(ts) * 1_000_000,
+                    );
+                }
+            }
+            Statement::Transaction(TxControl::Commit | TxControl::Rollback) => {
+                self.commit(end).await?
+            }
+            Statement::Transaction(TxControl::Other) => {}
+            Statement::Ddl {
+                kind,
+                tables,
+                renamed_to,
+            } => {
+                if self.skip_until.is_none() {
+                    self.apply_ddl(kind, &sql, &default_db, tables, renamed_to, start, ts)
+                        .await?;
+                }
+                self.commit(end).await?;
+            }
+            Statement::Database { kind, name } => {
+                tracing::info!(kind, database = %name, "database statement");
+                self.schemas.retain(|(db, _), _| db != &name);
+                self.commit(end).await?;
+            }
+            Statement::Other => {
+                if self.tx.is_none() {
+                    self.commit(end).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A table map: the decoder of its table's rows, rebuilt when the schema changed.
+    async fn on_table_map(&mut self, tme: TableMapEvent<'static>) -> Result<(), CaptureError> {
+        let table_id = tme.table_id();
+        let (database, table) = (
+            tme.database_name().to_string(),
+            tme.table_name().to_string(),
+        );
+        if !self.filter.wants(&database, &table) {
+            self.decoders.remove(&table_id);
+            return Ok(());
+        }
+        let current = self.schema_of(&database, &table).await?;
+        // With binlog_row_metadata=FULL the table map says what the columns were when the rows
+        // were written; information_schema says what they are now.
+        let schema = match schema::from_table_map(&tme, current.as_ref()) {
+            Some(s) => {
+                self.publish_schema(&s).await?;
+                s
+            }
+            None => current.ok_or_else(|| {
+                CaptureError::definite(
+                    Origin::Decode,
+                    format!(
+                        "{database}.{table} is in the binlog at {}:{} but not in \
+                         information_schema (dropped since?), and the binlog carries no column \
+                         metadata (binlog_row_metadata is not FULL): its rows cannot be decoded",
+                        self.file, self.resume.pos
+                    ),
+                )
+            })?,
+        };
+        if let Some(d) = self.decoders.get(&table_id) {
+            if d.schema.schema_id == schema.schema_id {
+                return Ok(());
+            }
+        }
+        let decoder = TableDecoder::new(&tme, &schema).map_err(|e| {
+            CaptureError::decode(
+                &format!("{database}.{table}"),
+                &format!("{}:{}", self.file, self.resume.pos),
+                e,
+            )
+        })?;
+        let topic = self.topics.topic(&database, &table)?;
+        let counter = |op: &str| {
+            self.publish_metrics
+                .events
+                .with_label_values(&[&database, &table, op])
+        };
+        let counters = [counter("insert"), counter("update"), counter("delete")];
+        let bytes = self
+            .publish_metrics
+            .bytes
+            .with_label_values(&[&database, &table]);
+        self.decoders.insert(
+            table_id,
+            DecoderEntry {
+                key_prefix: sluice_proto::event_key_prefix(&database, &table),
+                database,
+                table,
+                schema: std::sync::Arc::new(schema),
+                decoder: std::sync::Arc::new(decoder),
+                topic,
+                counters,
+                bytes,
+            },
+        );
+        Ok(())
+    }
+
+    /// A rows event: one change event per row (two for a row whose key moved).
+    async fn on_rows(
+        &mut self,
+        rows: &RowsEventData<'_>,
+        start: u64,
+        ts: u32,
+    ) -> Result<(), CaptureError> {
+        let Some(entry) = self.decoders.get(&rows.table_id()) else {
+            return Ok(()); // a table the filter leaves out
+        };
+        if entry.schema.primary_key.is_empty()
+            && self
+                .snapshot
+                .as_ref()
+                .is_some_and(|r| r.pending_table(&entry.key_prefix))
+        {
+            // A keyless table waiting for its snapshot: the snapshot, taken at a later
+            // position, holds these rows; published here too they would be there twice.
+            return Ok(());
+        }
+        let decoder = entry.decoder.clone();
+        let schema = entry.schema.clone();
+        let topic = entry.topic.clone();
+        let key_prefix = entry.key_prefix.clone();
+        let counters = entry.counters.clone();
+        let bytes = entry.bytes.clone();
+        self.publisher.ensure_topic(&topic, false).await?;
+        let commit_time = self
+            .tx
+            .as_ref()
+            .map(|t| t.commit_time_micros)
+            .unwrap_or(i64::from(ts) * 1_000_000);
+        // Everything but the row's own fields (op, version, row, transaction index, key and
+        // images) is the same for every row of this event: encoded once, in `header`.
+        let event = v1::ChangeEvent {
+            contract: CONTRACT_VERSION,
+            source: Some(self.source.clone()),
+            op: 0,
+            database: schema.database.clone(),
+            table: schema.table.clone(),
+            version: 0,
+            position: Some(self.position(start, 0)),
+            commit_time_micros: commit_time,
+            capture_time_micros: now_micros(),
+            transaction: self.tx.as_ref().map(|t| v1::Transaction {
+                id: t.id.clone(),
+                index: 0,
+                last: false,
+            }),
+            schema_id: schema.schema_id,
+            schema: None,
+            key: None,
+            before: None,
+            after: None,
+            ddl: None,
+            mongo: None,
+        };
+        let header = EventHeader::new(&event);
+        // The first row's version; row `r`'s is `r` more (checked for overflow per row).
+        let base_version = mysql_version(&self.file, start, 0)?;
+        let pk = &schema.primary_key;
+        let mut payload = Vec::with_capacity(1024);
+        let mut key_bytes = Vec::with_capacity(64);
+        let mut key_row = Vec::with_capacity(32);
+        let (mut before, mut after) = (Image::default(), Image::default());
+        let mut changes = decoder.rows(rows);
+        let decode_error = |e: DecodeError| {
+            CaptureError::decode(
+                &format!("{}.{}", schema.database, schema.table),
+                &format!("{}:{start}", self.file),
+                e,
+            )
+        };
+        let mut row = 0u32;
+        while let Some(images) = changes
+            .next_into(&mut before, &mut after)
+            .map_err(decode_error)?
+        {
+            let version = if start + u64::from(row) < 1 << 32 {
+                base_version + u64::from(row)
+            } else {
+                mysql_version(&self.file, start, row)?
+            };
+            // (op, the image the key comes from, before, after)
+            let out: [Option<RowOut>; 2] = match images {
+                (false, true) => [Some((Op::Insert, &after, None, Some(&after))), None],
+                (true, false) => [Some((Op::Delete, &before, Some(&before), None)), None],
+                (true, true) if !pk.is_empty() && !before.same_key(&after, pk) => [
+                    // A moved row: delete the old key, insert the new one, each on its own
+                    // key's partition.
+                    Some((Op::Delete, &before, Some(&before), None)),
+                    Some((Op::Insert, &after, None, Some(&after))),
+                ],
+                (true, true) => [
+                    Some((Op::Update, &after, Some(&before), Some(&after))),
+                    None,
+                ],
+                (false, false) => [None, None],
+            };
+            for (op, keyed, b, a) in out.into_iter().flatten() {
+                let index = match self.tx.as_mut() {
+                    Some(t) => {
+                        t.index += 1;
+                        t.index - 1
+                    }
+                    None => 0,
+                };
+                keyed.event_key(&key_prefix, pk, &mut key_bytes);
+                if let Some(s) = self.snapshot.as_mut() {
+                    s.touch(&key_prefix, &key_bytes);
+                }
+                keyed.key_row(pk, &mut key_row);
+                payload.clear();
+                header.encode(
+                    op,
+                    version,
+                    row,
+                    index,
+                    &key_row,
+                    b.map(Image::bytes),
+                    a.map(Image::bytes),
+                    &mut payload,
+                );
+                counters[match op {
+                    Op::Insert => 0,
+                    Op::Update => 1,
+                    _ => 2,
+                }]
+                .inc();
+                bytes.inc_by(payload.len() as u64);
+                self.publisher
+                    .send(&topic, &key_bytes, &payload, None)
+                    .await?;
+            }
+            row += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The parsed table map of a TABLE_MAP event, owned (the stream keeps its own copy).
+pub(super) fn stream_tables(
+    stream: &mysql_async::BinlogStream,
+    event: &Event,
+) -> Option<TableMapEvent<'static>> {
+    if event.header().event_type_raw() != 19 {
+        return None; // not TABLE_MAP_EVENT
+    }
+    let Ok(Some(EventData::TableMapEvent(tme))) = event.read_data() else {
+        return None;
+    };
+    stream.get_tme(tme.table_id()).cloned()
+}
+
+/// A server uuid as MySQL writes it: `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+fn uuid_text(sid: &[u8; 16]) -> String {
+    let h = sluice_common::hex::encode(sid);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}

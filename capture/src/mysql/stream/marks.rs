@@ -1,0 +1,109 @@
+//! Transactions, where the stream stands, and the marks that become checkpoints.
+//!
+//! A transaction begins at its GTID (or BEGIN) event and commits at XID, COMMIT or a DDL
+//! statement. Each commit moves the resume point to the end of the committing event and queues
+//! a mark: a [`Checkpoint`] of that point (with the last GTID, the server's identity and the
+//! snapshot's progress), which the publisher stores once Kafka acknowledged every event before
+//! it. So a restart, or a reconnect, begins after the last whole transaction.
+//!
+//! The stream's position as a version (`file number << 32 | offset`) orders snapshot chunks
+//! against the stream: an event read is "before" a position when its file and offset are.
+
+use sluice_common::clock::now_secs;
+use sluice_proto::v1;
+
+use super::context::{Capture, TxState};
+use crate::error::CaptureError;
+use crate::mysql::position::{BinlogPos, Checkpoint};
+use crate::snapshot::SnapshotProgress;
+
+impl Capture {
+    /// A transaction begins; while starting from a time, the first one committed at or after
+    /// it ends the skip.
+    pub(super) fn begin(&mut self, id: String, gtid: String, commit_time_micros: i64) {
+        if let Some(t) = self.skip_until {
+            if commit_time_micros / 1_000_000 >= t as i64 {
+                tracing::info!(from = %id, "reached the start time");
+                self.skip_until = None;
+            }
+        }
+        self.tx = Some(TxState {
+            id,
+            gtid,
+            index: 0,
+            commit_time_micros,
+        });
+    }
+
+    /// The transaction (if any) ends at `end`: resume there from now on.
+    pub(super) async fn commit(&mut self, end: u64) -> Result<(), CaptureError> {
+        let tx = self.tx.take();
+        if let Some(tx) = &tx {
+            if !tx.gtid.is_empty() {
+                self.last_gtid = tx.gtid.clone();
+            }
+        }
+        self.resume = BinlogPos {
+            file: self.file.clone(),
+            pos: end,
+        };
+        self.mark_now().await
+    }
+
+    /// Queue a checkpoint at the current position (between transactions).
+    pub(super) async fn mark_now(&mut self) -> Result<(), CaptureError> {
+        let progress = self.snapshot.as_ref().map(|s| s.progress());
+        self.mark_with(progress).await
+    }
+
+    /// Queue a checkpoint at the current position with this snapshot progress.
+    pub(super) async fn mark_with(
+        &mut self,
+        snapshot: Option<std::sync::Arc<SnapshotProgress>>,
+    ) -> Result<(), CaptureError> {
+        let checkpoint = Checkpoint {
+            next: self.resume.clone(),
+            last_gtid: self.last_gtid.clone(),
+            server_id: self.server.server_id,
+            server_uuid: self.server.server_uuid.clone(),
+            written_at: now_secs(),
+            snapshot,
+            snapshots_done: self.snapshots_done.clone(),
+        };
+        self.publisher.mark(checkpoint).await?;
+        Ok(())
+    }
+
+    /// The position of an event (`pos`, the `row`th row) in the file being read, with the
+    /// transaction's GTID.
+    pub(super) fn position(&self, pos: u64, row: u32) -> v1::Position {
+        v1::Position {
+            kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
+                file: self.file.clone(),
+                pos,
+                commit_pos: 0,
+                gtid: self.tx.as_ref().map(|t| t.gtid.clone()).unwrap_or_default(),
+                gtid_set: String::new(),
+                row,
+            })),
+        }
+    }
+
+    /// The stream's position as a version: every event read so far is below it.
+    pub(super) fn stream_version(&self) -> u64 {
+        let seq = sluice_proto::binlog_file_seq(&self.file).unwrap_or(0);
+        seq << 32 | self.read_to
+    }
+
+    /// `a` comes before `b` in the binlog.
+    pub(super) fn before_pos(&self, a: &BinlogPos, b: &BinlogPos) -> bool {
+        let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
+        (seq(&a.file), a.pos) < (seq(&b.file), b.pos)
+    }
+
+    /// The stream has not read up to `p` yet.
+    pub(super) fn before(&self, p: &BinlogPos) -> bool {
+        let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
+        (seq(&self.file), self.read_to) < (seq(&p.file), p.pos)
+    }
+}

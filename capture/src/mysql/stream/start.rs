@@ -1,0 +1,340 @@
+//! Where the capture begins, and the checks that make resuming safe.
+//!
+//! With a checkpoint the capture resumes at its binlog coordinate, after checking that the
+//! source is the server the checkpoint was written reading (`server_id`, `server_uuid`) and
+//! that it still has that binlog file; either failing stops it with a message saying what to do.
+//! Without one it starts at `[mysql] start` (`end`, `earliest`, `FILE:POS`, `gtid:SET`,
+//! `time:...`), and stores that position at once, so that a capture killed before its first
+//! checkpointed transaction does not start again at a later `end`. Every (re)connection opens
+//! the binlog dump at the position after the last commit.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use mysql_async::prelude::Queryable;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
+use prometheus::Registry;
+use sluice_proto::v1;
+
+use super::context::{Capture, ServerInfo, StreamMetrics};
+use super::SYSTEM_DATABASES;
+use crate::error::{CaptureError, Origin};
+use crate::filter::Filter;
+use crate::mysql::position::{BinlogPos, Checkpoint, Start};
+use crate::mysql::Config;
+use crate::publish::{read_checkpoint, PublishMetrics, Publisher};
+use crate::snapshot::SnapshotMetrics;
+
+impl Capture {
+    /// Connect to the server and to Kafka, read the checkpoint: the state before the start
+    /// position is known.
+    pub(super) async fn connect(
+        config: Config,
+        registry: &Registry,
+    ) -> Result<(Self, Option<Checkpoint>), CaptureError> {
+        let opts = Opts::from_url(&config.mysql.url).expect("validated at load");
+        let mut schema_conn = Conn::new(opts.clone()).await?;
+        let server = server_info(&mut schema_conn).await?;
+        let filter = Filter::new(&config.filter, SYSTEM_DATABASES)
+            .map_err(|(k, m)| CaptureError::definite(Origin::Config, format!("{k}: {m}")))?;
+        let topics = config.topics.template()?;
+        let publish_metrics = PublishMetrics::new(registry).expect("metrics register once");
+        let metrics = StreamMetrics::new(registry).expect("metrics register once");
+        let snapshot_metrics =
+            Arc::new(SnapshotMetrics::new(registry).expect("metrics register once"));
+        let checkpoint: Option<Checkpoint> = read_checkpoint(
+            &config.kafka,
+            &config.publish.checkpoint_topic,
+            &config.connector,
+            "capture-mysql",
+        )
+        .await?;
+        let publisher = Publisher::start(
+            &config.kafka,
+            &config.publish,
+            "capture-mysql",
+            &config.connector,
+            publish_metrics.clone(),
+        )
+        .await?;
+        let source = v1::Source {
+            kind: if server.mariadb {
+                v1::SourceKind::Mariadb
+            } else {
+                v1::SourceKind::Mysql
+            } as i32,
+            connector: config.connector.clone(),
+            server_id: server.server_id,
+            server_uuid_or_replica_set: server.server_uuid.clone(),
+        };
+        let capture = Self {
+            opts,
+            schema_conn,
+            filter,
+            topics,
+            publisher,
+            metrics,
+            publish_metrics,
+            schemas: HashMap::new(),
+            decoders: HashMap::new(),
+            published_schemas: HashSet::new(),
+            file: String::new(),
+            resume: BinlogPos {
+                file: String::new(),
+                pos: 4,
+            },
+            last_gtid: String::new(),
+            tx: None,
+            skip_until: None,
+            source,
+            server,
+            config,
+            read_to: 4,
+            snapshot: None,
+            snapshots_done: Vec::new(),
+            snapshot_metrics,
+        };
+        Ok((capture, checkpoint))
+    }
+
+    /// Take up the checkpoint (or `[mysql] start`) and the snapshot that is due.
+    pub(super) async fn resume_from(
+        &mut self,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<(), CaptureError> {
+        let fresh = checkpoint.is_none();
+        let (progress, done) = checkpoint
+            .as_ref()
+            .map(|c| (c.snapshot.clone(), c.snapshots_done.clone()))
+            .unwrap_or_default();
+        self.resume = self.start_position(checkpoint).await?;
+        self.file = self.resume.file.clone();
+        self.read_to = self.resume.pos;
+        self.snapshots_done = done;
+        self.next_snapshot(progress.map(|p| (*p).clone())).await?;
+        if fresh && !self.resume.file.is_empty() && self.skip_until.is_none() {
+            // A new capture stores where it starts before anything else: killed before its
+            // first transaction is checkpointed, it must not start again at a later `end`.
+            self.mark_now().await?;
+        }
+        Ok(())
+    }
+
+    /// Where to begin: the checkpoint, or `[mysql] start`.
+    async fn start_position(
+        &mut self,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<BinlogPos, CaptureError> {
+        if let Some(c) = checkpoint {
+            if c.server_id != self.server.server_id
+                || (!c.server_uuid.is_empty() && c.server_uuid != self.server.server_uuid)
+            {
+                return Err(CaptureError::source(format!(
+                    "the checkpoint of connector {:?} was written reading server_id {} ({}), \
+                     but the source is server_id {} ({}): binlog coordinates of another server \
+                     mean nothing here. Use a new connector name (and re-snapshot) for a new \
+                     source.",
+                    self.config.connector,
+                    c.server_id,
+                    c.server_uuid,
+                    self.server.server_id,
+                    self.server.server_uuid
+                )));
+            }
+            self.check_not_purged(&c.next.file, "the stored checkpoint")?;
+            tracing::info!(resume = %c.next, gtid = %c.last_gtid, "resuming from the checkpoint");
+            self.last_gtid = c.last_gtid;
+            return Ok(c.next);
+        }
+        let start = Start::parse(&self.config.mysql.start)
+            .map_err(|e| CaptureError::definite(Origin::Config, e))?;
+        let pos = match start {
+            Start::End => {
+                let row: Option<mysql_async::Row> =
+                    self.schema_conn.query_first("SHOW MASTER STATUS").await?;
+                let row = row.ok_or_else(|| {
+                    CaptureError::source("SHOW MASTER STATUS is empty: binary logging is off")
+                })?;
+                BinlogPos {
+                    file: row.get(0).unwrap_or_default(),
+                    pos: row.get(1).unwrap_or(4),
+                }
+            }
+            Start::Earliest => BinlogPos {
+                file: self
+                    .server
+                    .binlogs
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| CaptureError::source("the server lists no binary logs"))?,
+                pos: 4,
+            },
+            Start::Timestamp(t) => {
+                self.skip_until = Some(t);
+                BinlogPos {
+                    file: self.file_before(t).await?,
+                    pos: 4,
+                }
+            }
+            Start::At(p) => {
+                self.check_not_purged(&p.file, "mysql.start")?;
+                p
+            }
+            Start::Gtid(set) => {
+                // Resolved by the server at dump time; the file comes with the first rotate.
+                self.last_gtid = set;
+                BinlogPos {
+                    file: String::new(),
+                    pos: 4,
+                }
+            }
+        };
+        tracing::info!(start = %pos, mode = %self.config.mysql.start, "starting without a checkpoint");
+        Ok(pos)
+    }
+
+    /// The newest binlog file created before `t` (UNIX seconds): every event of the files
+    /// before it is older than `t`, so reading for `time:` starts there instead of at the
+    /// oldest file. A file's creation time is the timestamp of its first events (the format
+    /// description); events inside a file are then skipped up to `t`.
+    async fn file_before(&self, t: u64) -> Result<String, CaptureError> {
+        let files = &self.server.binlogs;
+        let first = files
+            .first()
+            .cloned()
+            .ok_or_else(|| CaptureError::source("the server lists no binary logs"))?;
+        for file in files.iter().rev() {
+            match self.file_created(file).await? {
+                Some(created) if u64::from(created) < t => {
+                    tracing::info!(file = %file, created, start_time = t, "the start time is in or after this binlog file");
+                    return Ok(file.clone());
+                }
+                _ => {}
+            }
+        }
+        Ok(first)
+    }
+
+    /// The timestamp of the first timed event of a binlog file, read with a short dump.
+    async fn file_created(&self, file: &str) -> Result<Option<u32>, CaptureError> {
+        let mut conn = Conn::new(self.opts.clone()).await?;
+        if self.server.mariadb {
+            conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+        }
+        let request = BinlogStreamRequest::new(self.config.mysql.server_id)
+            .with_filename(file.as_bytes())
+            .with_pos(4u64);
+        let mut stream = conn.get_binlog_stream(request).await?;
+        // The dump begins with a rotate event stamped 0, then the file's own events.
+        for _ in 0..4 {
+            let next = tokio::time::timeout(Duration::from_secs(30), stream.next())
+                .await
+                .map_err(|_| {
+                    CaptureError::definite(
+                        Origin::Mysql,
+                        format!("no event within 30 s reading the start of binlog file {file}"),
+                    )
+                })?;
+            match next {
+                Some(Ok(event)) if event.header().timestamp() != 0 => {
+                    return Ok(Some(event.header().timestamp()))
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.into()),
+                None => break,
+            }
+        }
+        Ok(None)
+    }
+
+    /// `file` (where the checkpoint or `mysql.start` points) is still on the server.
+    fn check_not_purged(&self, file: &str, what: &str) -> Result<(), CaptureError> {
+        if self.server.binlogs.iter().any(|f| f == file) {
+            return Ok(());
+        }
+        Err(CaptureError::source(format!(
+            "{what} points into binlog file {file}, which the server no longer has (it was purged; \
+             the oldest is {}). Changes since then are lost to the binlog: re-snapshot the tables \
+             and start again from `end`, e.g. with a new connector name.",
+            self.server.binlogs.first().map(String::as_str).unwrap_or("none")
+        )))
+    }
+
+    /// Open the binlog dump at the position after the last commit (or at the GTID set, for a
+    /// `gtid:` start not yet past its first rotate), with heartbeats every `heartbeat`.
+    pub(super) async fn open_binlog(
+        &mut self,
+        heartbeat: Duration,
+    ) -> Result<BinlogStream, CaptureError> {
+        let mut conn = Conn::new(self.opts.clone()).await?;
+        conn.query_drop(format!(
+            "SET @master_heartbeat_period = {}",
+            heartbeat.as_nanos()
+        ))
+        .await?;
+        let gtid_start = self.resume.file.is_empty();
+        if self.server.mariadb {
+            // Without this MariaDB rewrites its GTID events into dummy query events.
+            conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+            if gtid_start {
+                conn.exec_drop("SET @slave_connect_state = ?", (self.last_gtid.clone(),))
+                    .await?;
+                conn.query_drop("SET @slave_gtid_strict_mode = 1").await?;
+            }
+        }
+        self.tx = None;
+        let file = self.resume.file.clone();
+        let mut request = BinlogStreamRequest::new(self.config.mysql.server_id)
+            .with_filename(file.as_bytes())
+            .with_pos(self.resume.pos);
+        if gtid_start && !self.server.mariadb {
+            let set = parse_mysql_gtid_set(&self.last_gtid)
+                .map_err(|e| CaptureError::definite(Origin::Config, e))?;
+            request = request.with_gtid().with_gtid_set(set);
+        }
+        let stream = conn.get_binlog_stream(request).await?;
+        tracing::info!(from = %self.resume, gtid = %self.last_gtid, "reading the binlog");
+        Ok(stream)
+    }
+}
+
+/// The server's id, uuid (MySQL), flavour and binlog files.
+async fn server_info(conn: &mut Conn) -> Result<ServerInfo, CaptureError> {
+    let (server_id, version): (u32, String) = conn
+        .query_first("SELECT @@server_id, @@version")
+        .await?
+        .unwrap_or_default();
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let server_uuid: String = if mariadb {
+        String::new()
+    } else {
+        conn.query_first("SELECT @@server_uuid")
+            .await?
+            .unwrap_or_default()
+    };
+    let binlogs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await?;
+    let binlogs = binlogs
+        .into_iter()
+        .filter_map(|r| r.get::<String, _>(0))
+        .collect();
+    Ok(ServerInfo {
+        server_id,
+        server_uuid,
+        mariadb,
+        binlogs,
+    })
+}
+
+/// A MySQL GTID set `uuid:1-5:7,uuid2:1-3` for COM_BINLOG_DUMP_GTID.
+fn parse_mysql_gtid_set(set: &str) -> Result<Vec<mysql_async::Sid<'static>>, String> {
+    let mut out = Vec::new();
+    for part in set.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let sid: mysql_async::Sid<'static> = part
+            .parse()
+            .map_err(|e| format!("GTID set {part:?}: {e:?}"))?;
+        out.push(sid);
+    }
+    Ok(out)
+}
