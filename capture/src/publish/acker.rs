@@ -1,0 +1,140 @@
+//! The acker: one task that takes the publisher's marks in order, waits until every record
+//! before a mark is acknowledged, and writes the mark's checkpoint to the checkpoint topic
+//! (compacted, key = connector) at most every `checkpoint_interval_ms`, and always at the end.
+//! A failed delivery ends it with the failure: the capture stops, and resumes from the last
+//! checkpoint written.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::Producer;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::ledger::KafkaProducer;
+use super::publisher::produce;
+use super::{PublishError, PublishMetrics};
+
+/// A point the acker waits for: every record below `upto` acknowledged.
+pub(super) enum Mark<C> {
+    /// ... makes `checkpoint` safe to resume from.
+    At { upto: u64, checkpoint: C },
+    /// ... and then the acker writes the last checkpoint and returns.
+    End { upto: u64 },
+}
+
+pub(super) async fn ack_loop<C: Serialize + Clone>(
+    mut rx: mpsc::Receiver<Mark<C>>,
+    producer: Arc<KafkaProducer>,
+    next: Arc<AtomicU64>,
+    topic: String,
+    connector: String,
+    interval: Duration,
+    metrics: PublishMetrics,
+) -> Result<Option<C>, PublishError> {
+    let ledger = producer.context();
+    let mut acked = ledger.acked.subscribe();
+    let mut failed = ledger.failed.subscribe();
+    let mut safe: Option<C> = None;
+    let mut written = true; // nothing to write yet
+    let mut last_write = Instant::now();
+    // Write `c` to the checkpoint topic and wait for it (and every record before it).
+    let write = |c: C| {
+        let producer = producer.clone();
+        let next = next.clone();
+        let topic = topic.clone();
+        let connector = connector.clone();
+        let metrics = metrics.clone();
+        async move {
+            let payload = serde_json::to_vec(&c).expect("checkpoints serialize");
+            let result = async {
+                let seq = produce(
+                    &producer,
+                    &next,
+                    &topic,
+                    connector.as_bytes(),
+                    &payload,
+                    None,
+                )
+                .await?;
+                let mut rx = producer.context().acked.subscribe();
+                producer.context().wait(&mut rx, seq + 1).await
+            }
+            .await;
+            match result {
+                Ok(()) => {
+                    metrics.checkpoints.with_label_values(&["ok"]).inc();
+                    Ok(())
+                }
+                Err(e) => {
+                    metrics.checkpoints.with_label_values(&["error"]).inc();
+                    Err(PublishError::Checkpoint {
+                        topic: topic.clone(),
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        }
+    };
+    let due = |last_write: Instant| tokio::time::Instant::from_std(last_write + interval);
+    loop {
+        // The next mark; meanwhile a checkpoint held is written when its interval is up, and a
+        // failed delivery ends the loop.
+        let mark = tokio::select! {
+            m = rx.recv() => m,
+            _ = tokio::time::sleep_until(due(last_write)), if !written => {
+                write(safe.clone().expect("pending")).await?;
+                written = true;
+                last_write = Instant::now();
+                continue;
+            }
+            changed = failed.changed() => {
+                changed.map_err(|_| PublishError::AckerGone)?;
+                if let Some(e) = ledger.failure() {
+                    return Err(e);
+                }
+                continue;
+            }
+        };
+        let (upto, checkpoint) = match mark {
+            Some(Mark::At { upto, checkpoint }) => (upto, Some(checkpoint)),
+            Some(Mark::End { upto }) => (upto, None),
+            None => (next.load(Ordering::Relaxed), None),
+        };
+        // Wait for the mark's records, writing a held checkpoint when its interval is up.
+        loop {
+            if let Some(e) = ledger.failure() {
+                return Err(e);
+            }
+            if *acked.borrow_and_update() >= upto {
+                break;
+            }
+            tokio::select! {
+                changed = acked.changed() => changed.map_err(|_| PublishError::AckerGone)?,
+                _ = tokio::time::sleep_until(due(last_write)), if !written => {
+                    write(safe.clone().expect("pending")).await?;
+                    written = true;
+                    last_write = Instant::now();
+                }
+            }
+        }
+        match checkpoint {
+            Some(c) => {
+                safe = Some(c);
+                written = false;
+                if last_write.elapsed() >= interval {
+                    write(safe.clone().expect("set")).await?;
+                    written = true;
+                    last_write = Instant::now();
+                }
+            }
+            None => {
+                if !written {
+                    write(safe.clone().expect("pending")).await?;
+                }
+                return Ok(safe);
+            }
+        }
+    }
+}

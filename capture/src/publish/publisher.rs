@@ -1,0 +1,273 @@
+//! The [`Publisher`]: hands records to Kafka in order, without waiting for each, within the
+//! `max_in_flight` / `max_in_flight_bytes` bounds, each numbered for the `Ledger` as it goes
+//! (`produce`, which the acker's checkpoint records use too); creates topics; queues marks for
+//! the acker.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, Producer};
+use serde::Serialize;
+use sluice_common::KafkaConfig;
+use tokio::sync::{mpsc, watch};
+
+use super::acker::{ack_loop, Mark};
+use super::ledger::{full, KafkaProducer, Ledger};
+use super::{PublishConfig, PublishError, PublishMetrics};
+
+/// Hands records to Kafka in order and marks safe resume points. See [`crate::publish`].
+pub struct Publisher<C> {
+    producer: Arc<KafkaProducer>,
+    kafka: KafkaConfig,
+    client_id: String,
+    config: PublishConfig,
+    /// Topics known to exist, with their partition counts.
+    topics: HashMap<String, i32>,
+    /// The next record's sequence number (shared with the acker's checkpoint records).
+    next: Arc<AtomicU64>,
+    /// The gap-free acknowledged count, and the last value read of it.
+    acked: watch::Receiver<u64>,
+    acked_seen: u64,
+    marks: mpsc::Sender<Mark<C>>,
+    acker: tokio::task::JoinHandle<Result<Option<C>, PublishError>>,
+    timeout: Duration,
+}
+
+/// Hand one record to the producer, waiting while its queue is full; returns its sequence
+/// number.
+pub(super) async fn produce(
+    producer: &KafkaProducer,
+    next: &AtomicU64,
+    topic: &str,
+    key: &[u8],
+    payload: &[u8],
+    partition: Option<i32>,
+) -> Result<u64, PublishError> {
+    let seq = next.fetch_add(1, Ordering::Relaxed);
+    let mut record = BaseRecord::with_opaque_to(topic, seq as usize)
+        .key(key)
+        .payload(payload);
+    if let Some(p) = partition {
+        record = record.partition(p);
+    }
+    loop {
+        match producer.send(record) {
+            Ok(()) => {
+                let size = key.len() + payload.len();
+                producer
+                    .context()
+                    .sent_bytes
+                    .fetch_add(size as u64, Ordering::Release);
+                return Ok(seq);
+            }
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Err((e, _)) => {
+                // The sequence number will never be acknowledged: nothing after it counts.
+                producer.context().fail(topic, e.to_string());
+                return Err(e.into());
+            }
+        }
+    }
+}
+
+impl<C> Publisher<C>
+where
+    C: Serialize + Clone + Send + Sync + 'static,
+{
+    /// Connect, make sure the schema and checkpoint topics exist, start the acker. Checkpoints
+    /// are written under `connector`.
+    pub async fn start(
+        kafka: &KafkaConfig,
+        config: &PublishConfig,
+        client_id: &str,
+        connector: &str,
+        metrics: PublishMetrics,
+    ) -> Result<Self, PublishError> {
+        let mut producer_config = kafka.producer_config(client_id);
+        producer_config.set("message.timeout.ms", config.delivery_timeout_ms.to_string());
+        producer_config.set("message.max.bytes", config.max_message_bytes.to_string());
+        let producer: KafkaProducer =
+            producer_config.create_with_context(Ledger::new(metrics.produce_latency.clone()))?;
+        let producer = Arc::new(producer);
+        let acked = producer.context().acked.subscribe();
+        let next = Arc::new(AtomicU64::new(0));
+        // Marks come once per source transaction; the bound only keeps a stalled broker from
+        // growing memory (records are bounded by max_in_flight).
+        let (tx, rx) = mpsc::channel(config.max_in_flight.clamp(1, 65536));
+        let acker = tokio::spawn(ack_loop(
+            rx,
+            producer.clone(),
+            next.clone(),
+            config.checkpoint_topic.clone(),
+            connector.to_string(),
+            Duration::from_millis(config.checkpoint_interval_ms),
+            metrics,
+        ));
+        let mut p = Self {
+            producer,
+            kafka: kafka.clone(),
+            client_id: client_id.to_string(),
+            config: config.clone(),
+            topics: HashMap::new(),
+            next,
+            acked,
+            acked_seen: 0,
+            marks: tx,
+            acker,
+            timeout: kafka.request_timeout(),
+        };
+        let (schemas, checkpoints) = (config.schema_topic.clone(), config.checkpoint_topic.clone());
+        p.ensure_topic(&schemas, true).await?;
+        p.ensure_topic(&checkpoints, true).await?;
+        Ok(p)
+    }
+
+    /// Create `topic` unless it exists; returns its partition count.
+    pub async fn ensure_topic(
+        &mut self,
+        topic: &str,
+        compacted: bool,
+    ) -> Result<i32, PublishError> {
+        if let Some(n) = self.topics.get(topic) {
+            return Ok(*n);
+        }
+        let partitions = if compacted { 1 } else { self.config.partitions };
+        let created = self
+            .kafka
+            .ensure_topic(
+                &self.client_id,
+                topic,
+                partitions,
+                self.config.replication_factor,
+                compacted,
+                (!compacted).then_some(self.config.max_message_bytes),
+            )
+            .await
+            .map_err(|reason| PublishError::CreateTopic {
+                topic: topic.to_string(),
+                reason,
+            })?;
+        if created {
+            tracing::info!(topic, partitions, compacted, "created topic");
+        }
+        let n = self.partition_count(topic).await?;
+        self.topics.insert(topic.to_string(), n);
+        Ok(n)
+    }
+
+    async fn partition_count(&self, topic: &str) -> Result<i32, PublishError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let md = self
+                .producer
+                .client()
+                .fetch_metadata(Some(topic), self.timeout)?;
+            if let Some(t) = md.topics().iter().find(|t| t.name() == topic) {
+                if t.error().is_none() && !t.partitions().is_empty() {
+                    return Ok(t.partitions().len() as i32);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(PublishError::CreateTopic {
+                    topic: topic.to_string(),
+                    reason: "created, but its metadata did not appear in time".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Hand a record to the producer, waiting while `max_in_flight` records or
+    /// `max_in_flight_bytes` bytes are unacknowledged, or the producer's queue is full.
+    pub async fn send(
+        &mut self,
+        topic: &str,
+        key: &[u8],
+        payload: &[u8],
+        partition: Option<i32>,
+    ) -> Result<(), PublishError> {
+        let max = self.config.max_in_flight as u64;
+        let max_bytes = self.config.max_in_flight_bytes as u64;
+        let ledger = self.producer.context();
+        let size = (key.len() + payload.len()) as u64;
+        let full = |next: u64, acked: u64| {
+            full(next - acked, ledger.bytes_in_flight(), size, max, max_bytes)
+        };
+        if full(self.next.load(Ordering::Relaxed), self.acked_seen) {
+            loop {
+                self.acked_seen = *self.acked.borrow_and_update();
+                if let Some(e) = ledger.failure() {
+                    return Err(e);
+                }
+                if !full(self.next.load(Ordering::Relaxed), self.acked_seen) {
+                    break;
+                }
+                self.acked
+                    .changed()
+                    .await
+                    .map_err(|_| PublishError::AckerGone)?;
+            }
+        }
+        produce(&self.producer, &self.next, topic, key, payload, partition).await?;
+        Ok(())
+    }
+
+    /// Send one record to every partition of `topic` (created if need be): a DDL or
+    /// truncate event, which every apply instance must see in order with the rows of its own
+    /// partitions. Returns the partition count.
+    pub async fn send_to_every_partition(
+        &mut self,
+        topic: &str,
+        key: &[u8],
+        payload: &[u8],
+    ) -> Result<i32, PublishError> {
+        let partitions = self.ensure_topic(topic, false).await?;
+        for p in 0..partitions {
+            self.send(topic, key, payload, Some(p)).await?;
+        }
+        Ok(partitions)
+    }
+
+    /// Publish one record and wait for its acknowledgement, and that of every record before
+    /// it (schema records).
+    pub async fn send_and_wait(
+        &self,
+        topic: &str,
+        key: &[u8],
+        payload: &[u8],
+    ) -> Result<(), PublishError> {
+        let seq = produce(&self.producer, &self.next, topic, key, payload, None).await?;
+        let mut rx = self.acked.clone();
+        self.producer.context().wait(&mut rx, seq + 1).await
+    }
+
+    /// Everything sent so far, once acknowledged, makes `checkpoint` safe to resume from.
+    pub async fn mark(&mut self, checkpoint: C) -> Result<(), PublishError> {
+        let upto = self.next.load(Ordering::Relaxed);
+        self.marks
+            .send(Mark::At { upto, checkpoint })
+            .await
+            .map_err(|_| PublishError::AckerGone)
+    }
+
+    /// True when the acker stopped (a delivery failed): the caller should `finish` to learn why.
+    pub fn failed(&self) -> bool {
+        self.acker.is_finished()
+    }
+
+    /// Wait for every record sent, write the last safe checkpoint, and return it.
+    pub async fn finish(self) -> Result<Option<C>, PublishError> {
+        let upto = self.next.load(Ordering::Relaxed);
+        let _ = self.marks.send(Mark::End { upto }).await;
+        drop(self.marks);
+        let last = self.acker.await.map_err(|_| PublishError::AckerGone)??;
+        let _ = self.producer.flush(self.timeout);
+        Ok(last)
+    }
+}
