@@ -1,7 +1,8 @@
 //! Delivery bookkeeping: every record handed to the producer gets the next sequence number
-//! (`publisher::produce`), librdkafka's delivery callbacks tick the numbers off, and the [`Ledger`] publishes how many
-//! records are acknowledged without a gap. Nothing at or after a failed record ever counts as
-//! acknowledged, so no checkpoint can pass a record that was not delivered.
+//! (`publisher::produce`), librdkafka's delivery callbacks tick the numbers off, and the
+//! [`Ledger`] publishes how many records are acknowledged without a gap. Nothing at or after a
+//! failed record ever counts as acknowledged, so no checkpoint can pass a record that was not
+//! delivered.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
