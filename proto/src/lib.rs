@@ -167,36 +167,6 @@ impl EventHeader {
     }
 }
 
-/// Append `event`, encoded, to `buf`: the same message as `event.encode(buf)` (fields in
-/// another order, which protobuf allows), for about half the work on large rows. prost works
-/// out every nested message's length again at each level (the event, its rows, each value);
-/// here each value's length is worked out once.
-pub fn encode_event(event: &mut ChangeEvent, buf: &mut Vec<u8>) {
-    let rows = [event.key.take(), event.before.take(), event.after.take()];
-    // Everything but the rows, as prost writes it (no length pass over the whole event).
-    event.encode_raw(buf);
-    let mut lens: Vec<usize> = Vec::new();
-    for (tag, row) in [13u32, 14, 15].into_iter().zip(&rows) {
-        let Some(row) = row else { continue };
-        lens.clear();
-        lens.extend(row.values.iter().map(Message::encoded_len));
-        let row_len: usize = lens
-            .iter()
-            .map(|&l| 1 + prost::encoding::encoded_len_varint(l as u64) + l)
-            .sum();
-        prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, buf);
-        prost::encoding::encode_varint(row_len as u64, buf);
-        for (v, &l) in row.values.iter().zip(&lens) {
-            // Row.values is field 1 (key byte 0x0a).
-            prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, buf);
-            prost::encoding::encode_varint(l as u64, buf);
-            v.encode_raw(buf);
-        }
-    }
-    let [key, before, after] = rows;
-    (event.key, event.before, event.after) = (key, before, after);
-}
-
 /// The contract version written into `ChangeEvent::contract`.
 pub const CONTRACT_VERSION: u32 = 1;
 

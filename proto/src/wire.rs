@@ -29,22 +29,7 @@ pub fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
-/// The key byte of field `tag` with `wire_type`: one byte holds fields 1 to 15 only, so a
-/// larger `tag` is refused (at build time where the key is a constant). Prefer the generated
-/// keys of [`crate::tags`], which come from the `.proto` and have the right length for every
-/// field.
-pub const fn key(tag: u8, wire_type: u8) -> u8 {
-    assert!(
-        tag >= 1 && tag < 16,
-        "fields from 16 on take a two-byte key"
-    );
-    (tag << 3) | wire_type
-}
-
-pub const VARINT: u8 = 0;
-pub const FIXED64: u8 = 1;
-pub const LEN: u8 = 2;
-pub const FIXED32: u8 = 5;
+// Field keys come from the `.proto`: [`crate::tags`] has every field's, of the right length.
 
 /// Append a length-delimited field: `key` (already encoded), the body's length, then the body
 /// `body` writes. The length is patched in afterwards; a body of 128 bytes or more is moved up by
@@ -145,7 +130,8 @@ mod tests {
         for v in [0i64, -1, 1, i64::MIN, i64::MAX] {
             let mut theirs = Vec::new();
             prost::encoding::sint64::encode(1, &v, &mut theirs);
-            let mut ours = vec![key(1, VARINT)];
+            // Field 1 as a varint: the key `Value.null` has.
+            let mut ours = crate::tags::value::NULL_KEY.to_vec();
             put_varint(zigzag(v), &mut ours);
             assert_eq!(ours, theirs, "{v}");
         }
@@ -158,7 +144,7 @@ mod tests {
             let text = "x".repeat(n);
             let ours = {
                 let mut out = vec![0xAA];
-                let range = put_delimited::<()>(&[key(7, LEN)], &mut out, |o| {
+                let range = put_delimited::<()>(&crate::tags::value::TEXT_KEY, &mut out, |o| {
                     o.extend_from_slice(text.as_bytes());
                     Ok(())
                 })

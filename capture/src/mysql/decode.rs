@@ -25,8 +25,9 @@ use std::ops::Range;
 
 use mysql_async::binlog::events::{RowsEventData, TableMapEvent};
 use prost::Message;
+use sluice_proto::tags::{event_key, row, value};
 use sluice_proto::v1::{self, TableSchema};
-use sluice_proto::wire::{self, key as k, patch_len, put_bytes, LEN, VARINT};
+use sluice_proto::wire::{patch_len, put_bytes};
 
 use column::ColumnDecoder;
 use formats::take;
@@ -98,7 +99,7 @@ impl Image {
     pub fn key_row(&self, key: &[u32], out: &mut Vec<u8>) {
         out.clear();
         for &i in key {
-            put_bytes(&[k(1, LEN)], self.value(i as usize), out);
+            put_bytes(&row::VALUES_KEY, self.value(i as usize), out);
         }
     }
 
@@ -108,7 +109,7 @@ impl Image {
         out.clear();
         out.extend_from_slice(prefix);
         for &i in key {
-            put_bytes(&[k(3, LEN)], self.value(i as usize), out);
+            put_bytes(&event_key::KEY_KEY, self.value(i as usize), out);
         }
     }
 
@@ -241,8 +242,10 @@ impl TableDecoder {
         let out = &mut image.bytes;
         let mut k = 0; // index among present columns
         for (i, col) in self.columns.iter().enumerate() {
-            // Each column is one `values` entry (field 1) holding a `Value` message.
-            out.extend_from_slice(&[wire::key(1, LEN), 0]);
+            // Each column is one `values` entry holding a `Value` message (its length patched
+            // in after it).
+            out.extend_from_slice(&row::VALUES_KEY);
+            out.push(0);
             let start = out.len();
             if !present.get(i).copied().unwrap_or(false) {
                 // An empty `Value`: the image does not hold the column.
@@ -252,7 +255,8 @@ impl TableDecoder {
             let is_null = bitmap[k / 8] & (1 << (k % 8)) != 0;
             k += 1;
             if is_null {
-                out.extend_from_slice(&[wire::key(1, VARINT), 1]); // null = true
+                out.extend_from_slice(&value::NULL_KEY);
+                out.push(1); // null = true
             } else {
                 col.encode(data, out).map_err(|e| match e {
                     Short(needed) => DecodeError::Truncated {

@@ -3,11 +3,9 @@
 //! bytes, charset, ENUM/SET members). Written as protobuf wire bytes directly: no `Value` is
 //! built on the way.
 
+use sluice_proto::tags::{date, date_time, enum_value, set_value, value};
 use sluice_proto::v1::{self, value::Kind, Column, ColumnType};
-use sluice_proto::wire::{
-    self, key as k, put_bytes, put_int32_field, put_uint_field, put_varint, zigzag, FIXED32,
-    FIXED64, LEN, VARINT,
-};
+use sluice_proto::wire::{self, put_bytes, put_int32_field, put_uint_field, put_varint, zigzag};
 
 use super::formats::{
     be, datetime2, decimal, frac_be, json_text, le, sign_extend, take_ref, time2, ColumnError,
@@ -58,23 +56,23 @@ impl ColumnDecoder {
     }
 }
 
-// A `Value`'s `kind` members, as one-byte field keys.
-const INT: u8 = k(2, VARINT);
-const UINT: u8 = k(3, VARINT);
-const FLOAT32: u8 = k(4, FIXED32);
-const FLOAT64: u8 = k(5, FIXED64);
-const DECIMAL: u8 = k(6, LEN);
-const TEXT: u8 = k(7, LEN);
-const BYTES: u8 = k(8, LEN);
-const BITS: u8 = k(9, VARINT);
-const ENUM: u8 = k(10, LEN);
-const SET: u8 = k(11, LEN);
-const DATE: u8 = k(12, LEN);
-const TIME: u8 = k(13, VARINT);
-const DATETIME: u8 = k(14, LEN);
-const TIMESTAMP: u8 = k(15, VARINT);
-/// Field 17 (`json`) takes two key bytes.
-const JSON: [u8; 2] = [(17 << 3 | LEN) | 0x80, (17 << 3) >> 7];
+// A `Value`'s `kind` members, as one-byte field keys (fields 1 to 15, from the `.proto`).
+const INT: u8 = value::INT_KEY[0];
+const UINT: u8 = value::UINT_KEY[0];
+const FLOAT32: u8 = value::FLOAT32_KEY[0];
+const FLOAT64: u8 = value::FLOAT64_KEY[0];
+const DECIMAL: u8 = value::DECIMAL_KEY[0];
+const TEXT: u8 = value::TEXT_KEY[0];
+const BYTES: u8 = value::BYTES_KEY[0];
+const BITS: u8 = value::BITS_KEY[0];
+const ENUM: u8 = value::ENUM_VALUE_KEY[0];
+const SET: u8 = value::SET_VALUE_KEY[0];
+const DATE: u8 = value::DATE_KEY[0];
+const TIME: u8 = value::TIME_MICROS_KEY[0];
+const DATETIME: u8 = value::DATETIME_KEY[0];
+const TIMESTAMP: u8 = value::TIMESTAMP_MICROS_KEY[0];
+/// `json` is field 17: a two-byte key.
+const JSON: [u8; 2] = value::JSON_KEY;
 
 impl ColumnDecoder {
     /// Read one non-NULL value off `data` and append its `Value` message (the `kind` field) to
@@ -124,9 +122,9 @@ impl ColumnDecoder {
                     })?,
                 };
                 delimited(ENUM, out, |out| {
-                    put_uint_field(k(1, VARINT), index.into(), out);
+                    put_uint_field(enum_value::INDEX_KEY[0], index.into(), out);
                     if !label.is_empty() {
-                        put_bytes(&[k(2, LEN)], label.as_bytes(), out);
+                        put_bytes(&enum_value::LABEL_KEY, label.as_bytes(), out);
                     }
                     Ok(())
                 })?;
@@ -134,7 +132,7 @@ impl ColumnDecoder {
             Layout::Set { bytes } => {
                 let bits = le(take_ref(data, *bytes)?);
                 delimited(SET, out, |out| {
-                    put_uint_field(k(1, VARINT), bits, out);
+                    put_uint_field(set_value::BITS_KEY[0], bits, out);
                     for i in (0..64).filter(|i| bits & (1u64 << i) != 0) {
                         let member = self.members.get(i).ok_or_else(|| {
                             Invalid(format!(
@@ -142,7 +140,7 @@ impl ColumnDecoder {
                                 self.members.len()
                             ))
                         })?;
-                        put_bytes(&[k(2, LEN)], member.as_bytes(), out);
+                        put_bytes(&set_value::MEMBERS_KEY, member.as_bytes(), out);
                     }
                     Ok(())
                 })?;
@@ -150,9 +148,9 @@ impl ColumnDecoder {
             Layout::Date => {
                 let v = le(take_ref(data, 3)?);
                 delimited(DATE, out, |out| {
-                    put_int32_field(k(1, VARINT), (v >> 9) as i32, out);
-                    put_uint_field(k(2, VARINT), (v >> 5) & 15, out);
-                    put_uint_field(k(3, VARINT), v & 31, out);
+                    put_int32_field(date::YEAR_KEY[0], (v >> 9) as i32, out);
+                    put_uint_field(date::MONTH_KEY[0], (v >> 5) & 15, out);
+                    put_uint_field(date::DAY_KEY[0], v & 31, out);
                     Ok(())
                 })?;
             }
@@ -271,16 +269,16 @@ fn delimited(
 /// A `DateTime` message as the `datetime` member.
 fn put_datetime(dt: &v1::DateTime, out: &mut Vec<u8>) {
     let _ = delimited(DATETIME, out, |out| {
-        put_int32_field(k(1, VARINT), dt.year, out);
-        for (tag, v) in [
-            (2, dt.month),
-            (3, dt.day),
-            (4, dt.hour),
-            (5, dt.minute),
-            (6, dt.second),
-            (7, dt.micros),
+        put_int32_field(date_time::YEAR_KEY[0], dt.year, out);
+        for (key, v) in [
+            (date_time::MONTH_KEY, dt.month),
+            (date_time::DAY_KEY, dt.day),
+            (date_time::HOUR_KEY, dt.hour),
+            (date_time::MINUTE_KEY, dt.minute),
+            (date_time::SECOND_KEY, dt.second),
+            (date_time::MICROS_KEY, dt.micros),
         ] {
-            put_uint_field(k(tag, VARINT), v.into(), out);
+            put_uint_field(key[0], v.into(), out);
         }
         Ok(())
     });

@@ -10,6 +10,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use prost::Message;
 use sluice_common::clock::now_micros;
 use sluice_proto::v1::{self, Op, TableSchema};
 use sluice_proto::{mysql_version, CONTRACT_VERSION};
@@ -445,7 +446,7 @@ impl Capture {
             event.key = Some(v1::Row { values: key });
             event.after = Some(row);
             payload.clear();
-            sluice_proto::encode_event(&mut event, &mut payload);
+            event.encode(&mut payload).expect("a Vec grows as needed");
             self.publisher
                 .send(&topic, &key_bytes, &payload, None)
                 .await?;
