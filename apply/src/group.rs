@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -90,6 +92,65 @@ impl GroupMetrics {
         r.register(Box::new(lag.clone()))?;
         r.register(Box::new(assigned.clone()))?;
         Ok(Self { lag, assigned })
+    }
+}
+
+/// The metrics every sink serves, under the same names (docs/apply-clickhouse.md and
+/// docs/apply-mongo.md), with help texts that name the target.
+pub struct SinkMetrics {
+    /// `sluice_apply_batch_rows`: events per written batch.
+    pub batch_rows: Histogram,
+    /// `sluice_apply_batch_duration_seconds`.
+    pub batch_seconds: Histogram,
+    /// `sluice_apply_retries_total`.
+    pub retries: IntCounter,
+    /// `sluice_apply_dead_letters_total`, by [`crate::error::Reason::label`].
+    pub dead_letters: IntCounterVec,
+    /// `sluice_apply_end_to_end_latency_seconds`.
+    pub latency: Histogram,
+}
+
+impl SinkMetrics {
+    /// Register them in `r`. `target` names the server in the help texts ("ClickHouse"),
+    /// `batch` says what a batch write is and `retries` what is retried.
+    pub fn new(r: &Registry, target: &str, batch: &str, retries: &str) -> prometheus::Result<Self> {
+        let batch_rows = Histogram::with_opts(
+            HistogramOpts::new("sluice_apply_batch_rows", "Events per written batch.")
+                .buckets(vec![1.0, 10.0, 100.0, 1e3, 1e4, 5e4, 1e5, 2e5, 5e5, 1e6]),
+        )?;
+        let batch_seconds = Histogram::with_opts(HistogramOpts::new(
+            "sluice_apply_batch_duration_seconds",
+            format!("Time to write one batch ({batch}), retries included."),
+        ))?;
+        let retries = IntCounter::new("sluice_apply_retries_total", retries)?;
+        let dead_letters = IntCounterVec::new(
+            Opts::new(
+                "sluice_apply_dead_letters_total",
+                "Events sent to the dead-letter topic, by reason.",
+            ),
+            &["reason"],
+        )?;
+        let latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_apply_end_to_end_latency_seconds",
+                format!("Source commit to the batch acknowledged by {target}."),
+            )
+            .buckets(vec![
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+        )?;
+        r.register(Box::new(batch_rows.clone()))?;
+        r.register(Box::new(batch_seconds.clone()))?;
+        r.register(Box::new(retries.clone()))?;
+        r.register(Box::new(dead_letters.clone()))?;
+        r.register(Box::new(latency.clone()))?;
+        Ok(Self {
+            batch_rows,
+            batch_seconds,
+            retries,
+            dead_letters,
+            latency,
+        })
     }
 }
 

@@ -2,9 +2,9 @@
 //! skipped, the source commands applied, and the end-to-end latency. The names are part of
 //! the documented interface (docs/apply-mongo.md#metrics).
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, IntCounter, IntCounterVec, Opts, Registry};
 
-use crate::group::GroupMetrics;
+use crate::group::{GroupMetrics, SinkMetrics};
 
 #[derive(Clone)]
 pub(super) struct Metrics {
@@ -28,24 +28,17 @@ impl Metrics {
             ),
             &["namespace", "kind"],
         )?;
-        let batch_events = Histogram::with_opts(
-            HistogramOpts::new("sluice_apply_batch_rows", "Events per written batch.")
-                .buckets(vec![1.0, 10.0, 100.0, 1e3, 1e4, 5e4, 1e5, 2e5, 5e5, 1e6]),
-        )?;
-        let batch_seconds = Histogram::with_opts(HistogramOpts::new(
-            "sluice_apply_batch_duration_seconds",
-            "Time to write one batch, retries included.",
-        ))?;
-        let retries = IntCounter::new(
-            "sluice_apply_retries_total",
+        let SinkMetrics {
+            batch_rows: batch_events,
+            batch_seconds,
+            retries,
+            dead_letters,
+            latency,
+        } = SinkMetrics::new(
+            r,
+            "MongoDB",
+            "every collection's commands",
             "Batches written again after a MongoDB failure.",
-        )?;
-        let dead_letters = IntCounterVec::new(
-            Opts::new(
-                "sluice_apply_dead_letters_total",
-                "Events sent to the dead-letter topic, by reason.",
-            ),
-            &["reason"],
         )?;
         let stale = IntCounter::new(
             "sluice_apply_stale_events_total",
@@ -58,23 +51,10 @@ impl Metrics {
             ),
             &["kind", "outcome"],
         )?;
-        let latency = Histogram::with_opts(
-            HistogramOpts::new(
-                "sluice_apply_end_to_end_latency_seconds",
-                "Source commit to the batch acknowledged by MongoDB.",
-            )
-            .buckets(vec![
-                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
-            ]),
-        )?;
-        for c in [&writes, &dead_letters, &ddl] {
+        for c in [&writes, &ddl] {
             r.register(Box::new(c.clone()))?;
         }
-        r.register(Box::new(batch_events.clone()))?;
-        r.register(Box::new(batch_seconds.clone()))?;
-        r.register(Box::new(retries.clone()))?;
         r.register(Box::new(stale.clone()))?;
-        r.register(Box::new(latency.clone()))?;
         Ok(Self {
             writes,
             batch_events,
