@@ -237,6 +237,28 @@ impl DeadLetters {
         })
     }
 
+    /// The dead-letter topic of a stage: its producer's settings checked, and the topic made
+    /// (one partition, sized for [`DEAD_LETTER_MAX_BYTES`]) unless it exists.
+    pub async fn start(
+        kafka: &sluice_common::KafkaConfig,
+        client_id: &str,
+        topic: &str,
+    ) -> Result<Self, crate::error::ApplyError> {
+        use crate::error::{ApplyError, Origin};
+        let dead = DeadLetters::new(
+            kafka
+                .producer_config(client_id)
+                .set("message.max.bytes", DEAD_LETTER_MAX_BYTES.to_string())
+                .clone(),
+            topic,
+        )?;
+        kafka
+            .ensure_topic(client_id, topic, 1, -1, false, Some(DEAD_LETTER_MAX_BYTES))
+            .await
+            .map_err(|e| ApplyError::definite(Origin::Kafka, e))?;
+        Ok(dead)
+    }
+
     fn producer(&self) -> Result<&FutureProducer, String> {
         if let Some(p) = self.producer.get() {
             return Ok(p);

@@ -61,7 +61,7 @@ use self::writer::Writer;
 use super::types::Features;
 use super::{Config, OnBadEvent};
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
-use crate::group::{DeadLetters, GroupContext, DEAD_LETTER_MAX_BYTES};
+use crate::group::{DeadLetters, GroupContext};
 use crate::schemas::SchemaCache;
 
 type Context = GroupContext<ChDrain>;
@@ -151,26 +151,12 @@ impl Sink {
         })?;
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
-        let dead = DeadLetters::new(
-            config
-                .kafka
-                .producer_config("apply-clickhouse")
-                .set("message.max.bytes", DEAD_LETTER_MAX_BYTES.to_string())
-                .clone(),
+        let dead = DeadLetters::start(
+            &config.kafka,
+            "apply-clickhouse",
             &config.errors.dead_letter_topic,
-        )?;
-        config
-            .kafka
-            .ensure_topic(
-                "apply-clickhouse",
-                &config.errors.dead_letter_topic,
-                1,
-                -1,
-                false,
-                Some(DEAD_LETTER_MAX_BYTES),
-            )
-            .await
-            .map_err(|e| ApplyError::definite(Origin::Kafka, e))?;
+        )
+        .await?;
         let mut schemas = SchemaCache::new(&config.kafka, &config.schema_topic, "apply-clickhouse");
         schemas.refresh().await?;
         Ok(Self {

@@ -48,8 +48,8 @@ use self::metrics::Metrics;
 use self::writer::Writer;
 use super::write::writes_of;
 use super::Config;
-use crate::error::{ApplyError, BadEvent, Origin, Reason};
-use crate::group::{BatchSink, DeadLetters, GroupContext, DEAD_LETTER_MAX_BYTES};
+use crate::error::{ApplyError, BadEvent, Reason};
+use crate::group::{BatchSink, DeadLetters, GroupContext};
 
 type Context = GroupContext<MongoDrain>;
 
@@ -82,26 +82,12 @@ impl Sink {
             let ms = (config.delay_seconds * 1000 + 60_000).max(300_000);
             cc.set("max.poll.interval.ms", ms.min(i32::MAX as u64).to_string());
         }
-        let dead = DeadLetters::new(
-            config
-                .kafka
-                .producer_config("apply-mongo")
-                .set("message.max.bytes", DEAD_LETTER_MAX_BYTES.to_string())
-                .clone(),
+        let dead = DeadLetters::start(
+            &config.kafka,
+            "apply-mongo",
             &config.errors.dead_letter_topic,
-        )?;
-        config
-            .kafka
-            .ensure_topic(
-                "apply-mongo",
-                &config.errors.dead_letter_topic,
-                1,
-                -1,
-                false,
-                Some(DEAD_LETTER_MAX_BYTES),
-            )
-            .await
-            .map_err(|e| ApplyError::definite(Origin::Kafka, e))?;
+        )
+        .await?;
         let batch = Arc::new(Mutex::new(Batch::default()));
         let writer = Writer::new(
             client.clone(),
