@@ -2,12 +2,19 @@
 //! entry (`local.oplog.rs`). Both become the same [`Change`], so the events on Kafka do not depend
 //! on the mode.
 //!
+//! This module reads change stream events ([`from_change_stream`]) and holds what both share;
+//! [`oplog`] reads oplog entries.
+//!
 //! Documents stay raw BSON throughout: nothing is decoded into a tree and re-encoded, so every
 //! BSON type (Decimal128, MinKey, JavaScript with scope, regular expressions, ...) travels byte
 //! for byte.
 
 use mongodb::bson::raw::{RawBsonRef, RawDocument, RawDocumentBuf};
 use mongodb::bson::{self, doc, Document, Timestamp};
+
+mod oplog;
+
+pub use oplog::{from_oplog, OplogEntry};
 
 /// What a change did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,6 +296,32 @@ pub fn from_change_stream(
     Ok(StreamEvent::Change(Box::new(c)))
 }
 
+/// A field's value as `pick` reads it: absent is `None`, another type an error naming the field.
+fn typed<'a, T>(
+    name: &str,
+    v: Option<RawBsonRef<'a>>,
+    expected: &str,
+    pick: impl Fn(RawBsonRef<'a>) -> Option<T>,
+) -> Result<Option<T>, String> {
+    match v {
+        None => Ok(None),
+        Some(v) => pick(v).map(Some).ok_or_else(|| {
+            format!(
+                "field {name} is a {:?}, expected {expected}",
+                v.element_type()
+            )
+        }),
+    }
+}
+
+/// A document field: absent or null is `None`, another type an error.
+fn doc_field<'a>(name: &str, v: Option<RawBsonRef<'a>>) -> Result<Option<&'a RawDocument>, String> {
+    match v {
+        Some(RawBsonRef::Null) => Ok(None),
+        v => typed(name, v, "a document", RawBsonRef::as_document),
+    }
+}
+
 fn raw_to_document(d: &RawDocument) -> Result<Document, String> {
     Document::try_from(d).map_err(|e| e.to_string())
 }
@@ -330,432 +363,11 @@ fn update_description(d: &RawDocument) -> Result<UpdateDesc, String> {
     })
 }
 
-/// What one oplog entry holds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OplogEntry {
-    pub ts: Timestamp,
-    /// In oplog order; several for a transaction (`applyOps`).
-    pub changes: Vec<Change>,
-    /// Part of a transaction whose commit comes in a later entry (`partialTxn`): hold the
-    /// changes until then.
-    pub partial: bool,
-}
-
-/// Read an oplog entry.
-pub fn from_oplog(entry: &RawDocument) -> Result<OplogEntry, String> {
-    let f = Fields::read(entry).map_err(|e| format!("oplog entry: {e}"))?;
-    let ts = typed("ts", f.ts, "a timestamp", RawBsonRef::as_timestamp)
-        .map_err(|e| format!("oplog entry: {e}"))?
-        .ok_or("oplog entry: no ts")?;
-    let wall = match f.wall {
-        Some(RawBsonRef::DateTime(d)) => Some(d.timestamp_millis()),
-        _ => None,
-    };
-    let at = |what: &str| format!("oplog entry at {ts}: {what}");
-    let lsid = doc_field("lsid", f.lsid)
-        .map_err(|e| at(&e))?
-        .map(RawDocument::to_raw_document_buf);
-    let txn = match f.txn_number {
-        Some(RawBsonRef::Int64(n)) => Some(n),
-        _ => None,
-    };
-    let mut out = OplogEntry {
-        ts,
-        changes: Vec::new(),
-        partial: false,
-    };
-    op_of(entry, &f, ts, &mut out, 0).map_err(|e| at(&e))?;
-    for c in &mut out.changes {
-        c.wall_millis = wall;
-        c.lsid = lsid.clone();
-        c.txn_number = txn;
-    }
-    Ok(out)
-}
-
-fn split_ns(ns: &str) -> (&str, &str) {
-    ns.split_once('.').unwrap_or((ns, ""))
-}
-
-/// The fields of an oplog entry (or of an operation inside `applyOps`) the capture reads, found
-/// in one pass over it: looking each one up walks the entry from its start again. As with a
-/// lookup, the first of a repeated name counts.
-#[derive(Default)]
-struct Fields<'a> {
-    ts: Option<RawBsonRef<'a>>,
-    wall: Option<RawBsonRef<'a>>,
-    lsid: Option<RawBsonRef<'a>>,
-    txn_number: Option<RawBsonRef<'a>>,
-    op: Option<RawBsonRef<'a>>,
-    ns: Option<RawBsonRef<'a>>,
-    o: Option<RawBsonRef<'a>>,
-    o2: Option<RawBsonRef<'a>>,
-}
-
-impl<'a> Fields<'a> {
-    fn read(e: &'a RawDocument) -> Result<Self, String> {
-        let mut f = Fields::default();
-        for el in e {
-            let (name, value) = el.map_err(|e| e.to_string())?;
-            let slot = match name {
-                "ts" => &mut f.ts,
-                "wall" => &mut f.wall,
-                "lsid" => &mut f.lsid,
-                "txnNumber" => &mut f.txn_number,
-                "op" => &mut f.op,
-                "ns" => &mut f.ns,
-                "o" => &mut f.o,
-                "o2" => &mut f.o2,
-                _ => continue,
-            };
-            slot.get_or_insert(value);
-        }
-        Ok(f)
-    }
-}
-
-/// A field's value as `pick` reads it: absent is `None`, another type an error naming the field.
-fn typed<'a, T>(
-    name: &str,
-    v: Option<RawBsonRef<'a>>,
-    expected: &str,
-    pick: impl Fn(RawBsonRef<'a>) -> Option<T>,
-) -> Result<Option<T>, String> {
-    match v {
-        None => Ok(None),
-        Some(v) => pick(v).map(Some).ok_or_else(|| {
-            format!(
-                "field {name} is a {:?}, expected {expected}",
-                v.element_type()
-            )
-        }),
-    }
-}
-
-/// A document field: absent or null is `None`, another type an error.
-fn doc_field<'a>(name: &str, v: Option<RawBsonRef<'a>>) -> Result<Option<&'a RawDocument>, String> {
-    match v {
-        Some(RawBsonRef::Null) => Ok(None),
-        v => typed(name, v, "a document", RawBsonRef::as_document),
-    }
-}
-
-fn oplog_op(e: &RawDocument, ts: Timestamp, out: &mut OplogEntry, depth: u8) -> Result<(), String> {
-    let f = Fields::read(e)?;
-    op_of(e, &f, ts, out, depth)
-}
-
-fn op_of(
-    e: &RawDocument,
-    f: &Fields<'_>,
-    ts: Timestamp,
-    out: &mut OplogEntry,
-    depth: u8,
-) -> Result<(), String> {
-    let op = typed("op", f.op, "a string", RawBsonRef::as_str)?.ok_or("field op: missing")?;
-    let ns = match f.ns {
-        Some(RawBsonRef::String(ns)) => ns,
-        _ => "",
-    };
-    let (db, coll) = split_ns(ns);
-    let o = || doc_field("o", f.o)?.ok_or_else(|| format!("op {op:?} without o"));
-    match op {
-        "n" => Ok(()), // no-op (heartbeat): advances the position only
-        "i" => {
-            let doc = o()?;
-            need_id(doc, "insert")?;
-            let mut c = Change::new(OpKind::Insert, "insert", db, coll, ts);
-            c.document_key = Some(match doc_field("o2", f.o2)? {
-                Some(k) => k.to_raw_document_buf(),
-                None => id_key(doc)?,
-            });
-            c.full_document = Some(doc.to_raw_document_buf());
-            out.changes.push(c);
-            Ok(())
-        }
-        "d" => {
-            let key = o()?;
-            need_id(key, "delete")?;
-            let mut c = Change::new(OpKind::Delete, "delete", db, coll, ts);
-            c.document_key = Some(key.to_raw_document_buf());
-            out.changes.push(c);
-            Ok(())
-        }
-        "u" => {
-            let key = doc_field("o2", f.o2)?.ok_or("update without o2 (the document key)")?;
-            need_id(key, "update")?;
-            let spec = o()?;
-            let mut c = Change::new(OpKind::Update, "update", db, coll, ts);
-            c.document_key = Some(key.to_raw_document_buf());
-            match update_form(spec)? {
-                UpdateForm::Replacement => {
-                    c.op = OpKind::Replace;
-                    c.operation_type = "replace".into();
-                    c.full_document = Some(spec.to_raw_document_buf());
-                }
-                UpdateForm::Described(d) => c.update = Some(d),
-                UpdateForm::Unknown => c.lookup = true,
-            }
-            out.changes.push(c);
-            Ok(())
-        }
-        "c" => command(e, ts, db, out, depth),
-        other => Err(format!("unknown op {other:?}")),
-    }
-}
-
-fn id_key(doc: &RawDocument) -> Result<RawDocumentBuf, String> {
-    let id = doc.get("_id").map_err(|e| e.to_string())?.ok_or("no _id")?;
-    let mut k = RawDocumentBuf::new();
-    k.append_ref("_id", id);
-    Ok(k)
-}
-
-fn command(
-    e: &RawDocument,
-    ts: Timestamp,
-    db: &str,
-    out: &mut OplogEntry,
-    depth: u8,
-) -> Result<(), String> {
-    let o = get_doc(e, "o")?.ok_or("command without o")?;
-    let (name, value) = o
-        .iter()
-        .next()
-        .ok_or("empty command")?
-        .map_err(|e| e.to_string())?;
-    let coll = value.as_str().unwrap_or_default();
-    let mut push = |c: Change| out.changes.push(c);
-    match name {
-        "applyOps" => {
-            if depth > 0 {
-                return Err("nested applyOps".into());
-            }
-            let ops = o
-                .get_array("applyOps")
-                .map_err(|e| format!("applyOps: {e}"))?;
-            for op in ops {
-                let op = op.map_err(|e| e.to_string())?;
-                let op = op.as_document().ok_or("applyOps holds a non-document")?;
-                oplog_op(op, ts, out, depth + 1)?;
-            }
-            out.partial = matches!(o.get("partialTxn"), Ok(Some(RawBsonRef::Boolean(true))));
-        }
-        "create" => {
-            let mut cmd = raw_to_document(o)?;
-            cmd.remove("idIndex");
-            push(Change::ddl("create", "create", db, coll, ts, cmd));
-        }
-        "drop" => push(Change::ddl(
-            "drop",
-            "drop",
-            db,
-            coll,
-            ts,
-            doc! { "drop": coll },
-        )),
-        "dropDatabase" => push(Change::ddl(
-            "drop_database",
-            "dropDatabase",
-            db,
-            "",
-            ts,
-            doc! { "dropDatabase": 1 },
-        )),
-        "renameCollection" => {
-            let from = coll;
-            let to = o
-                .get_str("to")
-                .map_err(|e| format!("renameCollection: to: {e}"))?;
-            let (fdb, fcoll) = split_ns(from);
-            let (tdb, tcoll) = split_ns(to);
-            let mut c = Change::ddl(
-                "rename",
-                "rename",
-                fdb,
-                fcoll,
-                ts,
-                doc! { "renameCollection": from, "to": to },
-            );
-            if let Some(d) = c.ddl.as_mut() {
-                d.to = Some((tdb.to_string(), tcoll.to_string()));
-            }
-            push(c);
-        }
-        "createIndexes" => {
-            // One index per entry: {createIndexes: coll, v, key, name, ...}.
-            let mut spec = raw_to_document(o)?;
-            spec.remove("createIndexes");
-            push(Change::ddl(
-                "create_indexes",
-                "createIndexes",
-                db,
-                coll,
-                ts,
-                doc! { "createIndexes": coll, "indexes": [spec] },
-            ));
-        }
-        "commitIndexBuild" => {
-            // Two-phase index builds (4.4+): the indexes exist once this entry is written.
-            let indexes = o
-                .get("indexes")
-                .map_err(|e| e.to_string())?
-                .ok_or("commitIndexBuild without indexes")?;
-            let indexes = bson::Bson::try_from(indexes.to_raw_bson()).map_err(|e| e.to_string())?;
-            push(Change::ddl(
-                "create_indexes",
-                "createIndexes",
-                db,
-                coll,
-                ts,
-                doc! { "createIndexes": coll, "indexes": indexes },
-            ));
-        }
-        "dropIndexes" | "deleteIndexes" => {
-            let index = match o.get("index").map_err(|e| e.to_string())? {
-                Some(RawBsonRef::String(s)) => bson::Bson::String(s.to_string()),
-                Some(other) => {
-                    bson::Bson::try_from(other.to_raw_bson()).map_err(|e| e.to_string())?
-                }
-                None => bson::Bson::String("*".into()),
-            };
-            push(Change::ddl(
-                "drop_indexes",
-                "dropIndexes",
-                db,
-                coll,
-                ts,
-                doc! { "dropIndexes": coll, "index": index },
-            ));
-        }
-        // Transaction control and index build bookkeeping carry no change of their own.
-        "commitTransaction" | "abortTransaction" | "startIndexBuild" | "abortIndexBuild" => {}
-        other => {
-            let mut c = Change::ddl("other", other, db, coll, ts, raw_to_document(o)?);
-            c.collection = coll.to_string();
-            push(c);
-        }
-    }
-    Ok(())
-}
-
-enum UpdateForm {
-    Replacement,
-    Described(UpdateDesc),
-    Unknown,
-}
-
-/// How an oplog update's `o` reads: a replacement document, MongoDB's `$v: 2` diff, the older
-/// `$set`/`$unset` form, or operators only other servers write.
-fn update_form(spec: &RawDocument) -> Result<UpdateForm, String> {
-    let mut keys = Vec::new();
-    for el in spec {
-        let (k, _) = el.map_err(|e| e.to_string())?;
-        keys.push(k);
-    }
-    if !keys.iter().any(|k| k.starts_with('$')) {
-        return Ok(UpdateForm::Replacement);
-    }
-    if let Ok(diff) = spec.get_document("diff") {
-        let mut d = UpdateDesc::default();
-        object_diff(diff, "", &mut d)?;
-        return Ok(UpdateForm::Described(d));
-    }
-    if keys.iter().all(|k| matches!(*k, "$v" | "$set" | "$unset")) {
-        let mut d = UpdateDesc::default();
-        if let Some(set) = get_doc(spec, "$set")? {
-            d.updated = set.to_raw_document_buf();
-        }
-        if let Some(unset) = get_doc(spec, "$unset")? {
-            for el in unset {
-                d.removed.push(el.map_err(|e| e.to_string())?.0.to_string());
-            }
-        }
-        return Ok(UpdateForm::Described(d));
-    }
-    Ok(UpdateForm::Unknown)
-}
-
-fn join(prefix: &str, field: &str) -> String {
-    if prefix.is_empty() {
-        field.to_string()
-    } else {
-        format!("{prefix}.{field}")
-    }
-}
-
-/// MongoDB 5.0+ oplog update diff (`$v: 2`) of a document: `d` deleted fields, `u` updated,
-/// `i` inserted, `s<field>` a nested document's or array's own diff.
-fn object_diff(diff: &RawDocument, prefix: &str, out: &mut UpdateDesc) -> Result<(), String> {
-    for el in diff {
-        let (k, v) = el.map_err(|e| e.to_string())?;
-        match k {
-            "d" => {
-                let d = v.as_document().ok_or("diff: d is not a document")?;
-                for f in d {
-                    out.removed
-                        .push(join(prefix, f.map_err(|e| e.to_string())?.0));
-                }
-            }
-            "u" | "i" => {
-                let d = v.as_document().ok_or("diff: u/i is not a document")?;
-                for f in d {
-                    let (name, value) = f.map_err(|e| e.to_string())?;
-                    out.updated.append_ref(join(prefix, name), value);
-                }
-            }
-            _ if k.starts_with('s') => sub_diff(v, &join(prefix, &k[1..]), out)?,
-            _ => return Err(format!("diff: unknown field {k:?}")),
-        }
-    }
-    Ok(())
-}
-
-/// The diff of a nested document or array (`a: true` marks an array).
-fn sub_diff(v: RawBsonRef<'_>, path: &str, out: &mut UpdateDesc) -> Result<(), String> {
-    let sub = v
-        .as_document()
-        .ok_or("diff: a sub-diff is not a document")?;
-    if matches!(sub.get("a"), Ok(Some(RawBsonRef::Boolean(true)))) {
-        array_diff(sub, path, out)
-    } else {
-        object_diff(sub, path, out)
-    }
-}
-
-/// An array's diff: `a: true`, `l` the new length (a truncation), `u<i>` a new element value,
-/// `s<i>` an element's own diff.
-fn array_diff(diff: &RawDocument, path: &str, out: &mut UpdateDesc) -> Result<(), String> {
-    for el in diff {
-        let (k, v) = el.map_err(|e| e.to_string())?;
-        match k {
-            "a" => {}
-            "l" => {
-                let n = match v {
-                    RawBsonRef::Int32(n) => n as u32,
-                    RawBsonRef::Int64(n) => n as u32,
-                    _ => return Err("diff: array length is not an integer".into()),
-                };
-                out.truncated.push((path.to_string(), n));
-            }
-            _ if k.starts_with('u') => {
-                out.updated.append_ref(join(path, &k[1..]), v);
-            }
-            _ if k.starts_with('s') => sub_diff(v, &join(path, &k[1..]), out)?,
-            _ => return Err(format!("diff: unknown array field {k:?}")),
-        }
-    }
-    Ok(())
-}
-
 /// The oplog time a resume token stands for, where it can be read: MongoDB's tokens are a
 /// hex key string starting with `82` and the timestamp (8 bytes, big endian); mongo-java-server's
 /// are the timestamp's 16 hex digits alone.
 pub fn token_time(token: &Document) -> Option<Timestamp> {
-    let hex = token.get_str("_data").ok()?;
-    let bytes: Vec<u8> = (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect::<Option<_>>()?;
+    let bytes = sluice_common::hex::decode(token.get_str("_data").ok()?).ok()?;
     let ts = match bytes.len() {
         8 => &bytes[..8],
         n if n >= 9 && bytes[0] == 0x82 => &bytes[1..9],
