@@ -990,7 +990,7 @@ async fn snapshot_then_stream_survives_kill_9_mid_copy_under_a_writer() {
     // Kill once the stored checkpoint says a good part was copied.
     let big_docs = format!("{db}.big");
     let before = wait_stored_snapshot_rows(&cap.connector, 20_000, Duration::from_secs(180), |c| {
-        c["snapshot"]["collections"][&big_docs]["docs"]
+        c["snapshot"]["tables"][&big_docs]["rows"]
             .as_u64()
             .unwrap_or(0)
     })

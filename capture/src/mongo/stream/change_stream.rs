@@ -1,0 +1,187 @@
+//! Reading a change stream (`mode = "change_stream"`): one event at a time, each published with
+//! its resume token.
+//!
+//! The stream is opened on the configured scope (a collection, a database or the cluster) with
+//! `startAfter` the resume token, or `startAtOperationTime` when only a time is known, and with
+//! MongoDB 6.0+'s expanded events (create, createIndexes, dropIndexes) where the server has
+//! them. An `invalidate` (the watched collection or database dropped or renamed) reopens it
+//! after the invalidating event. An empty batch moves the position to the server's post-batch
+//! resume token. A resume point the server no longer has, or a scope it does not serve, is a
+//! definite error ([`history_error`]) that says what to do.
+
+use std::time::Duration;
+
+use mongodb::bson::raw::RawDocumentBuf;
+use mongodb::bson::{doc, Document, Timestamp};
+use mongodb::change_stream::ChangeStream;
+use mongodb::options::{ChangeStreamOptions, FullDocumentBeforeChangeType, FullDocumentType};
+use sluice_common::Shutdown;
+
+use super::checkpoint::{token_document, Resume, MARK_EVERY};
+use super::Capture;
+use crate::error::{CaptureError, Origin};
+use crate::mongo::change::{self, StreamEvent};
+use crate::mongo::{BeforeChange, FullDocument};
+
+impl Capture {
+    async fn open_change_stream(
+        &self,
+        resume: &Resume,
+    ) -> Result<ChangeStream<RawDocumentBuf>, CaptureError> {
+        let m = &self.config.mongodb;
+        let mut opts = ChangeStreamOptions::default();
+        opts.batch_size = Some(m.batch_size);
+        opts.max_await_time = Some(Duration::from_millis(m.max_await_ms));
+        opts.full_document = match m.full_document {
+            FullDocument::Default => None,
+            FullDocument::UpdateLookup => Some(FullDocumentType::UpdateLookup),
+            FullDocument::WhenAvailable => Some(FullDocumentType::WhenAvailable),
+            FullDocument::Required => Some(FullDocumentType::Required),
+        };
+        opts.full_document_before_change = match m.full_document_before_change {
+            BeforeChange::Off => None,
+            BeforeChange::WhenAvailable => Some(FullDocumentBeforeChangeType::WhenAvailable),
+            BeforeChange::Required => Some(FullDocumentBeforeChangeType::Required),
+        };
+        if self.expanded_events().await {
+            opts.show_expanded_events = Some(true);
+        }
+        match resume {
+            Resume::Token(t, _) => opts.start_after = Some(t.clone()),
+            Resume::After(ts) => {
+                opts.start_at_operation_time = Some(Timestamp {
+                    time: ts.time,
+                    increment: ts.increment.saturating_add(1),
+                })
+            }
+            Resume::At(ts) => opts.start_at_operation_time = Some(*ts),
+            Resume::Now => {}
+        }
+        let stream = match self.scope() {
+            (Some(db), Some(coll)) => {
+                self.client
+                    .database(db)
+                    .collection::<Document>(coll)
+                    .watch()
+                    .with_options(opts)
+                    .await
+            }
+            (Some(db), None) => self.client.database(db).watch().with_options(opts).await,
+            _ => self.client.watch().with_options(opts).await,
+        }
+        .map_err(|e| history_error(e, &self.resume, &self.config.connector))?;
+        Ok(stream.with_type::<RawDocumentBuf>())
+    }
+
+    /// MongoDB 6.0+ (wire version 17) reports create, createIndexes and dropIndexes events when
+    /// asked.
+    async fn expanded_events(&self) -> bool {
+        let hello = self
+            .client
+            .database("admin")
+            .run_command(doc! { "isMaster": 1 })
+            .await;
+        matches!(hello.map(|h| h.get_i32("maxWireVersion").unwrap_or(0)), Ok(w) if w >= 17)
+    }
+
+    pub(super) async fn read_change_stream(
+        &mut self,
+        shutdown: &Shutdown,
+    ) -> Result<(), CaptureError> {
+        let mut resume = self.resume.clone();
+        let mut stream = self.open_change_stream(&resume).await?;
+        tracing::info!(from = %self.resume_description(), scope = ?self.scope(), "reading the change stream");
+        let scope = {
+            let (a, b) = self.scope();
+            (a.map(String::from), b.map(String::from))
+        };
+        loop {
+            if shutdown.is_triggered() || self.publisher.failed() {
+                return Ok(());
+            }
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.wait() => return Ok(()),
+                n = stream.next_if_any() => n,
+            };
+            match next.map_err(|e| history_error(e, &self.resume, &self.config.connector))? {
+                Some(raw) => {
+                    let token = stream.resume_token();
+                    let ev =
+                        change::from_change_stream(&raw, (scope.0.as_deref(), scope.1.as_deref()))
+                            .map_err(|e| CaptureError::definite(Origin::Decode, e))?;
+                    match ev {
+                        StreamEvent::Invalidate => {
+                            // The watched collection or database is gone: go on after it.
+                            let t = token.ok_or_else(|| {
+                                CaptureError::source("invalidate event without a token")
+                            })?;
+                            tracing::info!(
+                                "change stream invalidated (drop or rename); reopening after it"
+                            );
+                            let ts = self.last_ts.unwrap_or(Timestamp {
+                                time: 0,
+                                increment: 0,
+                            });
+                            resume = Resume::Token(t, ts);
+                            stream = self.open_change_stream(&resume).await?;
+                        }
+                        StreamEvent::Change(c) => {
+                            if self.past_end(c.ts) {
+                                tracing::info!(end = %self.config.mongodb.end, "reached the end time");
+                                return Ok(());
+                            }
+                            self.last_token = token.clone();
+                            self.publish(*c, token.as_ref()).await?;
+                            if self.since_mark >= MARK_EVERY {
+                                self.mark().await?;
+                            }
+                        }
+                    }
+                }
+                None => {
+                    // Caught up: the post-batch token is the stream's position now.
+                    if let Some(t) = stream.resume_token() {
+                        if let Some(ts) = token_document(&t).as_ref().and_then(change::token_time) {
+                            self.advance(ts);
+                        }
+                        self.last_token = Some(t);
+                    }
+                    if self.idle().await? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A resume point the server no longer has, or a scope it does not serve, is definite and says
+/// what to do; anything else is classified as any MongoDB error (a network failure or an election
+/// is transient).
+fn history_error(e: mongodb::error::Error, resume: &Resume, connector: &str) -> CaptureError {
+    if let mongodb::error::ErrorKind::Command(c) = &*e.kind {
+        if c.code == 59 {
+            return CaptureError::definite(
+                Origin::Config,
+                format!(
+                    "the server does not serve change streams at this scope ({}): set \
+                     mongodb.database and mongodb.collection, or use mode = \"oplog\"",
+                    c.message
+                ),
+            );
+        }
+        // ChangeStreamHistoryLost, ChangeStreamFatalError, InvalidResumeToken.
+        if matches!(c.code, 286 | 280 | 260) {
+            return CaptureError::source(format!(
+                "the change stream cannot resume from {} ({}: {}): the source no longer has \
+                 that part of its oplog. Re-snapshot, or remove the checkpoint of connector \
+                 {connector:?} to start at mongodb.start.",
+                resume.describe(),
+                c.code_name,
+                c.message,
+            ));
+        }
+    }
+    e.into()
+}

@@ -1,0 +1,285 @@
+//! Where the capture stands in the source's history, and the checkpoints that store it.
+//!
+//! Two positions are kept. [`Resume`] is where reading begins: from the checkpoint (after its
+//! resume token or oplog time), else `[mongodb] start`. `last_ts` / `last_token` are the last
+//! position reached: a change published, or an idle change stream's post-batch resume token.
+//! [`Capture::mark`] queues a [`Checkpoint`] of the last position reached with the snapshot
+//! progress; the publisher stores it once Kafka acknowledged every event sent before it, so a
+//! restart from it loses nothing and repeats at most what came after. Resume tokens travel in
+//! the checkpoint as hex of their BSON document.
+
+use mongodb::bson::{self, Bson, Document, Timestamp};
+use mongodb::change_stream::event::ResumeToken;
+use serde::{Deserialize, Serialize};
+use sluice_common::clock::now_secs;
+use sluice_common::hex;
+
+use super::Capture;
+use crate::error::CaptureError;
+use crate::mongo::Mode;
+use crate::snapshot::SnapshotProgress;
+
+/// Changes published between two marks while the source keeps sending.
+pub(super) const MARK_EVERY: usize = 1000;
+
+/// A position in the source's history, as stored in Kafka.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Oplog time of the last change published (or reached on an idle stream): seconds and
+    /// increment.
+    pub ts: (u32, u32),
+    /// The change stream resume token there, as hex of its BSON document; absent when the
+    /// capture read the oplog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_token: Option<String>,
+    /// The source's replica set name when the checkpoint was written (empty if it has none).
+    #[serde(default)]
+    pub replica_set: String,
+    /// Wall-clock time of the write, seconds since the epoch.
+    pub written_at: u64,
+    /// The snapshot being taken, with each collection's last published `_id` (the shared
+    /// progress type: `tables`, `rows`; checkpoints written before read as `collections`,
+    /// `docs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotProgress>,
+    /// Snapshots finished (`initial`, re-snapshot request ids).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots_done: Vec<String>,
+}
+
+impl Checkpoint {
+    /// Where a capture resumes from this checkpoint, refused when it was written reading
+    /// another replica set.
+    pub(super) fn resume(
+        &self,
+        mode: Mode,
+        replica_set: &str,
+        connector: &str,
+    ) -> Result<Resume, CaptureError> {
+        if !self.replica_set.is_empty() && self.replica_set != replica_set {
+            return Err(CaptureError::source(format!(
+                "the checkpoint of connector {connector:?} was written reading replica set {:?}, \
+                 but the source is {replica_set:?}: its positions mean nothing here. Use a new \
+                 connector name (and re-snapshot) for a new source.",
+                self.replica_set
+            )));
+        }
+        let ts = Timestamp {
+            time: self.ts.0,
+            increment: self.ts.1,
+        };
+        tracing::info!(ts = %ts_string(ts), token = self.resume_token.is_some(), "resuming from the checkpoint");
+        Ok(match (&self.resume_token, mode) {
+            (Some(hex), Mode::ChangeStream) => {
+                Resume::Token(token_from_hex(hex).map_err(CaptureError::source)?, ts)
+            }
+            _ => Resume::After(ts),
+        })
+    }
+}
+
+/// Where reading begins.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Resume {
+    /// Change streams: after this token.
+    Token(ResumeToken, Timestamp),
+    /// After this oplog time (exclusive).
+    After(Timestamp),
+    /// At this oplog time (inclusive).
+    At(Timestamp),
+    Now,
+}
+
+impl Resume {
+    /// For logs and errors: "oplog time 1700000000.4", "now", ...
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Resume::Token(_, ts) => {
+                format!("the stored resume token (oplog time {})", ts_string(*ts))
+            }
+            Resume::After(ts) => format!("oplog time {}", ts_string(*ts)),
+            Resume::At(ts) => format!("oplog time {} (mongodb.start)", ts_string(*ts)),
+            Resume::Now => "now".into(),
+        }
+    }
+}
+
+pub(super) fn ts_string(t: Timestamp) -> String {
+    format!("{}.{}", t.time, t.increment)
+}
+
+/// The token as hex of its BSON document, as the checkpoint stores it.
+pub(super) fn token_hex(t: &ResumeToken) -> Option<String> {
+    let doc = token_document(t)?;
+    let bytes = bson::to_vec(&doc).ok()?;
+    Some(hex::encode(&bytes))
+}
+
+pub(super) fn token_from_hex(text: &str) -> Result<ResumeToken, String> {
+    let bytes = hex::decode(text).map_err(|e| format!("resume token {text:?}: {e}"))?;
+    let doc = Document::from_reader(&mut bytes.as_slice())
+        .map_err(|e| format!("resume token {text:?}: {e}"))?;
+    bson::from_document(doc).map_err(|e| format!("resume token {text:?}: {e}"))
+}
+
+pub(super) fn token_document(t: &ResumeToken) -> Option<Document> {
+    match bson::to_bson(t).ok()? {
+        Bson::Document(d) => Some(d),
+        _ => None,
+    }
+}
+
+impl Capture {
+    pub(super) fn resume_description(&self) -> String {
+        self.resume.describe()
+    }
+
+    /// Nothing new from the source: checkpoint where it stands (unless inside a transaction or
+    /// not moved since the last mark). True when the end time has been reached.
+    pub(super) async fn idle(&mut self) -> Result<bool, CaptureError> {
+        self.publish_metrics.lag_seconds.set(0);
+        let here = self.last_ts.map(|ts| (ts, self.last_token.clone()));
+        if self.partial_txn.is_empty() && here != self.marked {
+            self.mark().await?;
+        }
+        let end = self.end_reached_when_idle();
+        if end {
+            tracing::info!(end = %self.config.mongodb.end, "reached the end time");
+        }
+        Ok(end)
+    }
+
+    pub(super) fn past_end(&self, ts: Timestamp) -> bool {
+        self.end
+            .is_some_and(|e| (ts.time, ts.increment) > (e.time, e.increment))
+    }
+
+    /// Idle, and the end time is behind us: every change up to it has been read.
+    fn end_reached_when_idle(&self) -> bool {
+        let Some(e) = self.end else { return false };
+        now_secs() > u64::from(e.time) || self.last_ts.is_some_and(|t| self.past_end(t))
+    }
+
+    pub(super) fn advance(&mut self, ts: Timestamp) {
+        if self
+            .last_ts
+            .is_none_or(|l| (ts.time, ts.increment) > (l.time, l.increment))
+        {
+            self.last_ts = Some(ts);
+            self.metrics.oplog_time.set(i64::from(ts.time));
+        }
+    }
+
+    /// Queue a checkpoint at the last position reached.
+    pub(super) async fn mark(&mut self) -> Result<(), CaptureError> {
+        let Some(ts) = self.last_ts else {
+            return Ok(());
+        };
+        let resume_token = match self.config.mongodb.mode {
+            Mode::ChangeStream => self.last_token.as_ref().and_then(token_hex),
+            Mode::Oplog => None,
+        };
+        self.publisher
+            .mark(Checkpoint {
+                ts: (ts.time, ts.increment),
+                resume_token,
+                replica_set: self.source.server_uuid_or_replica_set.clone(),
+                written_at: now_secs(),
+                snapshot: self.snapshot.clone(),
+                snapshots_done: self.snapshots_done.clone(),
+            })
+            .await?;
+        self.since_mark = 0;
+        self.marked = Some((ts, self.last_token.clone()));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::TableProgress;
+    use mongodb::bson::doc;
+    use mongodb::bson::raw::RawDocumentBuf;
+
+    #[test]
+    fn checkpoint_tokens_round_trip() {
+        let token: ResumeToken =
+            bson::from_document(doc! { "_data": "8265A1B2C3000000042B022C0100296E5A1004" })
+                .unwrap();
+        let hex = token_hex(&token).unwrap();
+        assert_eq!(token_from_hex(&hex).unwrap(), token);
+        let c = Checkpoint {
+            ts: (1, 2),
+            resume_token: Some(hex),
+            replica_set: "rs0".into(),
+            written_at: 3,
+            snapshot: None,
+            snapshots_done: vec![],
+        };
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(!json.contains("snapshot"));
+        assert_eq!(serde_json::from_str::<Checkpoint>(&json).unwrap(), c);
+        // A snapshot under way: the last _id as hex of {v: _id}.
+        let mut wrapped = RawDocumentBuf::new();
+        wrapped.append("v", "k-42");
+        let after = hex::encode(wrapped.as_bytes());
+        let mut tables = std::collections::BTreeMap::new();
+        tables.insert(
+            "db.c".to_string(),
+            TableProgress {
+                after: after.clone(),
+                rows: 7,
+                done: false,
+            },
+        );
+        let c = Checkpoint {
+            snapshot: Some(SnapshotProgress {
+                id: "initial".into(),
+                tables,
+            }),
+            ..c
+        };
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<Checkpoint>(&json).unwrap(), c);
+        let back = Document::from_reader(hex::decode(&after).unwrap().as_slice()).unwrap();
+        assert_eq!(back.get_str("v").unwrap(), "k-42");
+        assert!(hex::decode("0g").is_err());
+        assert!(token_from_hex("zz").is_err());
+    }
+
+    #[test]
+    fn older_checkpoints_with_collections_and_docs_still_read() {
+        // What capture-mongo wrote before the snapshot progress type was shared.
+        let old = r#"{"ts":[1700000000,4],"resume_token":"1e000000025f64617461000c0000003832363541314232433300000000","replica_set":"rs0","written_at":1700000001,"snapshot":{"id":"initial","collections":{"shop.orders":{"after":"0f000000027600030000006b2d0000","docs":1200},"shop.users":{"docs":50,"done":true}}},"snapshots_done":["r0"]}"#;
+        let c: Checkpoint = serde_json::from_str(old).unwrap();
+        assert_eq!(c.ts, (1_700_000_000, 4));
+        assert_eq!(c.snapshots_done, vec!["r0".to_string()]);
+        let s = c.snapshot.as_ref().unwrap();
+        assert_eq!(s.id, "initial");
+        assert_eq!(
+            s.tables["shop.orders"],
+            TableProgress {
+                after: "0f000000027600030000006b2d0000".into(),
+                rows: 1200,
+                done: false,
+            }
+        );
+        let id = hex::decode(&s.tables["shop.orders"].after).unwrap();
+        let id = Document::from_reader(id.as_slice()).unwrap();
+        assert_eq!(id.get_str("v").unwrap(), "k-");
+        assert!(s.tables["shop.users"].done);
+        assert_eq!(s.tables["shop.users"].rows, 50);
+        // Written again, it uses the shared names, and reads back the same.
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(
+            json.contains(r#""tables""#) && json.contains(r#""rows":1200"#),
+            "{json}"
+        );
+        assert!(
+            !json.contains("collections") && !json.contains("docs"),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Checkpoint>(&json).unwrap(), c);
+    }
+}

@@ -1,0 +1,283 @@
+//! A [`Change`] to a `ChangeEvent` on its collection's topic.
+//!
+//! Key = database, collection and `_id` ([`sluice_proto::append_event_key`]): one document's
+//! changes stay on one partition, in order. `version` is the oplog time, so an event published
+//! again after a restart carries the version it had. DDL events go to every partition of the
+//! collection's topic (a rename also to every partition of the new name's topic), so each
+//! partition sees them in order with its documents. What is worked out once per collection (its
+//! topic, key prefix and counters) is kept in a [`Namespace`]; the filter's answer once per
+//! collection too.
+
+use mongodb::bson::raw::RawDocumentBuf;
+use mongodb::bson::{self, doc, Bson};
+use mongodb::change_stream::event::ResumeToken;
+use prometheus::IntCounter;
+use prost::Message;
+use sluice_common::clock::now_micros;
+use sluice_proto::v1::{self, Op};
+use sluice_proto::{append_event_key, event_key_prefix, mongo_version, CONTRACT_VERSION};
+
+use super::checkpoint::token_document;
+use super::Capture;
+use crate::error::{CaptureError, Origin};
+use crate::mongo::change::{Change, OpKind};
+
+/// Worked out once per collection.
+pub(super) struct Namespace {
+    topic: std::sync::Arc<str>,
+    /// The record key's bytes before the `_id` ([`sluice_proto::event_key_prefix`]).
+    key_prefix: Vec<u8>,
+    counters: [IntCounter; 5], // insert, update, delete, ddl, snapshot_read
+    bytes: IntCounter,
+}
+
+impl Capture {
+    /// Make sure the collection's topic exists and its metrics are there.
+    async fn ensure_namespace(&mut self, db: &str, coll: &str) -> Result<(), CaptureError> {
+        if self
+            .namespaces
+            .get(db)
+            .is_some_and(|m| m.contains_key(coll))
+        {
+            return Ok(());
+        }
+        let topic = self.topics.topic(db, coll)?;
+        self.publisher.ensure_topic(&topic, false).await?;
+        let m = &self.publish_metrics;
+        let counter = |op: &str| m.events.with_label_values(&[db, coll, op]);
+        let ns = Namespace {
+            topic: topic.into(),
+            key_prefix: event_key_prefix(db, coll),
+            counters: [
+                counter("insert"),
+                counter("update"),
+                counter("delete"),
+                counter("ddl"),
+                counter("snapshot_read"),
+            ],
+            bytes: m.bytes.with_label_values(&[db, coll]),
+        };
+        self.namespaces
+            .entry(db.to_string())
+            .or_default()
+            .insert(coll.to_string(), ns);
+        Ok(())
+    }
+
+    pub(super) async fn publish(
+        &mut self,
+        mut c: Change,
+        token: Option<&ResumeToken>,
+    ) -> Result<(), CaptureError> {
+        self.advance(c.ts);
+        let wanted = if c.collection.is_empty() {
+            self.filter.wants_database(&c.database)
+        } else {
+            self.wants(&c.database, &c.collection)
+                || c.ddl
+                    .as_ref()
+                    .and_then(|d| d.to.as_ref())
+                    .is_some_and(|(db, coll)| self.filter.wants(db, coll))
+        };
+        if !wanted || c.collection.starts_with("system.") {
+            self.tx = None;
+            return Ok(());
+        }
+        if c.lookup {
+            // Read the document as it is now (what `updateLookup` does on change streams).
+            self.metrics.lookups.inc();
+            let id = c.id().map(|i| i.to_raw_bson());
+            let id =
+                id.ok_or_else(|| CaptureError::definite(Origin::Decode, "update without _id"))?;
+            let id = Bson::try_from(id)
+                .map_err(|e| CaptureError::definite(Origin::Decode, e.to_string()))?;
+            let found = self
+                .client
+                .database(&c.database)
+                .collection::<RawDocumentBuf>(&c.collection)
+                .find_one(doc! { "_id": id })
+                .await?;
+            c.full_document = found;
+        }
+        let now = now_micros();
+        let lag = (now / 1_000_000 - i64::from(c.ts.time)).max(0);
+        self.publish_metrics.lag_seconds.set(lag);
+        let transaction = self.transaction(&c);
+        let token_bytes = token
+            .and_then(token_document)
+            .and_then(|d| bson::to_vec(&d).ok())
+            .unwrap_or_default();
+        let commit_time_micros = c
+            .wall_millis
+            .map(|m| m * 1000)
+            .unwrap_or(i64::from(c.ts.time) * 1_000_000);
+        let op = match c.op {
+            OpKind::Insert => Op::Insert,
+            OpKind::Update | OpKind::Replace => Op::Update,
+            OpKind::Delete => Op::Delete,
+            OpKind::Ddl => Op::Ddl,
+            OpKind::SnapshotRead => Op::SnapshotRead,
+        };
+        let key_values = match c.id() {
+            Some(id) => {
+                let mut wrapped = RawDocumentBuf::new();
+                wrapped.append_ref("v", id);
+                vec![sluice_proto::value::of(v1::value::Kind::Bson(
+                    wrapped.into_bytes(),
+                ))]
+            }
+            None => Vec::new(),
+        };
+        self.ensure_namespace(&c.database, &c.collection).await?;
+        let mut key = Vec::with_capacity(64);
+        append_event_key(
+            &self.namespaces[&c.database][&c.collection].key_prefix,
+            &key_values,
+            &mut key,
+        );
+        let update_description = c.update.take().map(|u| v1::UpdateDescription {
+            updated_fields: u.updated.into_bytes(),
+            removed_fields: u.removed,
+            truncated_arrays: u
+                .truncated
+                .into_iter()
+                .map(|(field, new_size)| v1::TruncatedArray { field, new_size })
+                .collect(),
+        });
+        let ddl = c.ddl.take().map(|d| {
+            let (new_database, new_table) = d.to.clone().unwrap_or_default();
+            (
+                v1::Ddl {
+                    statement: Bson::Document(d.command)
+                        .into_canonical_extjson()
+                        .to_string(),
+                    schema: None,
+                    new_database,
+                    new_table,
+                    kind: d.kind.to_string(),
+                },
+                d.to,
+            )
+        });
+        let rename_to = ddl.as_ref().and_then(|(_, to)| to.clone());
+        let event = v1::ChangeEvent {
+            contract: CONTRACT_VERSION,
+            source: Some(self.source.clone()),
+            op: op as i32,
+            database: std::mem::take(&mut c.database),
+            table: std::mem::take(&mut c.collection),
+            version: mongo_version(c.ts.time, c.ts.increment),
+            position: Some(v1::Position {
+                kind: Some(v1::position::Kind::Oplog(v1::OplogPosition {
+                    ts_seconds: c.ts.time,
+                    ts_increment: c.ts.increment,
+                    resume_token: token_bytes,
+                })),
+            }),
+            commit_time_micros,
+            capture_time_micros: now,
+            transaction,
+            key: (!key_values.is_empty()).then_some(v1::Row { values: key_values }),
+            ddl: ddl.map(|(d, _)| d),
+            mongo: Some(v1::MongoChange {
+                document_key: c
+                    .document_key
+                    .take()
+                    .map(RawDocumentBuf::into_bytes)
+                    .unwrap_or_default(),
+                full_document: c
+                    .full_document
+                    .take()
+                    .map(RawDocumentBuf::into_bytes)
+                    .unwrap_or_default(),
+                full_document_before_change: c
+                    .before
+                    .take()
+                    .map(RawDocumentBuf::into_bytes)
+                    .unwrap_or_default(),
+                update_description,
+                operation_type: std::mem::take(&mut c.operation_type),
+                lsid: c
+                    .lsid
+                    .take()
+                    .map(RawDocumentBuf::into_bytes)
+                    .unwrap_or_default(),
+                txn_number: c.txn_number.unwrap_or(0),
+            }),
+            ..Default::default()
+        };
+        self.buf.clear();
+        event.encode(&mut self.buf).expect("Vec grows");
+        let payload = std::mem::take(&mut self.buf);
+        let ns = &self.namespaces[&event.database][&event.table];
+        ns.bytes.inc_by(payload.len() as u64);
+        ns.counters[match c.op {
+            OpKind::Insert => 0,
+            OpKind::Update | OpKind::Replace => 1,
+            OpKind::Delete => 2,
+            OpKind::Ddl => 3,
+            OpKind::SnapshotRead => 4,
+        }]
+        .inc();
+        if op == Op::Ddl {
+            // Every partition sees the command in order with its documents (a rename also
+            // every partition of the new name's topic).
+            let mut targets = vec![ns.topic.clone()];
+            if let Some((db, coll)) = rename_to.filter(|(_, coll)| !coll.is_empty()) {
+                self.ensure_namespace(&db, &coll).await?;
+                targets.push(self.namespaces[&db][&coll].topic.clone());
+            }
+            for topic in targets {
+                self.publisher
+                    .send_to_every_partition(&topic, &key, &payload)
+                    .await?;
+            }
+        } else {
+            self.publisher.send(&ns.topic, &key, &payload, None).await?;
+        }
+        self.buf = payload;
+        self.since_mark += 1;
+        Ok(())
+    }
+
+    /// [`Filter::wants`], remembered per collection.
+    fn wants(&mut self, db: &str, coll: &str) -> bool {
+        if let Some(w) = self.wanted.get(db).and_then(|m| m.get(coll)) {
+            return *w;
+        }
+        let w = self.filter.wants(db, coll);
+        self.wanted
+            .entry(db.to_string())
+            .or_default()
+            .insert(coll.to_string(), w);
+        w
+    }
+
+    /// Transaction id (`<lsid.id as hex>:<txnNumber>`) and the event's index in it.
+    fn transaction(&mut self, c: &Change) -> Option<v1::Transaction> {
+        let (Some(lsid), Some(txn)) = (&c.lsid, c.txn_number) else {
+            self.tx = None;
+            return None;
+        };
+        let id_bytes = match lsid.get("id") {
+            Ok(Some(bson::RawBsonRef::Binary(b))) => b.bytes,
+            _ => lsid.as_bytes(),
+        };
+        let id = sluice_common::hex::encode(id_bytes) + ":" + &txn.to_string();
+        let index = match &mut self.tx {
+            Some((cur, n)) if *cur == id => {
+                *n += 1;
+                *n
+            }
+            _ => {
+                self.tx = Some((id.clone(), 0));
+                0
+            }
+        };
+        Some(v1::Transaction {
+            id,
+            index,
+            last: false,
+        })
+    }
+}

@@ -1,0 +1,163 @@
+//! Tailing `local.oplog.rs` (`mode = "oplog"`) with a tailable, awaiting cursor.
+//!
+//! Reading starts after the checkpoint's oplog time (or at `[mongodb] start`, or at the newest
+//! entry for `now`, which a new capture checkpoints before anything else, so that a restart does
+//! not begin at a later "now"). An oplog that no longer reaches back to the start is a definite
+//! error: the changes in between are gone. Each entry becomes its changes
+//! ([`change::from_oplog`]); the entries of a transaction split with `partialTxn` are held until
+//! its last one, and the position moves past an entry only once all its changes are published.
+//! When the cursor ends (a server without tailable oplog cursors, or a rolled-over capped
+//! collection) the reader queries again after the last entry.
+
+use std::time::Duration;
+
+use mongodb::bson::raw::RawDocumentBuf;
+use mongodb::bson::{doc, Timestamp};
+use mongodb::options::{CursorType, FindOneOptions, FindOptions};
+use sluice_common::clock::now_secs;
+use sluice_common::Shutdown;
+
+use super::checkpoint::{ts_string, Resume, MARK_EVERY};
+use super::Capture;
+use crate::error::{CaptureError, Origin};
+use crate::mongo::change;
+
+impl Capture {
+    pub(super) async fn read_oplog(&mut self, shutdown: &Shutdown) -> Result<(), CaptureError> {
+        let oplog = self
+            .client
+            .database("local")
+            .collection::<RawDocumentBuf>("oplog.rs");
+        let first = oplog
+            .find_one(doc! {})
+            .with_options(
+                FindOneOptions::builder()
+                    .sort(doc! { "$natural": 1 })
+                    .build(),
+            )
+            .await?;
+        let first_ts = first.as_ref().and_then(|d| d.get_timestamp("ts").ok());
+        // (position, inclusive)
+        let (mut from, mut inclusive) = match &self.resume {
+            Resume::Token(_, ts) | Resume::After(ts) => (*ts, false),
+            Resume::At(ts) => (*ts, true),
+            Resume::Now => {
+                let last = oplog
+                    .find_one(doc! {})
+                    .with_options(
+                        FindOneOptions::builder()
+                            .sort(doc! { "$natural": -1 })
+                            .build(),
+                    )
+                    .await?;
+                match last.as_ref().and_then(|d| d.get_timestamp("ts").ok()) {
+                    Some(ts) => (ts, false),
+                    None => {
+                        let now = now_secs() as u32;
+                        (
+                            Timestamp {
+                                time: now,
+                                increment: 0,
+                            },
+                            true,
+                        )
+                    }
+                }
+            }
+        };
+        if !matches!(self.resume, Resume::Now) {
+            if let Some(f) = first_ts {
+                let lost = if inclusive {
+                    (f.time, f.increment) > (from.time, from.increment)
+                } else {
+                    (f.time, f.increment) > (from.time, from.increment.saturating_add(1))
+                };
+                if lost {
+                    return Err(CaptureError::source(format!(
+                        "cannot resume from {}: the oplog begins at {}, so changes in between are \
+                         no longer there. Re-snapshot, or remove the checkpoint of connector {:?} \
+                         to start at mongodb.start.",
+                        self.resume_description(),
+                        ts_string(f),
+                        self.config.connector
+                    )));
+                }
+            }
+        }
+        tracing::info!(from = %ts_string(from), inclusive, "tailing local.oplog.rs");
+        if self.last_ts.is_none() && !inclusive {
+            // A new capture stores where it starts before anything else: killed before its
+            // first change is checkpointed, it must not start again at a later "now".
+            self.advance(from);
+            self.mark().await?;
+        }
+        let await_time = Duration::from_millis(self.config.mongodb.max_await_ms);
+        loop {
+            let filter = if inclusive {
+                doc! { "ts": { "$gte": from } }
+            } else {
+                doc! { "ts": { "$gt": from } }
+            };
+            let opts = FindOptions::builder()
+                .cursor_type(CursorType::TailableAwait)
+                .max_await_time(await_time)
+                .batch_size(self.config.mongodb.batch_size)
+                .build();
+            let mut cursor = oplog.find(filter).with_options(opts).await?;
+            loop {
+                if shutdown.is_triggered() || self.publisher.failed() {
+                    return Ok(());
+                }
+                // `advance` + `current`: each entry is read where the cursor holds it, not
+                // copied out once more first.
+                let next = tokio::select! {
+                    biased;
+                    _ = shutdown.wait() => return Ok(()),
+                    n = tokio::time::timeout(await_time * 2, cursor.advance()) => n,
+                };
+                match next {
+                    Ok(Err(e)) => return Err(e.into()),
+                    Ok(Ok(true)) => {
+                        let parsed = change::from_oplog(cursor.current())
+                            .map_err(|e| CaptureError::definite(Origin::Decode, e))?;
+                        if self.past_end(parsed.ts) {
+                            tracing::info!(end = %self.config.mongodb.end, "reached the end time");
+                            return Ok(());
+                        }
+                        from = parsed.ts;
+                        inclusive = false;
+                        if parsed.partial {
+                            self.partial_txn.extend(parsed.changes);
+                            continue;
+                        }
+                        let mut changes = std::mem::take(&mut self.partial_txn);
+                        changes.extend(parsed.changes);
+                        for c in changes {
+                            self.publish(c, None).await?;
+                        }
+                        self.advance(parsed.ts);
+                        if self.since_mark >= MARK_EVERY {
+                            self.mark().await?;
+                        }
+                    }
+                    // The cursor ended (a server without tailable cursors on the oplog, or the
+                    // capped collection rolled over): query again from the last entry.
+                    Ok(Ok(false)) => break,
+                    // Nothing new for a while.
+                    Err(_) => {
+                        if self.idle().await? {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            if self.idle().await? {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = shutdown.wait() => return Ok(()),
+                _ = tokio::time::sleep(await_time.min(Duration::from_millis(200))) => {}
+            }
+        }
+    }
+}
