@@ -17,6 +17,19 @@
 //!   keeps up with the cluster even when the captured collections do not change.
 //! - A transaction written as several oplog entries (`partialTxn`) is held until its last entry,
 //!   so a checkpoint never falls inside it.
+//! - A transient failure while reading (a network error, an election, a cursor lost in a
+//!   fail-over, a change stream the driver could not resume itself:
+//!   [`sluice_common::mongo::transient`]) reopens the change stream or the oplog cursor from the
+//!   last position published, the one a checkpoint queued at that moment would hold (the last
+//!   change's resume token, or the last oplog entry whose changes were all published), not the
+//!   last one Kafka acknowledged: nothing is published again, nothing skipped. The transaction
+//!   being published keeps its id and event count; a held `partialTxn` transaction is read again
+//!   whole; an oplog entry's documents to look up are read before any of its changes is
+//!   published. A snapshot copy goes on after the last document it published; a snapshot is
+//!   never taken again. The wait is 0.5 s, doubling up to 30 s (0.5 s again once reading got
+//!   further than at the previous failure), until shutdown. Definite errors stop the capture.
+//!   (One gap: a change stream opened at `now` on a server that reports no resume token before
+//!   its first change, as mongo-java-server, reopens at a later "now" if it fails before then.)
 //! - Key = database, collection and `_id`: one document's changes stay on one partition, in
 //!   order. DDL events go to every partition of the collection's topic (a rename also to every
 //!   partition of the new name's topic), so each partition sees them in order with its rows.
@@ -28,6 +41,7 @@ mod events;
 mod oplog;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use mongodb::bson::Timestamp;
 use mongodb::change_stream::event::ResumeToken;
@@ -39,7 +53,6 @@ use sluice_proto::TopicTemplate;
 pub use checkpoint::Checkpoint;
 use checkpoint::Resume;
 
-use super::change::Change;
 use super::{parse_point, Config, Mode, StartAt, SYSTEM_DATABASES};
 use crate::error::{CaptureError, Origin};
 use crate::filter::Filter;
@@ -49,6 +62,7 @@ use crate::snapshot::{SnapshotMetrics, SnapshotProgress};
 struct StreamMetrics {
     oplog_time: IntGauge,
     lookups: IntCounter,
+    reconnects: IntCounter,
 }
 
 impl StreamMetrics {
@@ -61,11 +75,17 @@ impl StreamMetrics {
             "sluice_capture_document_lookups_total",
             "Documents read from the source because an oplog update could not be described.",
         )?;
+        let reconnects = IntCounter::new(
+            "sluice_capture_reconnects_total",
+            "Change streams or oplog cursors re-opened after a transient failure.",
+        )?;
         r.register(Box::new(oplog_time.clone()))?;
         r.register(Box::new(lookups.clone()))?;
+        r.register(Box::new(reconnects.clone()))?;
         Ok(Self {
             oplog_time,
             lookups,
+            reconnects,
         })
     }
 }
@@ -83,19 +103,24 @@ pub struct Capture {
     namespaces: HashMap<String, HashMap<String, events::Namespace>>,
     /// The filter's answer per database and collection (it formats the name and runs regexes).
     wanted: HashMap<String, HashMap<String, bool>>,
+    /// Where the next open reads from: the checkpoint's position or `[mongodb] start`; after a
+    /// transient failure, the last position published.
     resume: Resume,
     end: Option<Timestamp>,
+    /// Whether the server reports MongoDB 6.0's expanded change events, once it answered: a
+    /// reopen asks for the same events as the first open.
+    expanded: Option<bool>,
     /// The transaction being published: its id and the next event's index in it.
     tx: Option<(String, u64)>,
     /// Changes read but not marked yet.
     since_mark: usize,
-    /// The last position reached (published change or idle token).
+    /// The last position reached: moved once a change is published (for the oplog, once all of
+    /// an entry's changes are), or when the source reports an idle position. Checkpoints, and
+    /// reopens after a transient failure, go on from here.
     last_ts: Option<Timestamp>,
     last_token: Option<ResumeToken>,
     /// The position of the last mark: an idle source queues no new one until it moves.
     marked: Option<(Timestamp, Option<ResumeToken>)>,
-    /// Oplog entries of a transaction whose last entry has not come yet.
-    partial_txn: Vec<Change>,
     buf: Vec<u8>,
     snapshot: Option<SnapshotProgress>,
     snapshots_done: Vec<String>,
@@ -166,12 +191,12 @@ impl Capture {
             wanted: HashMap::new(),
             resume,
             end,
+            expanded: None,
             tx: None,
             since_mark: 0,
             last_ts: None,
             last_token: None,
             marked: None,
-            partial_txn: Vec::new(),
             buf: Vec::with_capacity(4096),
             snapshot: progress,
             snapshots_done,
@@ -181,15 +206,35 @@ impl Capture {
     }
 
     /// Read until shutdown (or `[mongodb] end`), then wait for every event to be acknowledged
-    /// and store the last checkpoint.
+    /// and store the last checkpoint. A transient failure reopens from the last position
+    /// published, with backoff; a definite one stops.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), CaptureError> {
-        let result = self.read(&shutdown).await;
-        if let Err(e) = &result {
+        let mut backoff = Backoff::default();
+        let result = loop {
+            let before = self.progress();
+            let Err(e) = self.read(&shutdown).await else {
+                break Ok(());
+            };
             self.publish_metrics
                 .errors
                 .with_label_values(&[e.label()])
                 .inc();
-        }
+            if !e.is_transient() || shutdown.is_triggered() {
+                break Err(e);
+            }
+            self.metrics.reconnects.inc();
+            self.resume = self.resume.reopen(
+                self.config.mongodb.mode,
+                self.last_ts,
+                self.last_token.as_ref(),
+            );
+            let wait = backoff.next(self.progress() != before);
+            tracing::warn!(error = %e, from = %self.resume_description(), retry_in = ?wait, "reading MongoDB failed; reopening");
+            tokio::select! {
+                _ = shutdown.wait() => break Ok(()),
+                _ = tokio::time::sleep(wait) => {}
+            }
+        };
         self.finish(result).await
     }
 
@@ -227,6 +272,15 @@ impl Capture {
         result
     }
 
+    /// How far reading got: the position reached, and the documents of the snapshot under way.
+    fn progress(&self) -> (Option<Timestamp>, u64) {
+        let copied = self
+            .snapshot
+            .as_ref()
+            .map_or(0, |s| s.tables.values().map(|t| t.rows).sum());
+        (self.last_ts, copied)
+    }
+
     /// The change stream's (database, collection), from `[mongodb]`.
     fn scope(&self) -> (Option<&str>, Option<&str>) {
         let m = &self.config.mongodb;
@@ -237,5 +291,45 @@ impl Capture {
             opt(&m.database),
             opt(&m.collection).filter(|_| !m.database.is_empty()),
         )
+    }
+}
+
+/// The wait before reading again after a transient failure: 0.5 s, doubling up to 30 s, and
+/// 0.5 s again once reading got further than at the previous failure.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(30);
+
+    fn next(&mut self, progressed: bool) -> Duration {
+        if progressed {
+            self.next = Self::FIRST;
+        }
+        let wait = self.next;
+        self.next = (wait * 2).min(Self::MAX);
+        wait
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_thirty_seconds_and_starts_over_after_progress() {
+        let mut b = Backoff::default();
+        let waits: Vec<u64> = (0..8).map(|_| b.next(false).as_millis() as u64).collect();
+        assert_eq!(waits, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
+        assert_eq!(b.next(true), Duration::from_millis(500));
+        assert_eq!(b.next(false), Duration::from_secs(1));
     }
 }

@@ -6,8 +6,16 @@
 //! MongoDB 6.0+'s expanded events (create, createIndexes, dropIndexes) where the server has
 //! them. An `invalidate` (the watched collection or database dropped or renamed) reopens it
 //! after the invalidating event. An empty batch moves the position to the server's post-batch
-//! resume token. A resume point the server no longer has, or a scope it does not serve, is a
-//! definite error ([`history_error`]) that says what to do.
+//! resume token.
+//!
+//! After a transient failure the stream is opened again after the last change published
+//! (`startAfter` its token, or the idle batch's), with the same options, and the transaction
+//! under way keeps its event count, so the events after it carry the indexes they would have
+//! had. A stream opened at `now` remembers the server's first post-batch token, so a failure
+//! before the first change reopens there rather than at a later "now" (a server that gives no
+//! such token, as mongo-java-server, reopens at "now"). A resume point the server no longer
+//! has, or a scope it does not serve, is a definite error ([`history_error`]) that says what to
+//! do.
 
 use std::time::Duration;
 
@@ -17,7 +25,7 @@ use mongodb::change_stream::ChangeStream;
 use mongodb::options::{ChangeStreamOptions, FullDocumentBeforeChangeType, FullDocumentType};
 use sluice_common::Shutdown;
 
-use super::checkpoint::{token_document, Resume, MARK_EVERY};
+use super::checkpoint::{token_document, Resume, MARK_EVERY, ZERO};
 use super::Capture;
 use crate::error::{CaptureError, Origin};
 use crate::mongo::change::{self, StreamEvent};
@@ -25,9 +33,10 @@ use crate::mongo::{BeforeChange, FullDocument};
 
 impl Capture {
     async fn open_change_stream(
-        &self,
+        &mut self,
         resume: &Resume,
     ) -> Result<ChangeStream<RawDocumentBuf>, CaptureError> {
+        let expanded = self.expanded_events().await;
         let m = &self.config.mongodb;
         let mut opts = ChangeStreamOptions::default();
         opts.batch_size = Some(m.batch_size);
@@ -43,7 +52,7 @@ impl Capture {
             BeforeChange::WhenAvailable => Some(FullDocumentBeforeChangeType::WhenAvailable),
             BeforeChange::Required => Some(FullDocumentBeforeChangeType::Required),
         };
-        if self.expanded_events().await {
+        if expanded {
             opts.show_expanded_events = Some(true);
         }
         match resume {
@@ -74,14 +83,21 @@ impl Capture {
     }
 
     /// MongoDB 6.0+ (wire version 17) reports create, createIndexes and dropIndexes events when
-    /// asked.
-    async fn expanded_events(&self) -> bool {
+    /// asked. The first answer is kept: a reopen during an election, when the server may not
+    /// answer, asks for the same events. (No answer yet counts as no.)
+    async fn expanded_events(&mut self) -> bool {
+        if let Some(known) = self.expanded {
+            return known;
+        }
         let hello = self
             .client
             .database("admin")
             .run_command(doc! { "isMaster": 1 })
             .await;
-        matches!(hello.map(|h| h.get_i32("maxWireVersion").unwrap_or(0)), Ok(w) if w >= 17)
+        let Ok(hello) = hello else { return false };
+        let expanded = hello.get_i32("maxWireVersion").unwrap_or(0) >= 17;
+        self.expanded = Some(expanded);
+        expanded
     }
 
     pub(super) async fn read_change_stream(
@@ -91,6 +107,14 @@ impl Capture {
         let mut resume = self.resume.clone();
         let mut stream = self.open_change_stream(&resume).await?;
         tracing::info!(from = %self.resume_description(), scope = ?self.scope(), "reading the change stream");
+        if self.resume == Resume::Now {
+            // Where "now" was (the server's first post-batch token): a reopen before the first
+            // change goes on from here, not from a later "now".
+            if let Some(t) = stream.resume_token() {
+                let ts = token_document(&t).as_ref().and_then(change::token_time);
+                self.resume = Resume::Token(t, ts.unwrap_or(ZERO));
+            }
+        }
         let scope = {
             let (a, b) = self.scope();
             (a.map(String::from), b.map(String::from))
@@ -119,11 +143,7 @@ impl Capture {
                             tracing::info!(
                                 "change stream invalidated (drop or rename); reopening after it"
                             );
-                            let ts = self.last_ts.unwrap_or(Timestamp {
-                                time: 0,
-                                increment: 0,
-                            });
-                            resume = Resume::Token(t, ts);
+                            resume = Resume::Token(t, self.last_ts.unwrap_or(ZERO));
                             stream = self.open_change_stream(&resume).await?;
                         }
                         StreamEvent::Change(c) => {
@@ -131,8 +151,11 @@ impl Capture {
                                 tracing::info!(end = %self.config.mongodb.end, "reached the end time");
                                 return Ok(());
                             }
-                            self.last_token = token.clone();
+                            let ts = c.ts;
                             self.publish(*c, token.as_ref()).await?;
+                            // Published: a checkpoint, or a reopen, goes on after it.
+                            self.last_token = token;
+                            self.advance(ts);
                             if self.since_mark >= MARK_EVERY {
                                 self.mark().await?;
                             }
@@ -147,7 +170,7 @@ impl Capture {
                         }
                         self.last_token = Some(t);
                     }
-                    if self.idle().await? {
+                    if self.idle(false).await? {
                         return Ok(());
                     }
                 }
@@ -184,4 +207,51 @@ fn history_error(e: mongodb::error::Error, resume: &Resume, connector: &str) -> 
         }
     }
     e.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::error::{Error, ErrorKind};
+
+    fn command(code: i32) -> Error {
+        let reply = doc! { "ok": 0, "code": code, "codeName": "X", "errmsg": "m" };
+        let c: mongodb::error::CommandError = mongodb::bson::from_document(reply).unwrap();
+        Error::from(ErrorKind::Command(c))
+    }
+
+    #[test]
+    fn lost_history_stops_and_a_lost_connection_reopens() {
+        let at = Resume::After(Timestamp {
+            time: 5,
+            increment: 1,
+        });
+        // ChangeStreamHistoryLost, ChangeStreamFatalError, InvalidResumeToken: definite, named.
+        for code in [286, 280, 260] {
+            let e = history_error(command(code), &at, "c1");
+            assert!(!e.is_transient(), "{code}");
+            assert_eq!(e.label(), "source");
+            let m = e.to_string();
+            assert!(m.contains("oplog time 5.1") && m.contains("\"c1\""), "{m}");
+        }
+        // Not served at this scope: the remedy is a setting.
+        let e = history_error(command(59), &at, "c1");
+        assert_eq!((e.is_transient(), e.label()), (false, "config"));
+        assert!(e.to_string().contains("mongodb.collection"), "{e}");
+        // Shutdown, a stepped-down primary, an election, a cursor lost in a fail-over, a
+        // network failure: reopen.
+        for code in [91, 189, 10107, 11602, 43] {
+            let e = history_error(command(code), &at, "c1");
+            assert!(e.is_transient(), "{code}");
+            assert_eq!(e.label(), "mongodb");
+        }
+        let io = Error::from(ErrorKind::Io(std::sync::Arc::new(std::io::Error::other(
+            "reset",
+        ))));
+        assert!(history_error(io, &at, "c1").is_transient());
+        // Anything else MongoDB refuses (unauthorized) stops as a MongoDB error.
+        let e = history_error(command(13), &at, "c1");
+        assert_eq!((e.is_transient(), e.label()), (false, "mongodb"));
+        assert!(e.to_string().starts_with("MongoDB: "), "{e}");
+    }
 }

@@ -2,7 +2,10 @@
 //!
 //! Two positions are kept. [`Resume`] is where reading begins: from the checkpoint (after its
 //! resume token or oplog time), else `[mongodb] start`. `last_ts` / `last_token` are the last
-//! position reached: a change published, or an idle change stream's post-batch resume token.
+//! position reached: a change published (for the oplog, the last entry whose changes all were),
+//! or an idle change stream's post-batch resume token. After a transient failure reading
+//! begins again there ([`Resume::reopen`]), as a restart from a checkpoint queued at that
+//! moment would.
 //! [`Capture::mark`] queues a [`Checkpoint`] of the last position reached with the snapshot
 //! progress; the publisher stores it once Kafka acknowledged every event sent before it, so a
 //! restart from it loses nothing and repeats at most what came after. Resume tokens travel in
@@ -16,6 +19,7 @@ use sluice_common::hex;
 
 use super::Capture;
 use crate::error::CaptureError;
+use crate::mongo::change::token_time;
 use crate::mongo::Mode;
 use crate::snapshot::SnapshotProgress;
 
@@ -104,6 +108,33 @@ impl Resume {
     }
 }
 
+impl Resume {
+    /// Where to read again after a transient failure: after the last position reached (the
+    /// resume token for a change stream, else the oplog time), exactly what a checkpoint queued
+    /// now would resume from; where this open began when nothing was reached since.
+    pub(super) fn reopen(
+        &self,
+        mode: Mode,
+        last_ts: Option<Timestamp>,
+        last_token: Option<&ResumeToken>,
+    ) -> Resume {
+        match (mode, last_token, last_ts) {
+            (Mode::ChangeStream, Some(t), ts) => {
+                let ts = ts.or_else(|| token_document(t).as_ref().and_then(token_time));
+                Resume::Token(t.clone(), ts.unwrap_or(ZERO))
+            }
+            (_, _, Some(ts)) => Resume::After(ts),
+            _ => self.clone(),
+        }
+    }
+}
+
+/// The time of a token whose time is unknown (it only names the token in messages).
+pub(super) const ZERO: Timestamp = Timestamp {
+    time: 0,
+    increment: 0,
+};
+
 pub(super) fn ts_string(t: Timestamp) -> String {
     format!("{}.{}", t.time, t.increment)
 }
@@ -134,12 +165,13 @@ impl Capture {
         self.resume.describe()
     }
 
-    /// Nothing new from the source: checkpoint where it stands (unless inside a transaction or
-    /// not moved since the last mark). True when the end time has been reached.
-    pub(super) async fn idle(&mut self) -> Result<bool, CaptureError> {
+    /// Nothing new from the source: checkpoint where it stands (unless `in_transaction`, some
+    /// of a transaction's oplog entries held, or not moved since the last mark). True when the
+    /// end time has been reached.
+    pub(super) async fn idle(&mut self, in_transaction: bool) -> Result<bool, CaptureError> {
         self.publish_metrics.lag_seconds.set(0);
         let here = self.last_ts.map(|ts| (ts, self.last_token.clone()));
-        if self.partial_txn.is_empty() && here != self.marked {
+        if !in_transaction && here != self.marked {
             self.mark().await?;
         }
         let end = self.end_reached_when_idle();
@@ -246,6 +278,61 @@ mod tests {
         assert_eq!(back.get_str("v").unwrap(), "k-42");
         assert!(hex::decode("0g").is_err());
         assert!(token_from_hex("zz").is_err());
+    }
+
+    #[test]
+    fn a_reopen_goes_on_from_the_last_position_published() {
+        let t = |time, increment| Timestamp { time, increment };
+        let token: ResumeToken =
+            bson::from_document(doc! { "_data": "8265A1B2C3000000042B022C0100296E5A1004" })
+                .unwrap();
+        let from_checkpoint = Resume::Token(token.clone(), t(1, 1));
+        // Nothing published or reached since the open: the same start again.
+        for start in [Resume::Now, Resume::At(t(5, 0)), from_checkpoint.clone()] {
+            for mode in [Mode::ChangeStream, Mode::Oplog] {
+                assert_eq!(start.reopen(mode, None, None), start);
+            }
+        }
+        // A change stream: after the last change's (or idle batch's) token, with its time.
+        let later: ResumeToken = bson::from_document(doc! { "_data": "6b0d2c8000000007" }).unwrap();
+        assert_eq!(
+            Resume::Now.reopen(Mode::ChangeStream, Some(t(9, 2)), Some(&later)),
+            Resume::Token(later.clone(), t(9, 2))
+        );
+        // The time read from the token where none was reached.
+        assert_eq!(
+            from_checkpoint.reopen(Mode::ChangeStream, None, Some(&later)),
+            Resume::Token(later.clone(), t(0x6b0d_2c80, 7))
+        );
+        // No token (a position from a snapshot's start, or a server without tokens): after the
+        // time, as a restart from the checkpoint would.
+        assert_eq!(
+            Resume::At(t(5, 0)).reopen(Mode::ChangeStream, Some(t(9, 2)), None),
+            Resume::After(t(9, 2))
+        );
+        // The oplog: after the last entry whose changes were all published; tokens play no part.
+        assert_eq!(
+            Resume::At(t(5, 0)).reopen(Mode::Oplog, Some(t(9, 2)), Some(&later)),
+            Resume::After(t(9, 2))
+        );
+        // And it is what the checkpoint queued at that moment resumes from.
+        let c = Checkpoint {
+            ts: (9, 2),
+            resume_token: token_hex(&later),
+            replica_set: "rs0".into(),
+            written_at: 0,
+            snapshot: None,
+            snapshots_done: vec![],
+        };
+        for mode in [Mode::ChangeStream, Mode::Oplog] {
+            assert_eq!(
+                c.resume(mode, "rs0", "c1").unwrap(),
+                Resume::Now.reopen(mode, Some(t(9, 2)), Some(&later))
+            );
+        }
+        let e = c.resume(Mode::Oplog, "rs1", "c1").unwrap_err();
+        assert_eq!(e.label(), "source");
+        assert!(!e.is_transient());
     }
 
     #[test]

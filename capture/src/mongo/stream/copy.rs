@@ -9,6 +9,12 @@
 //! `_id` ([`crate::snapshot::TableProgress::after`], hex of `{v: _id}`): a capture stopped in
 //! the middle goes on with `{_id: {$gt: last}}`, and a finished snapshot's id is kept in
 //! `snapshots_done` so it is never taken again.
+//!
+//! A transient failure during a copy (a fail-over, a lost cursor) is retried by the run loop:
+//! the copy goes on after the last document it published (the cursor's failure records it), so
+//! no document is published twice; only a failure before a collection's first document
+//! publishes its `create` / `createIndexes` events again, at the same version. The snapshot's
+//! position stays T0 and finished collections are not copied again.
 
 use futures::StreamExt;
 use mongodb::bson::raw::RawDocumentBuf;
@@ -240,8 +246,20 @@ impl Capture {
         let mut docs = progress.rows;
         let mut last_log = std::time::Instant::now();
         let mut since = 0u64;
+        // `{v: _id}` of the last document published.
+        let mut last: Option<RawDocumentBuf> = None;
         while let Some(doc) = cursor.next().await {
-            let doc = doc?;
+            let doc = match doc {
+                Ok(doc) => doc,
+                Err(e) => {
+                    // The cursor is lost (a fail-over, say): a retry goes on after the last
+                    // document published.
+                    if let Some(last) = &last {
+                        self.copied_up_to(name, last, docs);
+                    }
+                    return Err(e.into());
+                }
+            };
             let id = doc
                 .get("_id")
                 .map_err(|e| CaptureError::definite(Origin::Decode, format!("{name}: {e}")))?
@@ -257,19 +275,13 @@ impl Capture {
             wrapped.append_ref("v", id);
             let mut c = Change::new(OpKind::SnapshotRead, "snapshot", &db, &coll, ts);
             c.document_key = Some(key);
-            c.full_document = Some(doc.clone());
+            c.full_document = Some(doc);
             self.publish(c, None).await?;
             rows.inc();
             docs += 1;
             since += 1;
             if since >= u64::from(batch) || last_log.elapsed().as_secs() >= 5 {
-                let p = self
-                    .snapshot
-                    .as_mut()
-                    .and_then(|s| s.tables.get_mut(name))
-                    .expect("running");
-                p.after = hex::encode(wrapped.as_bytes());
-                p.rows = docs;
+                self.copied_up_to(name, &wrapped, docs);
                 since = 0;
                 self.mark().await?;
                 if last_log.elapsed().as_secs() >= 5 {
@@ -288,6 +300,7 @@ impl Capture {
                     return Ok(false);
                 }
             }
+            last = Some(wrapped);
         }
         let p = self
             .snapshot
@@ -299,6 +312,18 @@ impl Capture {
         self.mark().await?;
         tracing::info!(collection = %name, docs, seconds = started.elapsed().as_secs_f64(), "collection copied");
         Ok(true)
+    }
+
+    /// Where the copy of `name` stands: `docs` documents published, the last one's `{v: _id}`
+    /// `wrapped` (checkpointed with the next mark).
+    fn copied_up_to(&mut self, name: &str, wrapped: &RawDocumentBuf, docs: u64) {
+        let p = self
+            .snapshot
+            .as_mut()
+            .and_then(|s| s.tables.get_mut(name))
+            .expect("running");
+        p.after = hex::encode(wrapped.as_bytes());
+        p.rows = docs;
     }
 
     /// The collection's options (`create`) and secondary indexes (`createIndexes`) as DDL

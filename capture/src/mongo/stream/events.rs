@@ -9,7 +9,7 @@
 //! collection too.
 
 use mongodb::bson::raw::RawDocumentBuf;
-use mongodb::bson::{self, doc, Bson};
+use mongodb::bson::{self, Bson};
 use mongodb::change_stream::event::ResumeToken;
 use prometheus::IntCounter;
 use prost::Message;
@@ -19,7 +19,7 @@ use sluice_proto::{append_event_key, event_key_prefix, mongo_version, CONTRACT_V
 
 use super::checkpoint::token_document;
 use super::Capture;
-use crate::error::{CaptureError, Origin};
+use crate::error::CaptureError;
 use crate::mongo::change::{Change, OpKind};
 
 /// Worked out once per collection.
@@ -64,40 +64,18 @@ impl Capture {
         Ok(())
     }
 
+    /// Publish one change (nothing when the filter leaves it out), with the change stream's
+    /// resume token where there is one. The caller moves the position once it returns: only a
+    /// change handed to the publisher counts as reached. Nothing here reads the source, so every
+    /// failure is Kafka's or the configuration's, both definite.
     pub(super) async fn publish(
         &mut self,
         mut c: Change,
         token: Option<&ResumeToken>,
     ) -> Result<(), CaptureError> {
-        self.advance(c.ts);
-        let wanted = if c.collection.is_empty() {
-            self.filter.wants_database(&c.database)
-        } else {
-            self.wants(&c.database, &c.collection)
-                || c.ddl
-                    .as_ref()
-                    .and_then(|d| d.to.as_ref())
-                    .is_some_and(|(db, coll)| self.filter.wants(db, coll))
-        };
-        if !wanted || c.collection.starts_with("system.") {
+        if !self.wanted(&c) {
             self.tx = None;
             return Ok(());
-        }
-        if c.lookup {
-            // Read the document as it is now (what `updateLookup` does on change streams).
-            self.metrics.lookups.inc();
-            let id = c.id().map(|i| i.to_raw_bson());
-            let id =
-                id.ok_or_else(|| CaptureError::definite(Origin::Decode, "update without _id"))?;
-            let id = Bson::try_from(id)
-                .map_err(|e| CaptureError::definite(Origin::Decode, e.to_string()))?;
-            let found = self
-                .client
-                .database(&c.database)
-                .collection::<RawDocumentBuf>(&c.collection)
-                .find_one(doc! { "_id": id })
-                .await?;
-            c.full_document = found;
         }
         let now = now_micros();
         let lag = (now / 1_000_000 - i64::from(c.ts.time)).max(0);
@@ -240,7 +218,23 @@ impl Capture {
         Ok(())
     }
 
-    /// [`Filter::wants`], remembered per collection.
+    /// Whether the change is captured: its collection passes the filter (a rename also when its
+    /// new name does, a database command when its database does) and is not a system
+    /// collection.
+    pub(super) fn wanted(&mut self, c: &Change) -> bool {
+        let wanted = if c.collection.is_empty() {
+            self.filter.wants_database(&c.database)
+        } else {
+            self.wants(&c.database, &c.collection)
+                || c.ddl
+                    .as_ref()
+                    .and_then(|d| d.to.as_ref())
+                    .is_some_and(|(db, coll)| self.filter.wants(db, coll))
+        };
+        wanted && !c.collection.starts_with("system.")
+    }
+
+    /// [`crate::filter::Filter::wants`], remembered per collection.
     fn wants(&mut self, db: &str, coll: &str) -> bool {
         if let Some(w) = self.wanted.get(db).and_then(|m| m.get(coll)) {
             return *w;

@@ -6,13 +6,16 @@
 //! error: the changes in between are gone. Each entry becomes its changes
 //! ([`change::from_oplog`]); the entries of a transaction split with `partialTxn` are held until
 //! its last one, and the position moves past an entry only once all its changes are published.
+//! The documents of updates the oplog cannot describe are read before any change of their entry
+//! is published, so a transient failure (the reader then reopens the cursor after the last entry
+//! published, and reads a held transaction again whole) never leaves an entry half published.
 //! When the cursor ends (a server without tailable oplog cursors, or a rolled-over capped
 //! collection) the reader queries again after the last entry.
 
 use std::time::Duration;
 
 use mongodb::bson::raw::RawDocumentBuf;
-use mongodb::bson::{doc, Timestamp};
+use mongodb::bson::{doc, Bson, Timestamp};
 use mongodb::options::{CursorType, FindOneOptions, FindOptions};
 use sluice_common::clock::now_secs;
 use sluice_common::Shutdown;
@@ -20,7 +23,7 @@ use sluice_common::Shutdown;
 use super::checkpoint::{ts_string, Resume, MARK_EVERY};
 use super::Capture;
 use crate::error::{CaptureError, Origin};
-use crate::mongo::change;
+use crate::mongo::change::{self, Change};
 
 impl Capture {
     pub(super) async fn read_oplog(&mut self, shutdown: &Shutdown) -> Result<(), CaptureError> {
@@ -92,6 +95,9 @@ impl Capture {
             self.mark().await?;
         }
         let await_time = Duration::from_millis(self.config.mongodb.max_await_ms);
+        // Changes of a transaction whose last entry has not come yet. Dropped with a failure:
+        // the reopen reads them again, from before the transaction's first entry.
+        let mut partial_txn: Vec<Change> = Vec::new();
         loop {
             let filter = if inclusive {
                 doc! { "ts": { "$gte": from } }
@@ -127,11 +133,14 @@ impl Capture {
                         from = parsed.ts;
                         inclusive = false;
                         if parsed.partial {
-                            self.partial_txn.extend(parsed.changes);
+                            partial_txn.extend(parsed.changes);
                             continue;
                         }
-                        let mut changes = std::mem::take(&mut self.partial_txn);
+                        let mut changes = std::mem::take(&mut partial_txn);
                         changes.extend(parsed.changes);
+                        if changes.iter().any(|c| c.lookup) {
+                            self.look_up(&mut changes).await?;
+                        }
                         for c in changes {
                             self.publish(c, None).await?;
                         }
@@ -145,13 +154,13 @@ impl Capture {
                     Ok(Ok(false)) => break,
                     // Nothing new for a while.
                     Err(_) => {
-                        if self.idle().await? {
+                        if self.idle(!partial_txn.is_empty()).await? {
                             return Ok(());
                         }
                     }
                 }
             }
-            if self.idle().await? {
+            if self.idle(!partial_txn.is_empty()).await? {
                 return Ok(());
             }
             tokio::select! {
@@ -159,5 +168,29 @@ impl Capture {
                 _ = tokio::time::sleep(await_time.min(Duration::from_millis(200))) => {}
             }
         }
+    }
+
+    /// Read the documents of the updates the oplog could not describe ([`Change::lookup`]) as
+    /// they are now (what `updateLookup` does on change streams), for the changes that will be
+    /// published; before any of them is, so that a failure here leaves the entry unpublished.
+    async fn look_up(&mut self, changes: &mut [Change]) -> Result<(), CaptureError> {
+        for c in changes.iter_mut() {
+            if !c.lookup || !self.wanted(c) {
+                continue;
+            }
+            self.metrics.lookups.inc();
+            let id = c.id().map(|i| i.to_raw_bson());
+            let id =
+                id.ok_or_else(|| CaptureError::definite(Origin::Decode, "update without _id"))?;
+            let id = Bson::try_from(id)
+                .map_err(|e| CaptureError::definite(Origin::Decode, e.to_string()))?;
+            c.full_document = self
+                .client
+                .database(&c.database)
+                .collection::<RawDocumentBuf>(&c.collection)
+                .find_one(doc! { "_id": id })
+                .await?;
+        }
+        Ok(())
     }
 }
