@@ -106,9 +106,7 @@ impl Resume {
             Resume::Now => "now".into(),
         }
     }
-}
 
-impl Resume {
     /// Where to read again after a transient failure: after the last position reached (the
     /// resume token for a change stream, else the oplog time), exactly what a checkpoint queued
     /// now would resume from; where this open began when nothing was reached since.
