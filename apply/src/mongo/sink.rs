@@ -151,7 +151,7 @@ impl Sink {
         match event.op() {
             Op::Ddl | Op::Truncate => {
                 self.flush(shutdown).await?;
-                if let Err(bad) = self.apply_ddl_event(payload).await {
+                if let Err(bad) = self.apply_ddl_event(payload, shutdown).await? {
                     self.writer.dead_letter(&m, &bad).await?;
                 }
                 self.batch().offsets.record(&m);

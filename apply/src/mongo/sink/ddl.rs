@@ -4,8 +4,10 @@
 //! - A DDL event is applied in order with its partition (the sink writes the batch so far
 //!   first). `[ddl] apply` filters it by kind; `[namespaces]` maps its collection (and a
 //!   rename's new name) to the target's. "Already so" answers (NamespaceNotFound 26,
-//!   NamespaceExists 48, IndexNotFound 27) count as done. One that cannot be applied is a
+//!   NamespaceExists 48, IndexNotFound 27) count as done. A transient failure (network,
+//!   election) is retried with backoff until the server answers; one the server refuses is a
 //!   [`BadEvent`] (`ddl`, or `undecodable` when it cannot be read), dead-lettered by the sink.
+//!   If the record below cannot be written, the sink stops and reads the event again.
 //! - Drops, renames and database drops arrive on every partition of the topic. The first
 //!   applied is recorded with its version in `<meta_database>.applied_ddl` ([`AppliedDdl`]):
 //!   the copies from the other partitions are then skipped, and so is a row event older than
@@ -19,6 +21,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use prost::Message as _;
+use sluice_common::Shutdown;
 use sluice_proto::ChangeEvent;
 
 use super::Sink;
@@ -95,7 +98,7 @@ impl AppliedDdl {
         self.versions.get(key).copied().unwrap_or(0)
     }
 
-    async fn record(&mut self, key: String, version: u64) -> Result<(), String> {
+    async fn record(&mut self, key: String, version: u64) -> Result<(), ApplyError> {
         self.collection
             .update_one(
                 doc! { "_id": &key },
@@ -103,7 +106,9 @@ impl AppliedDdl {
             )
             .upsert(true)
             .await
-            .map_err(|e| format!("recording the command in {}: {e}", self.name))?;
+            .map_err(|e| {
+                ApplyError::from(e).context(format!("recording the command in {}", self.name))
+            })?;
         let e = self.versions.entry(key).or_insert(0);
         *e = (*e).max(version);
         Ok(())
@@ -111,17 +116,71 @@ impl AppliedDdl {
 }
 
 impl Sink {
-    /// Read a DDL event whole and apply it.
-    pub(super) async fn apply_ddl_event(&mut self, payload: &[u8]) -> Result<(), BadEvent> {
-        let event = ChangeEvent::decode(payload)
-            .map_err(|e| BadEvent::new(Reason::Undecodable, format!("not a change event: {e}")))?;
-        self.apply_ddl(&event).await
+    /// Read a DDL event whole and apply it. `Ok(Err(bad))`: it can never be applied (the sink
+    /// dead-letters it); `Err`: the sink stops (a shutdown while the target was away, or the
+    /// record of an applied drop not written), and the event is read again on restart.
+    pub(super) async fn apply_ddl_event(
+        &mut self,
+        payload: &[u8],
+        shutdown: &Shutdown,
+    ) -> Result<Result<(), BadEvent>, ApplyError> {
+        match ChangeEvent::decode(payload) {
+            Ok(event) => self.apply_ddl(&event, shutdown).await,
+            Err(e) => Ok(Err(BadEvent::new(
+                Reason::Undecodable,
+                format!("not a change event: {e}"),
+            ))),
+        }
     }
 
-    /// Repeat a source command on the target. `Err`: it failed (dead-lettered).
-    async fn apply_ddl(&mut self, event: &ChangeEvent) -> Result<(), BadEvent> {
+    /// Run a command of a source DDL on the target: a transient failure (network, election)
+    /// is retried with backoff until the server answers, as batch writes are; `Ok(Err)` is the
+    /// server's refusal, and the "already so" codes are success.
+    async fn run_command(
+        &self,
+        command: Document,
+        on: mongodb::Database,
+        shutdown: &Shutdown,
+    ) -> Result<Result<(), String>, ApplyError> {
+        // Codes that mean "already so": NamespaceNotFound, NamespaceExists, IndexNotFound.
+        let ignore = |code: i32| matches!(code, 26 | 48 | 27);
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let e = match on.run_command(command.clone()).await {
+                Ok(_) => return Ok(Ok(())),
+                Err(e) => e,
+            };
+            if matches!(&*e.kind, mongodb::error::ErrorKind::Command(c) if ignore(c.code)) {
+                return Ok(Ok(()));
+            }
+            if !sluice_common::mongo::transient(&e) {
+                return Ok(Err(e.to_string()));
+            }
+            self.metrics.retries.inc();
+            tracing::warn!(error = %e, retry_in = ?backoff, "source command failed; retrying");
+            if shutdown.is_triggered() {
+                return Err(ApplyError::from(e).context(
+                    "stopping with a source command not applied (read again on restart)",
+                ));
+            }
+            tokio::select! {
+                _ = shutdown.wait() => {}
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    /// Repeat a source command on the target.
+    async fn apply_ddl(
+        &mut self,
+        event: &ChangeEvent,
+        shutdown: &Shutdown,
+    ) -> Result<Result<(), BadEvent>, ApplyError> {
         let failed = |message: String| BadEvent::new(Reason::Ddl, message);
-        let Some(ddl) = &event.ddl else { return Ok(()) };
+        let Some(ddl) = &event.ddl else {
+            return Ok(Ok(()));
+        };
         let kind = ddl.kind.as_str();
         if !self.config.ddl.applies(kind) {
             self.metrics
@@ -129,7 +188,7 @@ impl Sink {
                 .with_label_values(&[kind, "filtered"])
                 .inc();
             tracing::info!(kind, statement = %ddl.statement, "source command not applied (ddl.apply)");
-            return Ok(());
+            return Ok(Ok(()));
         }
         let (db, coll) = self.config.target(&event.database, &event.table);
         let destructive = matches!(kind, "drop" | "rename" | "drop_database");
@@ -142,32 +201,29 @@ impl Sink {
             let _ = self.applied.read().await;
             if self.applied.version(&key) >= event.version {
                 self.metrics.ddl.with_label_values(&[kind, "skipped"]).inc();
-                return Ok(()); // applied already (from another partition, or before a restart)
+                return Ok(Ok(())); // applied already (from another partition, or before a restart)
             }
         }
-        let json: serde_json::Value = serde_json::from_str(&ddl.statement)
-            .map_err(|e| failed(format!("command {:?} is not JSON: {e}", ddl.statement)))?;
+        let json: serde_json::Value = match serde_json::from_str(&ddl.statement) {
+            Ok(j) => j,
+            Err(e) => {
+                return Ok(Err(failed(format!(
+                    "command {:?} is not JSON: {e}",
+                    ddl.statement
+                ))))
+            }
+        };
         let command = match Bson::try_from(json) {
             Ok(Bson::Document(d)) => d,
             _ => {
-                return Err(failed(format!(
+                return Ok(Err(failed(format!(
                     "command {:?} is not a document",
                     ddl.statement
-                )))
+                ))))
             }
         };
         let database = self.client.database(&db);
-        // Codes that mean "already so": NamespaceNotFound, NamespaceExists, IndexNotFound.
-        let ignore = |code: i32| matches!(code, 26 | 48 | 27);
-        let run = |cmd: Document, on: mongodb::Database| async move {
-            match on.run_command(cmd).await {
-                Ok(_) => Ok(()),
-                Err(e) => match &*e.kind {
-                    mongodb::error::ErrorKind::Command(c) if ignore(c.code) => Ok(()),
-                    _ => Err(e.to_string()),
-                },
-            }
-        };
+        let run = |cmd: Document, on: mongodb::Database| self.run_command(cmd, on, shutdown);
         let result = match kind {
             "drop" => run(doc! { "drop": &coll }, database).await,
             "drop_database" => run(doc! { "dropDatabase": 1 }, database).await,
@@ -177,9 +233,13 @@ impl Sink {
                 run(cmd, database).await
             }
             "create_indexes" => {
-                let indexes: Vec<Bson> = command
-                    .get_array("indexes")
-                    .map_err(|e| failed(format!("createIndexes without indexes: {e}")))?
+                let indexes = match command.get_array("indexes") {
+                    Ok(i) => i,
+                    Err(e) => {
+                        return Ok(Err(failed(format!("createIndexes without indexes: {e}"))))
+                    }
+                };
+                let indexes: Vec<Bson> = indexes
                     .iter()
                     .map(|i| match i {
                         Bson::Document(d) => {
@@ -212,23 +272,20 @@ impl Sink {
                 )
                 .await
             }
-            _ => Ok(()),
-        };
+            _ => Ok(Ok(())),
+        }?;
         match result {
             Ok(()) => {
                 if destructive {
-                    self.applied
-                        .record(key, event.version)
-                        .await
-                        .map_err(failed)?;
+                    self.applied.record(key, event.version).await?;
                 }
                 self.metrics.ddl.with_label_values(&[kind, "applied"]).inc();
                 tracing::info!(kind, target = %format!("{db}.{coll}"), "applied source command");
-                Ok(())
+                Ok(Ok(()))
             }
             Err(e) => {
                 self.metrics.ddl.with_label_values(&[kind, "failed"]).inc();
-                Err(failed(format!("{kind} on {db}.{coll} failed: {e}")))
+                Ok(Err(failed(format!("{kind} on {db}.{coll} failed: {e}"))))
             }
         }
     }
