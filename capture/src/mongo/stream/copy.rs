@@ -353,10 +353,18 @@ impl Capture {
         }
         self.publish(Change::ddl("create", "create", db, coll, ts, create), None)
             .await?;
-        let indexes = database
-            .run_command(doc! { "listIndexes": coll })
-            .await
-            .ok()
+        // A collection dropped since it was listed has no indexes to copy (NamespaceNotFound);
+        // any other failure is the copy's (a transient one retries it), never an index set
+        // silently left out.
+        let listed = match database.run_command(doc! { "listIndexes": coll }).await {
+            Ok(r) => Some(r),
+            Err(e) if matches!(&*e.kind, mongodb::error::ErrorKind::Command(c) if c.code == 26) => {
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // At most 64 indexes a collection: the first batch (101) holds them all.
+        let indexes = listed
             .and_then(|r| {
                 r.get_document("cursor")
                     .ok()
