@@ -12,22 +12,28 @@
 #                                          check-jsonschema, kubernetes-validate) in a
 #                                          virtualenv under the cache; print its bin folder
 #
-# SERVICE is one of: mariadb kafka clickhouse mongo (default: all).
+# SERVICE is one of: mariadb kafka clickhouse clickhouse-current mongo (default: all).
 #
 # Servers:
 #   mariadb     MariaDB from Debian's packages, binlog ROW/FULL, server_id 1, GTIDs
 #   kafka       Apache Kafka (KRaft, one node) from the official jars on Maven Central,
 #               topic auto-creation off
 #   clickhouse  clickhouse-server from Debian's packages
+#   clickhouse-current
+#               the current ClickHouse engine (chdb-core from PyPI, in process) behind a small
+#               HTTP front (testbed/clickhouse_current.py), in a virtualenv under the cache
 #   mongo       mongo-java-server (Maven Central) with its oplog: a source and a target server
 #
 # Where things go (all overridable):
 #   SLUICE_TESTBED_DIR  data, logs, pids      (default: /var/tmp/sluice-testbed; one test bed
 #                       per machine, shared by every checkout, as its ports are)
-#   SLUICE_CACHE_DIR    downloaded jars       (default: ~/.cache/sluice)
+#   SLUICE_CACHE_DIR    downloaded jars, virtualenvs (default: ~/.cache/sluice)
 #   ports: SLUICE_MARIADB_PORT 13306, SLUICE_KAFKA_PORT 19092 (controller +1),
 #          SLUICE_CLICKHOUSE_HTTP_PORT 18123, SLUICE_CLICKHOUSE_TCP_PORT 19000,
+#          SLUICE_CLICKHOUSE_CURRENT_PORT 18124,
 #          SLUICE_MONGO_SOURCE_PORT 27117, SLUICE_MONGO_TARGET_PORT 27118
+#   SLUICE_CLICKHOUSE_CURRENT_PASSWORD  the password of clickhouse-current's user `default`
+#                       (default: empty)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,11 +46,12 @@ kafka_port=${SLUICE_KAFKA_PORT:-19092}
 kafka_controller_port=$((kafka_port + 1))
 ch_http_port=${SLUICE_CLICKHOUSE_HTTP_PORT:-18123}
 ch_tcp_port=${SLUICE_CLICKHOUSE_TCP_PORT:-19000}
+chc_port=${SLUICE_CLICKHOUSE_CURRENT_PORT:-18124}
 mongo_source_port=${SLUICE_MONGO_SOURCE_PORT:-27117}
 mongo_target_port=${SLUICE_MONGO_TARGET_PORT:-27118}
 
 kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/testbed/kafka-pom.xml")
-all_services=(mariadb kafka clickhouse mongo)
+all_services=(mariadb kafka clickhouse clickhouse-current mongo)
 
 log() { printf '[testbed] %s\n' "$*" >&2; }
 die() { printf '[testbed] error: %s\n' "$*" >&2; exit 1; }
@@ -158,6 +165,23 @@ maven_fetch() {
 }
 
 need_java() { command -v java >/dev/null || die "Java 17+ is needed (java not found)"; }
+
+# venv_install VENV REQUIREMENTS WHAT: a virtualenv holding the pinned packages of REQUIREMENTS
+# (from PyPI), made anew only when that file has changed since the last install.
+venv_install() {
+  local venv=$1 req=$2 what=$3
+  local want
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  [ "$(cat "$venv/.installed" 2>/dev/null)" = "$want" ] && return 0
+  command -v python3 >/dev/null || die "python3 is needed for $what"
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || die "$what needs Python 3.9 or later"
+  log "installing $what into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || die "cannot create a virtualenv in $venv (python3 -m venv)"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$req" >&2 ||
+    die "cannot install $req from PyPI"
+  echo "$want" >"$venv/.installed"
+}
 
 # ---------------------------------------------------------------------------------------------
 # MariaDB
@@ -336,6 +360,31 @@ ch_query() { curl -fsS "http://127.0.0.1:$ch_http_port/" --data-binary "$1"; }
 ch_stop() { stop_pidfile clickhouse "$ch_dir/pid"; }
 
 # ---------------------------------------------------------------------------------------------
+# ClickHouse current: chdb (the ClickHouse engine as a Python module) behind an HTTP front
+
+chc_dir=$state/clickhouse-current
+chc_venv=$cache/clickhouse-current
+
+chc_start() {
+  venv_install "$chc_venv" "$here/testbed/clickhouse-current-requirements.txt" "chdb (ClickHouse in process)"
+  if pid_alive "$chc_dir/pid"; then log "clickhouse-current already running"; return 0; fi
+  mkdir -p "$chc_dir/data"
+  spawn "$chc_dir/pid" "$chc_dir/server.log" \
+    env CLICKHOUSE_PASSWORD="${SLUICE_CLICKHOUSE_CURRENT_PASSWORD:-}" \
+    "$chc_venv/bin/python" "$here/testbed/clickhouse_current.py" \
+    --host 127.0.0.1 --port "$chc_port" --path "$chc_dir/data"
+  wait_for clickhouse-current "$chc_dir/pid" 60 "$chc_dir/server.log" chc_ping
+  log "clickhouse-current $(chc_query 'SELECT version()') (chdb) up on 127.0.0.1:$chc_port"
+}
+
+chc_ping() { [ "$(curl -fsS "http://127.0.0.1:$chc_port/ping")" = "Ok." ]; }
+chc_query() {
+  curl -fsS -u "default:${SLUICE_CLICKHOUSE_CURRENT_PASSWORD:-}" "http://127.0.0.1:$chc_port/" --data-binary "$1"
+}
+
+chc_stop() { stop_pidfile clickhouse-current "$chc_dir/pid"; }
+
+# ---------------------------------------------------------------------------------------------
 # mongo-java-server: two in-memory servers (source, target) in one JVM
 
 mongo_dir=$state/mongo
@@ -369,19 +418,8 @@ mongo_stop() { stop_pidfile mongo "$mongo_dir/pid"; }
 # when that file changes.
 
 tools() {
-  local venv=$cache/tools req=$here/testbed/tools-requirements.txt
-  local want
-  want=$(sha256sum "$req" | cut -d' ' -f1)
-  if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$want" ]; then
-    command -v python3 >/dev/null || die "python3 is needed for the deployment checkers"
-    log "installing the deployment checkers into $venv"
-    rm -rf "$venv"
-    python3 -m venv "$venv" || die "cannot create a virtualenv in $venv (python3 -m venv)"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$req" >&2 ||
-      die "cannot install $req from PyPI"
-    echo "$want" >"$venv/.installed"
-  fi
-  echo "$venv/bin"
+  venv_install "$cache/tools" "$here/testbed/tools-requirements.txt" "the deployment checkers"
+  echo "$cache/tools/bin"
 }
 
 print_env() {
@@ -389,6 +427,7 @@ print_env() {
 export SLUICE_MYSQL_URL=mysql://sluice:sluice@127.0.0.1:$mariadb_port
 export SLUICE_KAFKA_BROKERS=127.0.0.1:$kafka_port
 export SLUICE_CLICKHOUSE_URL=http://127.0.0.1:$ch_http_port
+export SLUICE_CLICKHOUSE_CURRENT_URL=http://127.0.0.1:$chc_port
 export SLUICE_MONGO_SOURCE_URL=mongodb://127.0.0.1:$mongo_source_port/?directConnection=true
 export SLUICE_MONGO_TARGET_URL=mongodb://127.0.0.1:$mongo_target_port/?directConnection=true
 EOF
@@ -397,9 +436,9 @@ EOF
 status_line() {
   local name=$1 pidfile=$2 where=$3
   if pid_alive "$pidfile"; then
-    printf '%-11s running   pid %-8s %s\n' "$name" "$(cat "$pidfile")" "$where"
+    printf '%-18s running   pid %-8s %s\n' "$name" "$(cat "$pidfile")" "$where"
   else
-    printf '%-11s stopped\n' "$name"
+    printf '%-18s stopped\n' "$name"
   fi
 }
 
@@ -407,6 +446,7 @@ status() {
   status_line mariadb "$mariadb_dir/pid" "mysql://127.0.0.1:$mariadb_port (binlog ROW, server_id 1)"
   status_line kafka "$kafka_dir/pid" "127.0.0.1:$kafka_port (Kafka $kafka_version, KRaft)"
   status_line clickhouse "$ch_dir/pid" "http://127.0.0.1:$ch_http_port, native :$ch_tcp_port"
+  status_line clickhouse-current "$chc_dir/pid" "http://127.0.0.1:$chc_port (ClickHouse in process: chdb, HTTP only)"
   status_line mongo "$mongo_dir/pid" "mongodb://127.0.0.1:$mongo_source_port (source), :$mongo_target_port (target)"
   echo "data and logs: $state"
 }
@@ -418,7 +458,7 @@ services_of() {
   fi
   local s
   for s in "$@"; do
-    case $s in mariadb | kafka | clickhouse | mongo) echo "$s" ;; *) die "unknown service '$s' (known: ${all_services[*]})" ;; esac
+    case $s in mariadb | kafka | clickhouse | clickhouse-current | mongo) echo "$s" ;; *) die "unknown service '$s' (known: ${all_services[*]})" ;; esac
   done
 }
 
@@ -428,12 +468,18 @@ case $cmd in
   start)
     mkdir -p "$state" "$cache"
     for s in $(services_of "$@"); do
-      case $s in mariadb) mariadb_start ;; kafka) kafka_start ;; clickhouse) ch_start ;; mongo) mongo_start ;; esac
+      case $s in
+        mariadb) mariadb_start ;; kafka) kafka_start ;; clickhouse) ch_start ;;
+        clickhouse-current) chc_start ;; mongo) mongo_start ;;
+      esac
     done
     ;;
   stop)
     for s in $(services_of "$@"); do
-      case $s in mariadb) mariadb_stop ;; kafka) kafka_stop ;; clickhouse) ch_stop ;; mongo) mongo_stop ;; esac
+      case $s in
+        mariadb) mariadb_stop ;; kafka) kafka_stop ;; clickhouse) ch_stop ;;
+        clickhouse-current) chc_stop ;; mongo) mongo_stop ;;
+      esac
     done
     ;;
   status) status ;;
@@ -449,6 +495,7 @@ case $cmd in
         mariadb) mariadb_stop; rm -rf "$mariadb_dir" ;;
         kafka) kafka_stop; rm -rf "$kafka_dir" ;;
         clickhouse) ch_stop; rm -rf "$ch_dir" ;;
+        clickhouse-current) chc_stop; rm -rf "$chc_dir" ;;
         mongo) mongo_stop; rm -rf "$mongo_dir" ;;
       esac
       log "$s reset: its data is gone"
