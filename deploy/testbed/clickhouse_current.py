@@ -20,8 +20,8 @@ gives it the part of the HTTP interface that clients use, and nothing more:
 
 Every semantic (SQL, types, formats, settings, errors) is chdb's. The front only finds where the
 data of an INSERT begins (at its FORMAT clause, by the server's rule), since chdb takes statement
-and data apart. chdb allows one session per process: one connection serves every request, under
-one lock, so requests run one at a time (each with its settings, then reset).
+and data apart. chdb runs one engine per process: each request gets its own connection (session)
+to it, so its settings and database end with it, and one lock lets one request at a time in.
 """
 
 import argparse
@@ -232,26 +232,31 @@ def compress_blocks(data):
 # --- the server ------------------------------------------------------------------------------
 
 class Front:
+    """The engine and the lock. chdb runs one embedded engine per process, on one data path;
+    each request gets a connection of its own to it (a fresh session, like the server's query
+    context: its SET, USE and readonly end with it), and the lock lets one request at a time
+    use the engine. One connection stays open so that the engine does not shut down."""
+
     def __init__(self, path, user, password):
-        self.conn = chdb.connect(path)
+        self.path, self.user, self.password = path, user, password
+        self.engine = chdb.connect(path)
         self.lock = threading.Lock()
-        self.user, self.password = user, password
-        self.timezone = self.conn.query("SELECT timezone()", "TSV").bytes().decode().strip()
+        self.timezone = self.engine.query("SELECT timezone()", "TSV").bytes().decode().strip()
         self.hostname = socket.gethostname()
 
     def run(self, sql, data_split, settings, database, fmt, params):
-        """One request's work on the one connection: its settings and database, the statement,
-        then back to the defaults. Returns (body, summary)."""
+        """One request's statement in a session of its own. Returns (body, summary)."""
         with self.lock:
+            conn = chdb.connect(self.path)
             try:
                 if settings:
-                    self.conn.query("SET " + ", ".join(f"{quote_id(k)} = {quote_str(v)}"
-                                                       for k, v in settings.items()))
+                    conn.query("SET " + ", ".join(f"{quote_id(k)} = {quote_str(v)}"
+                                                  for k, v in settings.items()))
                 if database:
-                    self.conn.query("USE " + quote_id(database))
+                    conn.query("USE " + quote_id(database))
                 if data_split:
                     head, in_fmt, data = data_split
-                    ins = self.conn.send_insert(head, in_fmt)
+                    ins = conn.send_insert(head, in_fmt)
                     try:
                         if data:
                             ins.append(data)
@@ -261,30 +266,17 @@ class Front:
                     r = ins.finish()
                     return b"", {"written_rows": r.rows_written, "written_bytes": r.bytes_written,
                                  "elapsed_ns": int(r.elapsed * 1e9)}
-                r = self.conn.query(sql, fmt, params=params)
+                r = conn.query(sql, fmt, params=params)
                 return r.bytes(), {"read_rows": r.rows_read(), "read_bytes": r.bytes_read(),
                                    "written_rows": r.rows_written(),
                                    "written_bytes": r.bytes_written(),
                                    "elapsed_ns": int(r.elapsed() * 1e9)}
             finally:
-                self.reset(settings, database)
-
-    def reset(self, settings, database):
-        # Always: a `USE` in the statement itself would otherwise outlive its request.
-        self.conn.query("USE default")
-        if settings:
-            try:
-                self.conn.query("SET " + ", ".join(f"{quote_id(k)} = DEFAULT" for k in settings))
-            except Exception:  # an unknown name among them: reset the others one by one
-                for k in settings:
-                    try:
-                        self.conn.query(f"SET {quote_id(k)} = DEFAULT")
-                    except Exception:
-                        pass
+                conn.close()
 
     def close(self):
         with self.lock:
-            self.conn.close()
+            self.engine.close()
 
 
 def quote_id(name):
@@ -340,6 +332,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise ChError(62, "SYNTAX_ERROR", "Empty query")
             settings = {k: v for k, v in params.items()
                         if k and k not in RESERVED and not k.startswith("param_")}
+            if self.command == "GET":  # as the server: GET requests only read
+                settings = {"readonly": "2", **settings}
             qparams = {k[6:]: v for k, v in params.items() if k.startswith("param_")}
             database = self.headers.get("X-ClickHouse-Database") or params.get("database")
             fmt = self.headers.get("X-ClickHouse-Format") or params.get("default_format") \
