@@ -162,7 +162,8 @@ def split_insert(text):
                 if text[data:data + 1] == b"\n":
                     data += 1
                 fmt = name[1].decode().strip('`"')
-                return text[:start].decode("utf-8").rstrip(), fmt, text[data:]
+                # chdb appends its FORMAT clause: the line end keeps a trailing comment off it
+                return text[:start].decode("utf-8").rstrip() + "\n", fmt, text[data:]
         prev = up
     return None
 
