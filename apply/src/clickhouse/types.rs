@@ -148,12 +148,16 @@ fn parse_enum(body: &str) -> Result<Vec<(String, i16)>, String> {
 }
 
 /// What the server offers: the features newer than 18.16 the mapping may use.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Features {
     /// DateTime64 (20.1+).
     pub datetime64: bool,
-    /// `insert_deduplication_token` (22.2+).
+    /// `insert_deduplication_token` (22.2+); the tables the stage creates then keep a window
+    /// of recent inserts (`non_replicated_deduplication_window`), without which a
+    /// non-replicated table ignores the token.
     pub dedup_token: bool,
+    /// `ReplacingMergeTree(version, is_deleted)` (23.2+): `FINAL` alone hides deleted rows.
+    pub is_deleted: bool,
 }
 
 impl Features {
@@ -163,9 +167,14 @@ impl Features {
         Self {
             datetime64: (major, minor) >= (20, 1),
             dedup_token: (major, minor) >= (22, 2),
+            is_deleted: (major, minor) >= (23, 2),
         }
     }
 }
+
+/// Recent inserts a created table remembers for `insert_deduplication_token`: as many as
+/// ReplicatedMergeTree's default window, far more than the batches a crash can replay.
+pub const DEDUP_WINDOW: u32 = 1000;
 
 /// The ClickHouse type a source column gets in tables the apply stage creates.
 pub fn map_column(c: &Column, f: Features) -> ChType {
@@ -248,6 +257,21 @@ mod tests {
             }
         );
         assert!(ChType::parse("Array(Int8)").is_err());
+    }
+
+    #[test]
+    fn features_follow_the_version() {
+        let f = |v| Features::of_version(v);
+        let old = f("18.16.1");
+        assert!(!old.datetime64 && !old.dedup_token && !old.is_deleted);
+        let mid = f("22.8.5.29");
+        assert!(mid.datetime64 && mid.dedup_token && !mid.is_deleted);
+        assert!(!f("22.1.3").dedup_token && f("22.2.1").dedup_token);
+        assert!(!f("23.1.9").is_deleted && f("23.2.1").is_deleted);
+        let now = f("26.9.2.1");
+        assert!(now.datetime64 && now.dedup_token && now.is_deleted);
+        // A version that does not parse gets the oldest path, which every server takes.
+        assert_eq!(f("unknown"), Features::default());
     }
 
     #[test]

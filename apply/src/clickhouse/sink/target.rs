@@ -25,7 +25,7 @@ use sluice_proto::v1::{Column, TableSchema};
 use sluice_proto::view::RowEvent;
 
 use super::{quote, refused, undecodable, Refusal, Sink};
-use crate::clickhouse::types::{map_column, ChType};
+use crate::clickhouse::types::{map_column, ChType, DEDUP_WINDOW};
 use crate::clickhouse::Mode;
 use crate::error::{clickhouse_code, ApplyError, BadEvent, Origin, Reason};
 
@@ -197,10 +197,16 @@ impl Sink {
             Mode::Mirror => {
                 cols.push(format!("{} UInt64", quote(&m.version_column)));
                 cols.push(format!("{} UInt8", quote(&m.deleted_column)));
-                (
-                    format!("ReplacingMergeTree({})", quote(&m.version_column)),
-                    key.join(", "),
-                )
+                let engine = if self.features.is_deleted {
+                    format!(
+                        "ReplacingMergeTree({}, {})",
+                        quote(&m.version_column),
+                        quote(&m.deleted_column)
+                    )
+                } else {
+                    format!("ReplacingMergeTree({})", quote(&m.version_column))
+                };
+                (engine, key.join(", "))
             }
             Mode::Changelog => {
                 cols.push(format!("{} String", quote(&m.op_column)));
@@ -211,8 +217,13 @@ impl Sink {
                 ("ReplacingMergeTree".to_string(), order.join(", "))
             }
         };
+        let settings = if self.features.dedup_token {
+            format!(" SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}")
+        } else {
+            String::new()
+        };
         let sql = format!(
-            "CREATE TABLE IF NOT EXISTS {}.{} ({}) ENGINE = {engine} ORDER BY ({order})",
+            "CREATE TABLE IF NOT EXISTS {}.{} ({}) ENGINE = {engine} ORDER BY ({order}){settings}",
             quote(&self.config.clickhouse.database),
             quote(name),
             cols.join(", ")

@@ -1,0 +1,315 @@
+//! The type matrix into ClickHouse: every MySQL type at its edges (the edge table of
+//! `sluice_tests::edge`), MariaDB -> capture-mysql -> Kafka -> apply-clickhouse, checked column
+//! by column in the mirror table, on whichever server `SLUICE_CLICKHOUSE_URL` names (the test
+//! suite runs it against ClickHouse 18.16 and a current one). A row holding a value the target
+//! column cannot hold is not written: it goes to the dead-letter topic with the column named.
+
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use sluice_tests::capture::{binlog_end, CaptureProcess};
+use sluice_tests::{clickhouse_url, edge, kafka_brokers, mysql_url, unique};
+
+fn ch() -> clickhouse::Client {
+    clickhouse::Client::default()
+        .with_url(clickhouse_url())
+        .with_validation(false)
+}
+
+async fn text(sql: &str) -> String {
+    let mut cursor = ch().query(sql).fetch_bytes("TabSeparated").unwrap();
+    let mut out = Vec::new();
+    while let Some(chunk) = cursor.next().await.unwrap() {
+        out.extend_from_slice(&chunk);
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// The dead letters of `topic`: (reason) per letter, read until `n` or 30 s.
+fn dead_letters(topic: &str, n: usize) -> Vec<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Headers;
+    use rdkafka::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", unique("dlq-reader"))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.len() < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let reason = m
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "sluice.reason"))
+                .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+                .unwrap_or_default();
+            out.push(reason);
+        }
+    }
+    out
+}
+
+/// Rows 5 and 6: rows 1 and 2 of the edge table with their dates and datetimes moved to the
+/// edges of what ClickHouse holds (Date 1970-01-01 .. 2149-06-06, DateTime up to 2106-02-07,
+/// DateTime64 1900 .. 2299), so every other column's extremes reach the target.
+fn in_range_rows(db: &str) -> String {
+    format!(
+        "INSERT INTO `{db}`.edge SELECT id + 4, ti, tiu, si, siu, mi, miu, i, iu, bi, biu, d65, d10,
+           f, db, b1, b64, e, s,
+           IF(id = 1, '1970-01-01', '2149-06-06'), tm, tm1, tm2, tm6,
+           IF(id = 1, '1900-01-01 00:00:00.000000', '2299-12-31 23:59:59.999999'),
+           IF(id = 1, '1970-01-01 00:00:01', '2106-02-07 06:28:15'), ts6, y, vc, l1, ch, bin, vb,
+           bl, tx, g, js
+         FROM `{db}`.edge WHERE id IN (1, 2)"
+    )
+}
+
+/// What is read back, column by column, in a form both servers print alike: days and seconds
+/// for Date and DateTime, hex for bytes, text for the rest.
+const SELECT: &str = "id, ti, tiu, si, siu, mi, miu, i, iu, bi, biu, d65, toInt64(d10 * 100), \
+    toString(f), toString(db), b1, b64, e, s, toUInt16(dt), tm, tm1, tm2, tm6, toString(dtm6), \
+    toUInt32(dtm0), toString(ts6), y, vc, l1, ch, hex(bin), hex(vb), hex(bl), tx, hex(g), js";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_type_at_its_edges_into_clickhouse() {
+    let db = unique("sluice_t_ch_types");
+    let ch_db = format!("{db}_m");
+    ch().query(&format!("CREATE DATABASE {ch_db}"))
+        .execute()
+        .await
+        .unwrap();
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let dlq = unique("dlq");
+    let apply_config = format!(
+        "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
+         [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{}\\\\..*\"]\n\
+         [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n\
+         [kafka]\nbrokers = \"{}\"\n",
+        clickhouse_url(),
+        unique("g"),
+        cap.prefix.replace('.', "\\\\."),
+        kafka_brokers()
+    );
+    let mut apply = CaptureProcess::spawn_binary(
+        "apply-clickhouse",
+        (apply_config, String::new(), String::new()),
+    );
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    for s in [
+        format!("CREATE DATABASE `{db}`"),
+        edge::create_table(&db),
+        edge::SESSION.to_string(),
+        edge::insert_rows(&db),
+        in_range_rows(&db),
+    ] {
+        c.query_drop(&s)
+            .await
+            .unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    // Wait until every row is written or dead-lettered.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut written = String::new();
+    while Instant::now() < deadline {
+        written = text(&format!(
+            "SELECT count() FROM system.tables WHERE database = '{ch_db}' AND name = 'edge'"
+        ))
+        .await;
+        if written.trim() == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(written.trim(), "1", "the target table was never created");
+    // Rows 3 to 6 written (1 and 2 are refused, below).
+    while Instant::now() < deadline
+        && text(&format!("SELECT count() FROM {ch_db}.edge FINAL"))
+            .await
+            .trim()
+            != "4"
+    {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let columns = text(&format!("DESCRIBE TABLE {ch_db}.edge")).await;
+    let rows = text(&format!(
+        "SELECT {SELECT} FROM {ch_db}.edge FINAL ORDER BY id"
+    ))
+    .await;
+    let letters = tokio::task::spawn_blocking(move || dead_letters(&dlq, 4))
+        .await
+        .unwrap();
+    let version = text("SELECT version()").await;
+    // DateTime64 came with ClickHouse 20.1.
+    let mut parts = version
+        .trim()
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let current = (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (20, 1);
+    println!(
+        "ClickHouse {} (DateTime64: {current})\n{columns}",
+        version.trim()
+    );
+    // The column types the mapping gives (docs/apply-clickhouse.md, "Type mapping").
+    let types: Vec<&str> = columns
+        .lines()
+        .map(|l| l.split('\t').nth(1).unwrap_or(""))
+        .collect();
+    let fractional = if current {
+        "Nullable(DateTime64(6, \\'UTC\\'))"
+    } else {
+        "Nullable(String)"
+    };
+    assert_eq!(types[24], fractional, "DATETIME(6): {columns}");
+    assert_eq!(types[26], fractional, "TIMESTAMP(6): {columns}");
+    assert_eq!(types[11], "Nullable(String)", "DECIMAL(65,30): {columns}");
+    assert_eq!(
+        types[12], "Nullable(Decimal(10, 2))",
+        "DECIMAL(10,2): {columns}"
+    );
+    assert_eq!(types[10], "Nullable(UInt64)", "BIGINT UNSIGNED: {columns}");
+    assert_eq!(types[19], "Nullable(Date)");
+    assert_eq!(types[25], "Nullable(DateTime(\\'UTC\\'))");
+
+    // The zero DATETIME(6) and TIMESTAMP(6): text as MySQL prints them where they travel as
+    // text; ClickHouse's zero (the epoch) in DateTime64, as the zero DATE and DATETIME are
+    // (the documented mapping).
+    let zero6 = if current {
+        "1970-01-01 00:00:00.000000"
+    } else {
+        "0000-00-00 00:00:00.000000"
+    };
+    let nines = format!("{}.{}", "9".repeat(35), "9".repeat(30));
+    let (neg_nines, zeros) = (format!("-{nines}"), format!("0.{}", "0".repeat(30)));
+    let row3: Vec<&str> = vec![
+        "3", "0", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", &zeros, "50",
+        "\\N", "\\N", "\\N", "\\N", "b\\'q", "x,z", "0", "00:00:00", "\\N", "\\N", "\\N", zero6,
+        "0", zero6, "0", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N",
+    ];
+    let mut row4 = vec!["4"];
+    row4.extend(std::iter::repeat_n("\\N", 36));
+    let row5: Vec<&str> = vec![
+        "5",
+        "-128",
+        "0",
+        "-32768",
+        "0",
+        "-8388608",
+        "0",
+        "-2147483648",
+        "0",
+        "-9223372036854775808",
+        "0",
+        &neg_nines,
+        "-9999999999",
+        "-1.5",
+        "-1.7976931348623157e308",
+        "0",
+        "0",
+        "a",
+        "",
+        "0",
+        "-838:59:59",
+        "-00:00:01.5",
+        "-838:59:58.99",
+        "-00:00:00.000001",
+        "1900-01-01 00:00:00.000000",
+        "1",
+        "1970-01-01 00:00:01.000000",
+        "1901",
+        "",
+        "café",
+        "",
+        "00000000",
+        "0000",
+        "",
+        "",
+        "0101000000000000000000F03F0000000000000040",
+        "{}",
+    ];
+    let row6: Vec<&str> = vec![
+        "6",
+        "127",
+        "255",
+        "32767",
+        "65535",
+        "8388607",
+        "16777215",
+        "2147483647",
+        "4294967295",
+        "9223372036854775807",
+        "18446744073709551615",
+        &nines,
+        "9999999999",
+        "1.2676506e30",
+        "2.2250738585072014e-308",
+        "1",
+        "18446744073709551615",
+        "c",
+        "x,y,z",
+        "65535",
+        "838:59:59",
+        "838:59:58.9",
+        "00:00:00.01",
+        "838:59:58.999999",
+        "2299-12-31 23:59:59.999999",
+        "4294967295",
+        "2038-01-19 03:14:07.999999",
+        "2155",
+        "emoji \u{1F600} utf8mb4",
+        "\u{20ac}uro",
+        "ten chars!",
+        "FF00FF00",
+        "00FF00",
+        "000102FF",
+        "text",
+        "\\N",
+        r#"{"a":[1,2.5,null,"x"],"b":{"c":true}}"#,
+    ];
+    let names: Vec<&str> = columns
+        .lines()
+        .map(|l| l.split('\t').next().unwrap_or(""))
+        .collect();
+    let got: Vec<Vec<&str>> = rows.lines().map(|l| l.split('\t').collect()).collect();
+    let want = [row3, row4, row5, row6];
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "rows 3 to 6 are written, 1 and 2 refused:\n{rows}"
+    );
+    for (got, want) in got.iter().zip(&want) {
+        assert_eq!(got.len(), want.len(), "{got:?}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g, w, "row {}, column {}", want[0], names[i]);
+        }
+    }
+    // Rows 1 and 2 hold dates no ClickHouse Date holds: each is refused, with the column and
+    // the reason named, and nothing of it is written.
+    assert_eq!(letters.len(), 2, "{letters:#?}");
+    for l in &letters {
+        assert!(
+            l.contains(".edge column dt: ") && l.contains("outside ClickHouse Date's range"),
+            "{l}"
+        );
+    }
+    assert!(
+        letters.iter().any(|l| l.contains("1000-01-01")),
+        "{letters:?}"
+    );
+    assert!(
+        letters.iter().any(|l| l.contains("9999-12-31")),
+        "{letters:?}"
+    );
+    for p in [&mut cap, &mut apply] {
+        let (code, out) = p.stop();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    ch().query(&format!("DROP DATABASE {ch_db}"))
+        .execute()
+        .await
+        .unwrap();
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
