@@ -243,6 +243,41 @@ async fn mirror_equals_source_and_changelog_holds_every_change() {
     let changes = mixed_load(&db).await;
 
     converge(&db, &m_db, Duration::from_secs(90)).await;
+    // From ClickHouse 23.2 the mirror is ReplacingMergeTree(_version, _deleted): FINAL alone
+    // shows the source's rows, deleted ones hidden; and the tables keep a deduplication window
+    // for the INSERTs' tokens (22.2+).
+    let version: String = ch().query("SELECT version()").fetch_one().await.unwrap();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let create: String = ch()
+        .query(&format!("SHOW CREATE TABLE {m_db}.binlog_field_test_1"))
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(
+        create.contains("ReplacingMergeTree(_version, _deleted)"),
+        (major, minor) >= (23, 2),
+        "{version}: {create}"
+    );
+    assert_eq!(
+        create.contains("non_replicated_deduplication_window = 1000"),
+        (major, minor) >= (22, 2),
+        "{version}: {create}"
+    );
+    if (major, minor) >= (23, 2) {
+        let all: u64 = ch()
+            .query(&format!(
+                "SELECT count() FROM {m_db}.binlog_field_test_1 FINAL"
+            ))
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(
+            all as usize,
+            source_rows(&db).await.len(),
+            "deleted rows hidden by FINAL"
+        );
+    }
 
     // The change log: every change once, whatever was replayed.
     let deadline = Instant::now() + Duration::from_secs(60);
