@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 say() { printf '\n== %s\n' "$*"; }
 
 say "Starting the test bed"
-deploy/testbed.sh start
+deploy/testbed.sh start mariadb kafka clickhouse mongo
 eval "$(deploy/testbed.sh env)"
 deploy/testbed.sh status
 

@@ -4,7 +4,10 @@
 #
 # A server whose URL is given in the environment is used instead of the test bed's:
 #   SLUICE_MYSQL_URL, SLUICE_KAFKA_BROKERS, SLUICE_CLICKHOUSE_URL,
-#   SLUICE_MONGO_SOURCE_URL and SLUICE_MONGO_TARGET_URL (both, for MongoDB).
+#   SLUICE_CLICKHOUSE_CURRENT_URL, SLUICE_MONGO_SOURCE_URL and SLUICE_MONGO_TARGET_URL (both,
+#   for MongoDB).
+# The ClickHouse tests run twice: against SLUICE_CLICKHOUSE_URL (the test bed's 18.16) and
+# against SLUICE_CLICKHOUSE_CURRENT_URL (the test bed's ClickHouse 26.9, clickhouse-current).
 # The test bed servers this script started are stopped at the end, unless
 # SLUICE_KEEP_TESTBED=1. A Kafka broker it starts begins with no topics. Extra arguments go to `cargo test`.
 set -euo pipefail
@@ -14,6 +17,7 @@ services=()
 [ -n "${SLUICE_MYSQL_URL:-}" ] || services+=(mariadb)
 [ -n "${SLUICE_KAFKA_BROKERS:-}" ] || services+=(kafka)
 [ -n "${SLUICE_CLICKHOUSE_URL:-}" ] || services+=(clickhouse)
+[ -n "${SLUICE_CLICKHOUSE_CURRENT_URL:-}" ] || services+=(clickhouse-current)
 [ -n "${SLUICE_MONGO_SOURCE_URL:-}" ] && [ -n "${SLUICE_MONGO_TARGET_URL:-}" ] || services+=(mongo)
 
 started=()
@@ -48,6 +52,15 @@ cargo build --workspace --bins --tests
 log=$(mktemp)
 rc=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || rc=$?
+# The ClickHouse tests again, against the current server.
+current=${SLUICE_CLICKHOUSE_CURRENT_URL:-http://127.0.0.1:${SLUICE_CLICKHOUSE_CURRENT_PORT:-18124}}
+echo "== the ClickHouse tests against $current"
+ch_tests=(--test apply_clickhouse --test clickhouse --test clickhouse_types --test binaries)
+SLUICE_CLICKHOUSE_URL=$current cargo test -p sluice-tests "${ch_tests[@]}" "$@" 2>&1 | tee -a "$log" || rc=$?
+if [ $# -eq 0 ]; then
+  SLUICE_CLICKHOUSE_URL=$current cargo test -p sluice-tests --test deploy \
+    the_example_configs_run_the_pipeline 2>&1 | tee -a "$log" || rc=$?
+fi
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 rm -f "$log"
