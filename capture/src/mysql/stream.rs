@@ -77,7 +77,7 @@ impl Capture {
                 Err(e) if e.is_transient() && !shutdown.is_triggered() => {
                     self.publish_metrics
                         .errors
-                        .with_label_values(&["connection"])
+                        .with_label_values(&[e.label()])
                         .inc();
                     self.metrics.reconnects.inc();
                     tracing::warn!(error = %e, resume = %self.resume, retry_in = ?backoff, "binlog connection lost; reconnecting");
