@@ -144,10 +144,7 @@ fn render(v: &Value) -> String {
         Some(Kind::Text(t)) | Some(Kind::Json(t)) => format!("{t:?}"),
         Some(Kind::Bson(b)) => bson_text(b),
         Some(Kind::Bytes(b)) => {
-            format!(
-                "0x{}",
-                b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-            )
+            format!("0x{}", sluice_common::hex::encode(b))
         }
         Some(Kind::Bits(b)) => format!("b'{b:b}'"),
         Some(Kind::EnumValue(e)) => format!("{:?}", e.label),
@@ -186,10 +183,7 @@ fn bson_text(b: &[u8]) -> String {
             .into_relaxed_extjson()
             .to_string(),
         Ok(d) => Bson::Document(d).into_relaxed_extjson().to_string(),
-        Err(_) => format!(
-            "0x{}",
-            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-        ),
+        Err(_) => format!("0x{}", sluice_common::hex::encode(b)),
     }
 }
 
