@@ -175,6 +175,8 @@ venv_install() {
   [ "$(cat "$venv/.installed" 2>/dev/null)" = "$want" ] && return 0
   command -v python3 >/dev/null || die "python3 is needed for $what"
   python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || die "$what needs Python 3.9 or later"
+  # Debian keeps venv's pip bootstrap in a package of its own.
+  python3 -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
   log "installing $what into $venv"
   rm -rf "$venv"
   python3 -m venv "$venv" || die "cannot create a virtualenv in $venv (python3 -m venv)"
