@@ -106,11 +106,12 @@ impl From<mongodb::error::Error> for ApplyError {
 
 /// ClickHouse exception codes that say "try again later" (`src/Common/ErrorCodes.cpp`):
 /// timeouts, too many queries or connections, the network, memory, too many parts, a
-/// read-only replica (its Keeper session lost), too few live replicas, an insert of unknown
-/// status, a query cancelled or aborted by the server, Keeper and the server shutting down.
+/// read-only replica (TABLE_IS_READ_ONLY: its Keeper session lost), too few live replicas, an
+/// insert of unknown status, a query cancelled or aborted by the server, Keeper. (READONLY,
+/// 164, is a read-only *user* or profile: definite, so that a wrong grant stops the stage
+/// instead of stalling it.)
 pub const CLICKHOUSE_TRANSIENT_CODES: &[i32] = &[
     159, // TIMEOUT_EXCEEDED
-    164, // READONLY: a replica whose Keeper session is lost (a read-only *user* is 497)
     202, // TOO_MANY_SIMULTANEOUS_QUERIES
     203, // NO_FREE_CONNECTION
     209, // SOCKET_TIMEOUT
@@ -126,34 +127,40 @@ pub const CLICKHOUSE_TRANSIENT_CODES: &[i32] = &[
     999, // KEEPER_EXCEPTION
 ];
 
-/// The exception code of a ClickHouse error: the server's `X-ClickHouse-Exception-Code`, which
-/// the client crate returns as the body's leading `Code: N.` (or as the bare number when the
-/// body is empty).
+/// The exception code of a ClickHouse error: the server's `X-ClickHouse-Exception-Code`,
+/// which the client crate returns as the body's leading `Code: N.` (`Code: N,` on 18.16).
+/// Anything else (a proxy's page, or the bare HTTP status the crate gives when the answer has
+/// neither) has no code.
 pub fn clickhouse_code(e: &clickhouse::error::Error) -> Option<i32> {
     let clickhouse::error::Error::BadResponse(text) = e else {
         return None;
     };
-    let text = text.trim_start();
-    let digits = text
-        .strip_prefix("Code:")
-        .map(str::trim_start)
-        .unwrap_or(text);
+    let digits = text.trim_start().strip_prefix("Code:")?.trim_start();
     let end = digits
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(digits.len());
     digits[..end].parse().ok()
 }
 
+/// HTTP statuses of a gateway in front of ClickHouse that say "not now" (bad gateway, service
+/// unavailable, gateway time-out): the server behind it is restarting or overloaded. The crate
+/// gives them as the answer's text when the answer carries no exception code.
+const GATEWAY_STATUSES: &[&str] = &["502", "503", "504"];
+
 /// Whether a ClickHouse client error is worth writing again: a network failure or time-out of
-/// the client, or a server exception whose code is in [`CLICKHOUSE_TRANSIENT_CODES`]. A server
-/// refusal without a code (a proxy's page) is definite: it names itself in the message.
+/// the client, a server exception whose code is in [`CLICKHOUSE_TRANSIENT_CODES`], or a
+/// gateway's 502/503/504 without a code. Any other refusal without a code is definite: it
+/// names itself in the message.
 pub fn clickhouse_transient(e: &clickhouse::error::Error) -> bool {
     use clickhouse::error::Error;
     match e {
         Error::Network(_) | Error::TimedOut => true,
-        Error::BadResponse(_) => {
-            clickhouse_code(e).is_some_and(|c| CLICKHOUSE_TRANSIENT_CODES.contains(&c))
-        }
+        Error::BadResponse(text) => match clickhouse_code(e) {
+            Some(c) => CLICKHOUSE_TRANSIENT_CODES.contains(&c),
+            None => GATEWAY_STATUSES
+                .iter()
+                .any(|s| text.trim_start().starts_with(s)),
+        },
         _ => false,
     }
 }
@@ -228,11 +235,20 @@ mod tests {
         assert!(!clickhouse_transient(&e));
         let e = bad("Code: 60. DB::Exception: Table db.t does not exist. (UNKNOWN_TABLE)");
         assert_eq!(ApplyError::from(e).origin(), Origin::ClickHouse);
-        // The bare header value, when the body is empty.
-        assert_eq!(clickhouse_code(&bad("241")), Some(241));
-        assert!(clickhouse_transient(&bad("241")));
-        // No code at all: definite.
+        // 18.16 writes `Code: 47, e.displayText() = ...`.
+        let e = bad("Code: 241, e.displayText() = DB::Exception: Memory limit exceeded");
+        assert_eq!(clickhouse_code(&e), Some(241));
+        assert!(clickhouse_transient(&e));
+        // A read-only user: definite (a wrong grant must not stall the stage).
+        assert!(!clickhouse_transient(&bad(
+            "Code: 164. DB::Exception: Cannot execute query in readonly mode. (READONLY)"
+        )));
+        // No code: a gateway's "not now" is retried, anything else is definite.
+        assert_eq!(clickhouse_code(&bad("503 Service Unavailable")), None);
+        assert!(clickhouse_transient(&bad("503 Service Unavailable")));
+        assert!(clickhouse_transient(&bad("502 Bad Gateway")));
         assert_eq!(clickhouse_code(&bad("<html>502 Bad Gateway</html>")), None);
+        assert!(!clickhouse_transient(&bad("425 Too Early")));
         assert!(!clickhouse_transient(&bad("bad gateway")));
         assert!(clickhouse_transient(&Error::TimedOut));
     }

@@ -138,6 +138,7 @@ impl Sink {
             client: client.clone(),
             database: config.clickhouse.database.clone(),
             dedup_token: features.dedup_token,
+            async_insert_off: features.async_insert,
             rows: metrics.rows.clone(),
         };
         let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext {

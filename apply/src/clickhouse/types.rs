@@ -158,6 +158,12 @@ pub struct Features {
     pub dedup_token: bool,
     /// `ReplacingMergeTree(version, is_deleted)` (23.2+): `FINAL` alone hides deleted rows.
     pub is_deleted: bool,
+    /// The `async_insert` setting (21.11+; on by default from 26.2): the stage turns it off
+    /// for its INSERTs, which are batches already and must be acknowledged when written.
+    pub async_insert: bool,
+    /// Servers before 20.1 answer both "the column exists" and "no such column" with
+    /// ILLEGAL_COLUMN (44), a code current servers give other refusals too.
+    pub illegal_column_means_done: bool,
 }
 
 impl Features {
@@ -168,6 +174,8 @@ impl Features {
             datetime64: (major, minor) >= (20, 1),
             dedup_token: (major, minor) >= (22, 2),
             is_deleted: (major, minor) >= (23, 2),
+            async_insert: (major, minor) >= (21, 11),
+            illegal_column_means_done: (major, minor) < (20, 1),
         }
     }
 }
@@ -269,9 +277,17 @@ mod tests {
         assert!(!f("22.1.3").dedup_token && f("22.2.1").dedup_token);
         assert!(!f("23.1.9").is_deleted && f("23.2.1").is_deleted);
         let now = f("26.9.2.1");
-        assert!(now.datetime64 && now.dedup_token && now.is_deleted);
+        assert!(now.datetime64 && now.dedup_token && now.is_deleted && now.async_insert);
+        assert!(old.illegal_column_means_done && !now.illegal_column_means_done);
+        assert!(!f("21.10.1").async_insert && f("21.11.2").async_insert);
         // A version that does not parse gets the oldest path, which every server takes.
-        assert_eq!(f("unknown"), Features::default());
+        assert_eq!(
+            f("unknown"),
+            Features {
+                illegal_column_means_done: true,
+                ..Features::default()
+            }
+        );
     }
 
     #[test]

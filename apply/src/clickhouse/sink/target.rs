@@ -3,8 +3,11 @@
 //! - A source table's target is named by `tables.name`; what the server has of it (its columns
 //!   and their types) is read once from `system.columns` and kept ([`Target`]). A missing
 //!   table is created from the schema (`tables.create`): mirror tables as
-//!   `ReplacingMergeTree(version)` over the primary key, change logs as `ReplacingMergeTree`
-//!   over (key, version, op), so replays collapse.
+//!   `ReplacingMergeTree(version, deleted)` over the primary key (`ReplacingMergeTree(version)`
+//!   before ClickHouse 23.2), change logs as `ReplacingMergeTree` over (key, version, op), so
+//!   replays collapse; from 22.2 with a deduplication window for the INSERTs' tokens. An
+//!   existing mirror whose engine does not hide deleted rows under `FINAL` is said so in the
+//!   log at first use (it needs `WHERE deleted = 0`).
 //! - Schema evolution: source columns the target lacks are added before the first row that has
 //!   them ([`Sink::add_column`]); an ALTER that drops source columns drops them from the target
 //!   ([`Sink::drop_column`], from [`super::ddl`]), the bookkeeping columns stay. A change that
@@ -32,7 +35,9 @@ use crate::error::{clickhouse_code, ApplyError, BadEvent, Origin, Reason};
 /// ClickHouse exception codes (`src/Common/ErrorCodes.cpp`) of the answers to schema changes
 /// that mean "already done". ClickHouse 18.16 answers both an ADD COLUMN of a column that is
 /// there and a DROP COLUMN of one that is not with `ILLEGAL_COLUMN`; current servers answer
-/// `DUPLICATE_COLUMN` and `NOT_FOUND_COLUMN_IN_BLOCK` (or `NO_SUCH_COLUMN_IN_TABLE`).
+/// `DUPLICATE_COLUMN` and `NOT_FOUND_COLUMN_IN_BLOCK` (or `NO_SUCH_COLUMN_IN_TABLE`), and give
+/// `ILLEGAL_COLUMN` to other refusals: it counts as done only on servers before 20.1
+/// ([`crate::clickhouse::types::Features::illegal_column_means_done`]).
 mod code {
     pub const NOT_FOUND_COLUMN_IN_BLOCK: i32 = 10;
     pub const DUPLICATE_COLUMN: i32 = 15;
@@ -41,17 +46,28 @@ mod code {
 }
 
 /// ADD COLUMN: the column is there already.
-const COLUMN_EXISTS: &[i32] = &[code::DUPLICATE_COLUMN, code::ILLEGAL_COLUMN];
+const COLUMN_EXISTS: &[i32] = &[code::DUPLICATE_COLUMN];
 /// DROP COLUMN: the column is not there.
 const COLUMN_MISSING: &[i32] = &[
     code::NOT_FOUND_COLUMN_IN_BLOCK,
     code::NO_SUCH_COLUMN_IN_TABLE,
-    code::ILLEGAL_COLUMN,
 ];
 
-/// Whether ClickHouse answered with one of `codes`.
-fn answered_with(e: &clickhouse::error::Error, codes: &[i32]) -> bool {
-    clickhouse_code(e).is_some_and(|c| codes.contains(&c))
+/// Whether ClickHouse answered with one of `codes`, or with ILLEGAL_COLUMN where the server's
+/// version gives that code the same meaning.
+fn answered_with(e: &clickhouse::error::Error, codes: &[i32], illegal_column: bool) -> bool {
+    clickhouse_code(e)
+        .is_some_and(|c| codes.contains(&c) || (illegal_column && c == code::ILLEGAL_COLUMN))
+}
+
+/// Whether an `engine_full` is a ReplacingMergeTree whose `is_deleted` is `deleted`.
+fn hides_deleted(engine: &str, deleted: &str) -> bool {
+    let unquoted = |n: &str| n.trim().trim_matches('`').trim_matches('"').to_string();
+    engine
+        .strip_prefix("ReplacingMergeTree(")
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|args| args.split(',').nth(1))
+        .is_some_and(|a| unquoted(a) == unquoted(deleted))
 }
 
 /// What is known of a target table.
@@ -142,6 +158,8 @@ impl Sink {
             }
             self.create(&name, mode, schema).await?;
             columns = self.describe(&name).await?;
+        } else if mode == Mode::Mirror && self.features.is_deleted {
+            self.warn_of_old_engine(&name).await?;
         }
         let t = Target {
             name: name.clone(),
@@ -151,6 +169,33 @@ impl Sink {
         };
         self.targets.insert(name, t.clone());
         Ok(t)
+    }
+
+    /// A mirror made before ClickHouse 23.2 (or by hand) may be a `ReplacingMergeTree` without
+    /// the deleted column as its `is_deleted`: `FINAL` alone then shows deleted rows, and its
+    /// readers need `WHERE deleted = 0`. Said once, at the table's first use.
+    async fn warn_of_old_engine(&self, name: &str) -> Result<(), Refusal> {
+        let what = format!("reading the engine of {name}");
+        let engine = self
+            .answered(&what, || {
+                self.client
+                    .query("SELECT engine_full FROM system.tables WHERE database = ? AND name = ?")
+                    .bind(&self.config.clickhouse.database)
+                    .bind(name)
+                    .fetch_optional::<String>()
+            })
+            .await?
+            .map_err(|e| refused(format_args!("{what}: {e}")))?
+            .unwrap_or_default();
+        let deleted = &self.config.tables.deleted_column;
+        if !hides_deleted(&engine, deleted) {
+            tracing::warn!(
+                table = name,
+                engine = %engine,
+                "this mirror's engine does not hide deleted rows under FINAL: read it with WHERE {deleted} = 0 (tables this version creates on 23.2+ are ReplacingMergeTree(version, deleted))"
+            );
+        }
+        Ok(())
     }
 
     async fn describe(&self, name: &str) -> Result<BTreeMap<String, ChType>, Refusal> {
@@ -253,7 +298,8 @@ impl Sink {
             .await?
         {
             Ok(()) => tracing::info!(table = %table, column = %c.name, "added column"),
-            Err(e) if answered_with(&e, COLUMN_EXISTS) => {}
+            Err(e) if answered_with(&e, COLUMN_EXISTS, self.features.illegal_column_means_done) => {
+            }
             Err(e) => return Err(BadEvent::new(Reason::Value, format!("{sql}: {e}")).into()),
         }
         Ok(t)
@@ -273,7 +319,8 @@ impl Sink {
             .await?
         {
             Ok(()) => tracing::info!(table = %table, column = %col, "dropped column"),
-            Err(e) if answered_with(&e, COLUMN_MISSING) => {}
+            Err(e)
+                if answered_with(&e, COLUMN_MISSING, self.features.illegal_column_means_done) => {}
             Err(e) => return Err(BadEvent::new(Reason::Ddl, format!("{sql}: {e}")).into()),
         }
         Ok(())
@@ -348,23 +395,47 @@ mod tests {
     use clickhouse::error::Error;
 
     #[test]
+    fn an_engine_hides_deleted_rows_only_with_the_deleted_column_as_is_deleted() {
+        let e =
+            "ReplacingMergeTree(_version, _deleted) ORDER BY id SETTINGS index_granularity = 8192";
+        assert!(hides_deleted(e, "_deleted"));
+        assert!(hides_deleted(
+            "ReplacingMergeTree(`v`, `gone`) ORDER BY id",
+            "gone"
+        ));
+        assert!(!hides_deleted(
+            "ReplacingMergeTree(_version) ORDER BY id",
+            "_deleted"
+        ));
+        assert!(!hides_deleted("ReplacingMergeTree ORDER BY id", "_deleted"));
+        assert!(!hides_deleted(
+            "ReplacingMergeTree(_version, other) ORDER BY id",
+            "_deleted"
+        ));
+        assert!(!hides_deleted("MergeTree ORDER BY id", "_deleted"));
+    }
+
+    #[test]
     fn already_done_is_told_by_the_code() {
         let bad = |t: &str| Error::BadResponse(t.to_string());
         // ClickHouse 18.16: the same code for both.
         let add = bad("Code: 44, e.displayText() = DB::Exception: Cannot add column a: column with this name already exists, e.what() = DB::Exception");
         let drop = bad("Code: 44, e.displayText() = DB::Exception: Wrong column name. Cannot find column nope to drop, e.what() = DB::Exception");
-        assert!(answered_with(&add, COLUMN_EXISTS));
-        assert!(answered_with(&drop, COLUMN_MISSING));
+        assert!(answered_with(&add, COLUMN_EXISTS, true));
+        assert!(answered_with(&drop, COLUMN_MISSING, true));
+        // On a current server ILLEGAL_COLUMN is some other refusal: not "done".
+        assert!(!answered_with(&add, COLUMN_EXISTS, false));
+        assert!(!answered_with(&drop, COLUMN_MISSING, false));
         // Current servers.
         let add = bad("Code: 15. DB::Exception: Cannot add column `a`: column with this name already exists. (DUPLICATE_COLUMN)");
         let drop = bad("Code: 10. DB::Exception: Wrong column name. Cannot find column `nope` to drop. (NOT_FOUND_COLUMN_IN_BLOCK)");
-        assert!(answered_with(&add, COLUMN_EXISTS));
-        assert!(answered_with(&drop, COLUMN_MISSING));
-        assert!(!answered_with(&add, COLUMN_MISSING));
+        assert!(answered_with(&add, COLUMN_EXISTS, false));
+        assert!(answered_with(&drop, COLUMN_MISSING, false));
+        assert!(!answered_with(&add, COLUMN_MISSING, false));
         // Other refusals are not "already done", whatever their text says.
         let other =
             bad("Code: 60. DB::Exception: Table db.t already exists or not. (UNKNOWN_TABLE)");
-        assert!(!answered_with(&other, COLUMN_EXISTS));
-        assert!(!answered_with(&Error::TimedOut, COLUMN_MISSING));
+        assert!(!answered_with(&other, COLUMN_EXISTS, true));
+        assert!(!answered_with(&Error::TimedOut, COLUMN_MISSING, true));
     }
 }

@@ -30,6 +30,8 @@ pub(super) struct Writer {
     pub(super) client: clickhouse::Client,
     pub(super) database: String,
     pub(super) dedup_token: bool,
+    /// The server knows `async_insert`: the INSERTs turn it off.
+    pub(super) async_insert_off: bool,
     pub(super) rows: IntCounterVec,
 }
 
@@ -54,6 +56,11 @@ impl Writer {
         let tail = Bytes::copy_from_slice(&tb.body);
         let pieces = tb.done.iter().chain(std::iter::once(&tail));
         let mut insert = self.client.insert_formatted_with(sql);
+        if self.async_insert_off {
+            // A batch already: written and acknowledged now, not queued by the server
+            // (`async_insert` is on by default from ClickHouse 26.2).
+            insert = insert.with_setting("async_insert", "0");
+        }
         if self.dedup_token {
             // Only servers that know the setting get a token (hashing the batch costs CPU).
             let (hash, len) = pieces
