@@ -96,12 +96,14 @@ impl CaptureError {
 }
 
 /// MySQL/MariaDB server error numbers that say "try again" (the server's error reference):
-/// too many connections, shutdown in progress, a connection aborted or its network read/write
-/// failing or timing out, a lock wait timeout or deadlock (a snapshot read), a connection
-/// killed (MariaDB), and the client's "server has gone away" / "lost connection" (2006, 2013),
-/// which servers also relay.
+/// too many connections (1040), shutdown in progress (1053), a connection aborted or its
+/// network read/write failing or timing out (1152, 1153, 1158-1161), a query interrupted
+/// (1317), a lock wait timeout or deadlock (1205, 1213: a snapshot read), a connection or
+/// session killed (1927 MariaDB, 3169 MySQL), an idle connection closed after `wait_timeout`
+/// (4031, MySQL 8.0.24+), and the client's "server has gone away" / "lost connection" (2006,
+/// 2013), which servers also relay.
 pub const MYSQL_TRANSIENT_CODES: &[u16] = &[
-    1040, 1053, 1152, 1153, 1158, 1159, 1160, 1161, 1205, 1213, 1927, 2006, 2013,
+    1040, 1053, 1152, 1153, 1158, 1159, 1160, 1161, 1205, 1213, 1317, 1927, 2006, 2013, 3169, 4031,
 ];
 
 /// Whether a MySQL client error is worth retrying: I/O, a closed connection or pool, or a
@@ -177,7 +179,7 @@ mod tests {
 
     #[test]
     fn mysql_errors_are_classified_by_number() {
-        for code in [1053, 2013, 2006, 1205, 1213, 1927] {
+        for code in [1053, 2013, 2006, 1205, 1213, 1927, 4031] {
             let e = CaptureError::from(server(code));
             assert!(e.is_transient(), "{code}");
             assert_eq!(e.label(), "mysql");

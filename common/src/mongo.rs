@@ -46,23 +46,30 @@ fn command_not_found(e: &mongodb::error::Error) -> bool {
 
 /// MongoDB server codes that say "try again later", not "this request is wrong": the host
 /// is unreachable or shutting down, the primary stepped down or is not writable, a time limit
-/// or a network timeout ran out, a cursor was lost in a fail-over, a write conflict.
+/// or a network timeout ran out, a cursor was lost in a fail-over, a write conflict, a
+/// sharded cluster's routing table being refreshed.
 /// (MongoDB's `error_codes.yml`.)
 pub const TRANSIENT_CODES: &[i32] = &[
     6,     // HostUnreachable
     7,     // HostNotFound
     43,    // CursorNotFound (a tailing cursor killed in a fail-over: reopened from the position)
     50,    // MaxTimeMSExpired
+    63,    // StaleShardVersion (sharded clusters: mongos refreshes and the retry goes through)
     89,    // NetworkTimeout
     91,    // ShutdownInProgress
     112,   // WriteConflict
+    133,   // FailedToSatisfyReadPreference
     134,   // ReadConcernMajorityNotAvailableYet
+    150,   // StaleEpoch
     189,   // PrimarySteppedDown
+    202,   // NetworkInterfaceExceededTimeLimit
     262,   // ExceededTimeLimit
     9001,  // SocketException
+    10058, // LegacyNotPrimary
     10107, // NotWritablePrimary
     11600, // InterruptedAtShutdown
     11602, // InterruptedDueToReplStateChange
+    13388, // StaleConfig
     13435, // NotPrimaryNoSecondaryOk
     13436, // NotPrimaryOrSecondary
 ];

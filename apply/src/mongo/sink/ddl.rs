@@ -198,7 +198,8 @@ impl Sink {
             format!("{db}.{coll}")
         };
         if destructive {
-            let _ = self.applied.read().await;
+            // Whether another instance applied it already decides: never from a stale record.
+            self.applied.read().await?;
             if self.applied.version(&key) >= event.version {
                 self.metrics.ddl.with_label_values(&[kind, "skipped"]).inc();
                 return Ok(Ok(())); // applied already (from another partition, or before a restart)

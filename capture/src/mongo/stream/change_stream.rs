@@ -36,7 +36,7 @@ impl Capture {
         &mut self,
         resume: &Resume,
     ) -> Result<ChangeStream<RawDocumentBuf>, CaptureError> {
-        let expanded = self.expanded_events().await;
+        let expanded = self.expanded_events().await?;
         let m = &self.config.mongodb;
         let mut opts = ChangeStreamOptions::default();
         opts.batch_size = Some(m.batch_size);
@@ -83,21 +83,21 @@ impl Capture {
     }
 
     /// MongoDB 6.0+ (wire version 17) reports create, createIndexes and dropIndexes events when
-    /// asked. The first answer is kept: a reopen during an election, when the server may not
-    /// answer, asks for the same events. (No answer yet counts as no.)
-    async fn expanded_events(&mut self) -> bool {
+    /// asked. The first answer is kept: a reopen asks for the same events. No answer is the
+    /// stream's failure (a transient one reopens it): a stream opened without them would leave
+    /// those events out unsaid.
+    async fn expanded_events(&mut self) -> Result<bool, CaptureError> {
         if let Some(known) = self.expanded {
-            return known;
+            return Ok(known);
         }
         let hello = self
             .client
             .database("admin")
             .run_command(doc! { "isMaster": 1 })
-            .await;
-        let Ok(hello) = hello else { return false };
+            .await?;
         let expanded = hello.get_i32("maxWireVersion").unwrap_or(0) >= 17;
         self.expanded = Some(expanded);
-        expanded
+        Ok(expanded)
     }
 
     pub(super) async fn read_change_stream(
