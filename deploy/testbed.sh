@@ -166,15 +166,17 @@ maven_fetch() {
 
 need_java() { command -v java >/dev/null || die "Java 17+ is needed (java not found)"; }
 
-# venv_install VENV REQUIREMENTS WHAT: a virtualenv holding the pinned packages of REQUIREMENTS
-# (from PyPI), made anew only when that file has changed since the last install.
+# venv_install VENV REQUIREMENTS WHAT [MINOR]: a virtualenv holding the pinned packages of
+# REQUIREMENTS (from PyPI), made anew only when that file has changed since the last install;
+# it needs Python 3.MINOR or later (default 3.9).
 venv_install() {
-  local venv=$1 req=$2 what=$3
+  local venv=$1 req=$2 what=$3 minor=${4:-9}
   local want
   want=$(sha256sum "$req" | cut -d' ' -f1)
   [ "$(cat "$venv/.installed" 2>/dev/null)" = "$want" ] && return 0
-  command -v python3 >/dev/null || die "python3 is needed for $what"
-  python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || die "$what needs Python 3.9 or later"
+  command -v python3 >/dev/null || apt_install python3
+  python3 -c "import sys; sys.exit(sys.version_info < (3, $minor))" ||
+    die "$what needs Python 3.$minor or later (python3 is $(python3 -V 2>&1))"
   # Debian keeps venv's pip bootstrap in a package of its own.
   python3 -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
   log "installing $what into $venv"
@@ -289,7 +291,7 @@ kafka_stop() { stop_pidfile kafka "$kafka_dir/pid"; }
 ch_dir=$state/clickhouse
 
 ch_start() {
-  apt_install clickhouse-server clickhouse-client
+  apt_install clickhouse-server clickhouse-client curl
   if pid_alive "$ch_dir/pid"; then log "clickhouse already running"; return 0; fi
   mkdir -p "$ch_dir/data" "$ch_dir/tmp" "$ch_dir/user_files" "$ch_dir/format_schemas"
   cat >"$ch_dir/config.xml" <<EOF
@@ -368,7 +370,9 @@ chc_dir=$state/clickhouse-current
 chc_venv=$cache/clickhouse-current
 
 chc_start() {
-  venv_install "$chc_venv" "$here/testbed/clickhouse-current-requirements.txt" "chdb (ClickHouse in process)"
+  # The pins (numpy 2.4, pandas 3) want Python 3.11: Debian 12's.
+  venv_install "$chc_venv" "$here/testbed/clickhouse-current-requirements.txt" "chdb (ClickHouse in process)" 11
+  command -v curl >/dev/null || apt_install curl
   if pid_alive "$chc_dir/pid"; then log "clickhouse-current already running"; return 0; fi
   mkdir -p "$chc_dir/data"
   spawn "$chc_dir/pid" "$chc_dir/server.log" \

@@ -2,7 +2,8 @@
 //! `protoc` is needed, and writes from the same descriptors the field numbers and wire keys
 //! that the hand-written encoders use (`sluice_proto::tags`), with a test per field that holds
 //! each key to prost's own encoding. The `.proto` is the one source of truth: a field renumbered
-//! there changes the constants, and an encoder that still names the old one fails to build.
+//! there changes the constants (and a writer of one-byte keys, `*_KEY1`, stops building when its
+//! field moves past 15), so no encoder can go on writing the old number.
 
 use std::fmt::Write as _;
 
@@ -162,6 +163,12 @@ fn message(
             "    pub const {upper}_KEY: [u8; {}] = {key:?};",
             key.len()
         )?;
+        if let [byte] = key[..] {
+            // Only fields 1 to 15 have it: a writer that takes a one-byte key stops building
+            // when its field is renumbered past 15.
+            writeln!(tags, "    /// `{upper}_KEY` as the one byte it is.")?;
+            writeln!(tags, "    pub const {upper}_KEY1: u8 = {byte};")?;
+        }
         // The check: prost's encoding of a `{name}` with only this field set must be this
         // key followed by the body the wire format defines.
         let (value, body) = sample(f);

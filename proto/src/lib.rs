@@ -21,7 +21,8 @@ pub mod tags {
     //! `proto/sluice/v1/event.proto` (see `build.rs`): what the hand-written encoders
     //! ([`crate::EventHeader`], [`crate::wire`] users) and readers ([`crate::view`]) name
     //! instead of numbers, so the `.proto` stays the one source of truth. A `*_KEY` is the
-    //! field's key as it is written, one byte for fields 1 to 15, two from 16.
+    //! field's key as it is written, one byte for fields 1 to 15, two from 16; `*_KEY1` is the
+    //! one byte, and exists only for fields 1 to 15.
     include!(concat!(env!("OUT_DIR"), "/sluice.v1.tags.rs"));
 }
 pub mod view;
@@ -129,9 +130,9 @@ impl EventHeader {
         use tags::{binlog_position as bp, change_event as ce, position, transaction as tx};
         use wire::{put_bytes, put_delimited, put_uint_field};
         buf.extend_from_slice(&self.head);
-        put_uint_field(ce::OP_KEY[0], op as i32 as u64, buf);
+        put_uint_field(ce::OP_KEY1, op as i32 as u64, buf);
         buf.extend_from_slice(&self.names);
-        put_uint_field(ce::VERSION_KEY[0], version, buf);
+        put_uint_field(ce::VERSION_KEY1, version, buf);
         match &self.position {
             PositionParts::None => {}
             PositionParts::Binlog(rest) => {
@@ -139,7 +140,7 @@ impl EventHeader {
                     let _ = put_delimited::<()>(&position::BINLOG_KEY, buf, |buf| {
                         // `row` is the binlog position's last field.
                         buf.extend_from_slice(rest);
-                        put_uint_field(bp::ROW_KEY[0], row.into(), buf);
+                        put_uint_field(bp::ROW_KEY1, row.into(), buf);
                         Ok(())
                     });
                     Ok(())
@@ -151,7 +152,7 @@ impl EventHeader {
         if let Some((id, last)) = &self.transaction {
             let _ = put_delimited::<()>(&ce::TRANSACTION_KEY, buf, |buf| {
                 buf.extend_from_slice(id);
-                put_uint_field(tx::INDEX_KEY[0], tx_index, buf);
+                put_uint_field(tx::INDEX_KEY1, tx_index, buf);
                 buf.extend_from_slice(last);
                 Ok(())
             });

@@ -57,20 +57,20 @@ impl ColumnDecoder {
 }
 
 // A `Value`'s `kind` members, as one-byte field keys (fields 1 to 15, from the `.proto`).
-const INT: u8 = value::INT_KEY[0];
-const UINT: u8 = value::UINT_KEY[0];
-const FLOAT32: u8 = value::FLOAT32_KEY[0];
-const FLOAT64: u8 = value::FLOAT64_KEY[0];
-const DECIMAL: u8 = value::DECIMAL_KEY[0];
-const TEXT: u8 = value::TEXT_KEY[0];
-const BYTES: u8 = value::BYTES_KEY[0];
-const BITS: u8 = value::BITS_KEY[0];
-const ENUM: u8 = value::ENUM_VALUE_KEY[0];
-const SET: u8 = value::SET_VALUE_KEY[0];
-const DATE: u8 = value::DATE_KEY[0];
-const TIME: u8 = value::TIME_MICROS_KEY[0];
-const DATETIME: u8 = value::DATETIME_KEY[0];
-const TIMESTAMP: u8 = value::TIMESTAMP_MICROS_KEY[0];
+const INT: u8 = value::INT_KEY1;
+const UINT: u8 = value::UINT_KEY1;
+const FLOAT32: u8 = value::FLOAT32_KEY1;
+const FLOAT64: u8 = value::FLOAT64_KEY1;
+const DECIMAL: u8 = value::DECIMAL_KEY1;
+const TEXT: u8 = value::TEXT_KEY1;
+const BYTES: u8 = value::BYTES_KEY1;
+const BITS: u8 = value::BITS_KEY1;
+const ENUM: u8 = value::ENUM_VALUE_KEY1;
+const SET: u8 = value::SET_VALUE_KEY1;
+const DATE: u8 = value::DATE_KEY1;
+const TIME: u8 = value::TIME_MICROS_KEY1;
+const DATETIME: u8 = value::DATETIME_KEY1;
+const TIMESTAMP: u8 = value::TIMESTAMP_MICROS_KEY1;
 /// `json` is field 17: a two-byte key.
 const JSON: [u8; 2] = value::JSON_KEY;
 
@@ -122,7 +122,7 @@ impl ColumnDecoder {
                     })?,
                 };
                 delimited(ENUM, out, |out| {
-                    put_uint_field(enum_value::INDEX_KEY[0], index.into(), out);
+                    put_uint_field(enum_value::INDEX_KEY1, index.into(), out);
                     if !label.is_empty() {
                         put_bytes(&enum_value::LABEL_KEY, label.as_bytes(), out);
                     }
@@ -132,7 +132,7 @@ impl ColumnDecoder {
             Layout::Set { bytes } => {
                 let bits = le(take_ref(data, *bytes)?);
                 delimited(SET, out, |out| {
-                    put_uint_field(set_value::BITS_KEY[0], bits, out);
+                    put_uint_field(set_value::BITS_KEY1, bits, out);
                     for i in (0..64).filter(|i| bits & (1u64 << i) != 0) {
                         let member = self.members.get(i).ok_or_else(|| {
                             Invalid(format!(
@@ -148,9 +148,9 @@ impl ColumnDecoder {
             Layout::Date => {
                 let v = le(take_ref(data, 3)?);
                 delimited(DATE, out, |out| {
-                    put_int32_field(date::YEAR_KEY[0], (v >> 9) as i32, out);
-                    put_uint_field(date::MONTH_KEY[0], (v >> 5) & 15, out);
-                    put_uint_field(date::DAY_KEY[0], v & 31, out);
+                    put_int32_field(date::YEAR_KEY1, (v >> 9) as i32, out);
+                    put_uint_field(date::MONTH_KEY1, (v >> 5) & 15, out);
+                    put_uint_field(date::DAY_KEY1, v & 31, out);
                     Ok(())
                 })?;
             }
@@ -269,16 +269,16 @@ fn delimited(
 /// A `DateTime` message as the `datetime` member.
 fn put_datetime(dt: &v1::DateTime, out: &mut Vec<u8>) {
     let _ = delimited(DATETIME, out, |out| {
-        put_int32_field(date_time::YEAR_KEY[0], dt.year, out);
+        put_int32_field(date_time::YEAR_KEY1, dt.year, out);
         for (key, v) in [
-            (date_time::MONTH_KEY, dt.month),
-            (date_time::DAY_KEY, dt.day),
-            (date_time::HOUR_KEY, dt.hour),
-            (date_time::MINUTE_KEY, dt.minute),
-            (date_time::SECOND_KEY, dt.second),
-            (date_time::MICROS_KEY, dt.micros),
+            (date_time::MONTH_KEY1, dt.month),
+            (date_time::DAY_KEY1, dt.day),
+            (date_time::HOUR_KEY1, dt.hour),
+            (date_time::MINUTE_KEY1, dt.minute),
+            (date_time::SECOND_KEY1, dt.second),
+            (date_time::MICROS_KEY1, dt.micros),
         ] {
-            put_uint_field(key[0], v.into(), out);
+            put_uint_field(key, v.into(), out);
         }
         Ok(())
     });
