@@ -115,8 +115,11 @@ impl SinkMetrics {
     /// `batch` says what a batch write is and `retries` what is retried.
     pub fn new(r: &Registry, target: &str, batch: &str, retries: &str) -> prometheus::Result<Self> {
         let batch_rows = Histogram::with_opts(
-            HistogramOpts::new("sluice_apply_batch_rows", "Events per written batch.")
-                .buckets(vec![1.0, 10.0, 100.0, 1e3, 1e4, 5e4, 1e5, 2e5, 5e5, 1e6]),
+            HistogramOpts::new(
+                "sluice_apply_batch_rows",
+                "Rows (events) per written batch.",
+            )
+            .buckets(vec![1.0, 10.0, 100.0, 1e3, 1e4, 5e4, 1e5, 2e5, 5e5, 1e6]),
         )?;
         let batch_seconds = Histogram::with_opts(HistogramOpts::new(
             "sluice_apply_batch_duration_seconds",

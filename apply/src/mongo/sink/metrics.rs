@@ -38,7 +38,7 @@ impl Metrics {
             r,
             "MongoDB",
             "every collection's commands",
-            "Batches written again after a MongoDB failure.",
+            "Batches and source commands written again after a transient MongoDB failure.",
         )?;
         let stale = IntCounter::new(
             "sluice_apply_stale_events_total",
