@@ -139,6 +139,7 @@ impl Sink {
             database: config.clickhouse.database.clone(),
             dedup_token: features.dedup_token,
             async_insert_off: features.async_insert,
+            version_column: config.tables.version_column.clone(),
             rows: metrics.rows.clone(),
         };
         let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext {

@@ -32,6 +32,8 @@ pub(super) struct Writer {
     pub(super) dedup_token: bool,
     /// The server knows `async_insert`: the INSERTs turn it off.
     pub(super) async_insert_off: bool,
+    /// `tables.version_column`: an INSERT without it is not deduplicated (below).
+    pub(super) version_column: String,
     pub(super) rows: IntCounterVec,
 }
 
@@ -61,7 +63,16 @@ impl Writer {
             // (`async_insert` is on by default from ClickHouse 26.2).
             insert = insert.with_setting("async_insert", "0");
         }
-        if self.dedup_token {
+        // Every row the stage writes with its version is unique, so equal INSERTs are replays
+        // and may be dropped. Without the version (a table made by hand without it) two equal
+        // INSERTs can be two real changes (a value set back to what it was): ClickHouse's own
+        // deduplication of equal blocks (on by default in Replicated tables) is turned off for
+        // them, and no token is sent.
+        let versioned = tb.columns.contains(&self.version_column);
+        if !versioned {
+            insert = insert.with_setting("insert_deduplicate", "0");
+        }
+        if self.dedup_token && versioned {
             // Only servers that know the setting get a token (hashing the batch costs CPU).
             let (hash, len) = pieces
                 .clone()
