@@ -316,3 +316,31 @@ pub async fn wait_stored_snapshot_rows(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The dead letters of `topic` as (payload, `sluice.reason` header), read from the start until
+/// `n` arrived or 30 s passed.
+pub fn dead_letters(topic: &str, n: usize) -> Vec<(Vec<u8>, String)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Headers;
+    use rdkafka::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", crate::kafka_brokers())
+        .set("group.id", crate::unique("dlq-reader"))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("a consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while out.len() < n && std::time::Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let reason = m
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "sluice.reason"))
+                .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+                .unwrap_or_default();
+            out.push((m.payload().unwrap_or_default().to_vec(), reason));
+        }
+    }
+    out
+}

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use serde::Deserialize;
 use sluice_tests::capture::{
-    binlog_end, metric_at, wait_snapshot_done, wait_stored_snapshot_rows, CaptureProcess,
+    binlog_end, dead_letters, metric_at, wait_snapshot_done, wait_stored_snapshot_rows,
+    CaptureProcess,
 };
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
@@ -475,10 +476,7 @@ async fn two_instances_share_the_partitions() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::Headers;
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    use rdkafka::Message;
 
     let (db, m_db, mut cap) = pipeline("sluice_t_apply_poison", "_mirror").await;
     let prefix = cap.prefix.clone();
@@ -515,30 +513,9 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
     c.query_drop(w1_insert(&db, 11, 10)).await.unwrap();
     converge(&db, &m_db, Duration::from_secs(60)).await;
     // The dead letters carry the original bytes and the reason.
-    let letters = tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", kafka_brokers())
-            .set("group.id", unique("dlq-reader"))
-            .set("auto.offset.reset", "earliest")
-            .create()
-            .unwrap();
-        consumer.subscribe(&[&dlq]).unwrap();
-        let mut out = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while out.len() < 3 && Instant::now() < deadline {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-                let reason = m
-                    .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == "sluice.reason"))
-                    .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
-                    .unwrap_or_default();
-                out.push((m.payload().unwrap_or_default().to_vec(), reason));
-            }
-        }
-        out
-    })
-    .await
-    .unwrap();
+    let letters = tokio::task::spawn_blocking(move || dead_letters(&dlq, 3))
+        .await
+        .unwrap();
     assert_eq!(letters.len(), 3, "{letters:?}");
     for (payload, reason) in &letters {
         assert_eq!(payload, &vec![0xffu8, 0xff, 0xff, 0x01]);

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::capture::{binlog_end, CaptureProcess};
+use sluice_tests::capture::{binlog_end, dead_letters, CaptureProcess};
 use sluice_tests::{clickhouse_url, edge, kafka_brokers, mysql_url, unique};
 
 fn ch() -> clickhouse::Client {
@@ -23,33 +23,6 @@ async fn text(sql: &str) -> String {
         out.extend_from_slice(&chunk);
     }
     String::from_utf8(out).unwrap()
-}
-
-/// The dead letters of `topic`: (reason) per letter, read until `n` or 30 s.
-fn dead_letters(topic: &str, n: usize) -> Vec<String> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::Headers;
-    use rdkafka::Message;
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
-        .set("group.id", unique("dlq-reader"))
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while out.len() < n && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            let reason = m
-                .headers()
-                .and_then(|h| h.iter().find(|h| h.key == "sluice.reason"))
-                .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
-                .unwrap_or_default();
-            out.push(reason);
-        }
-    }
-    out
 }
 
 /// Rows 5 and 6: rows 1 and 2 of the edge table with their dates and datetimes moved to the
@@ -139,9 +112,12 @@ async fn every_type_at_its_edges_into_clickhouse() {
         "SELECT {SELECT} FROM {ch_db}.edge FINAL ORDER BY id"
     ))
     .await;
-    let letters = tokio::task::spawn_blocking(move || dead_letters(&dlq, 4))
+    let letters: Vec<String> = tokio::task::spawn_blocking(move || dead_letters(&dlq, 2))
         .await
-        .unwrap();
+        .unwrap()
+        .into_iter()
+        .map(|(_, reason)| reason)
+        .collect();
     let version = text("SELECT version()").await;
     // DateTime64 came with ClickHouse 20.1.
     let mut parts = version
