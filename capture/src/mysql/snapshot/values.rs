@@ -59,7 +59,12 @@ pub(super) fn to_param(v: &v1::Value) -> My {
                 My::Date(y as u16, m, d, hh, mm, ss, t.rem_euclid(1_000_000) as u32)
             }
         }
-        Some(Kind::Geometry(_) | Kind::Bson(_) | Kind::RawText(_)) => My::NULL,
+        // Text that did not convert to UTF-8 keeps the column's own bytes: the server compares
+        // them in the column's collation, as the key it stored. (Were it NULL, `key > NULL`
+        // would find no next chunk and the table would count as done with rows unread.)
+        Some(Kind::RawText(r)) => My::Bytes(r.data.clone()),
+        Some(Kind::Geometry(g)) => My::Bytes(g.wkb.clone()),
+        Some(Kind::Bson(_)) => My::NULL, // MongoDB's only: never a MySQL key
     }
 }
 
@@ -217,6 +222,24 @@ mod tests {
         }
         assert_eq!(civil_from_epoch(1_709_208_000), (2024, 2, 29, 12, 0, 0));
         assert_eq!(civil_from_epoch(-1), (1969, 12, 31, 23, 59, 59));
+    }
+
+    #[test]
+    fn every_key_kind_goes_back_as_a_parameter() {
+        let raw = v1::Value {
+            kind: Some(Kind::RawText(v1::RawText {
+                data: vec![0x93, 0xfa],
+                charset: "cp1252".into(),
+            })),
+        };
+        assert_eq!(to_param(&raw), My::Bytes(vec![0x93, 0xfa]));
+        let text = sluice_proto::value::text("é");
+        assert_eq!(to_param(&text), My::Bytes("é".as_bytes().to_vec()));
+        assert_eq!(
+            to_param(&sluice_proto::value::uint(u64::MAX)),
+            My::UInt(u64::MAX)
+        );
+        assert_eq!(to_param(&sluice_proto::value::null()), My::NULL);
     }
 
     #[test]
