@@ -40,6 +40,21 @@ impl SchemaCache {
         Ok(self.schemas.get(&id).cloned())
     }
 
+    /// The names of every column a known schema of `database.table` other than schema
+    /// `except` has had.
+    pub fn columns_ever(
+        &self,
+        database: &str,
+        table: &str,
+        except: u64,
+    ) -> std::collections::HashSet<String> {
+        self.schemas
+            .values()
+            .filter(|s| s.database == database && s.table == table && s.schema_id != except)
+            .flat_map(|s| s.columns.iter().map(|c| c.name.clone()))
+            .collect()
+    }
+
     /// Add a schema met inline (DDL events carry theirs).
     pub fn remember(&mut self, schema: &TableSchema) {
         if schema.schema_id != 0 {

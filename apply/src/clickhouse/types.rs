@@ -117,6 +117,38 @@ impl ChType {
     }
 }
 
+impl ChType {
+    /// Whether every value of `self` is also a value of `wider`, unchanged: the target column
+    /// may go from one to the other (`MODIFY COLUMN`) without losing or altering a value, and a
+    /// column of type `wider` holds whatever a `self` column holds.
+    pub fn widens_to(&self, wider: &ChType) -> bool {
+        use ChType as T;
+        match (self, wider) {
+            (a, b) if a == b => true,
+            (T::Nullable(a), T::Nullable(b)) => a.widens_to(b),
+            (a, T::Nullable(b)) => a.widens_to(b),
+            (T::Int(a), T::Int(b)) | (T::UInt(a), T::UInt(b)) => b >= a,
+            (T::UInt(a), T::Int(b)) => b > a,
+            // Every 32-bit integer is an exact Float64; 64-bit ones are not.
+            (T::Int(a) | T::UInt(a), T::Float64) => *a <= 32,
+            (T::Float32, T::Float64) => true,
+            (
+                T::Decimal {
+                    precision: p1,
+                    scale: s1,
+                },
+                T::Decimal {
+                    precision: p2,
+                    scale: s2,
+                },
+            ) => s2 >= s1 && i16::from(*p2) - i16::from(*s2) >= i16::from(*p1) - i16::from(*s1),
+            (T::DateTime, T::DateTime64(_)) => true,
+            (T::DateTime64(a), T::DateTime64(b)) => b >= a,
+            _ => false,
+        }
+    }
+}
+
 fn parse_enum(body: &str) -> Result<Vec<(String, i16)>, String> {
     // 'a' = 1, 'b''c' = 2
     let mut out = Vec::new();
@@ -265,6 +297,29 @@ mod tests {
             }
         );
         assert!(ChType::parse("Array(Int8)").is_err());
+    }
+
+    #[test]
+    fn widening_keeps_every_value() {
+        use ChType as T;
+        let n = |t: ChType| T::Nullable(Box::new(t));
+        assert!(T::Int(32).widens_to(&T::Int(64)));
+        assert!(n(T::Int(32)).widens_to(&n(T::Int(64))));
+        assert!(T::Int(32).widens_to(&n(T::Int(32))), "NOT NULL to NULL");
+        assert!(!n(T::Int(32)).widens_to(&T::Int(64)), "NULL to NOT NULL");
+        assert!(!T::Int(64).widens_to(&T::Int(32)));
+        assert!(T::UInt(32).widens_to(&T::Int(64)) && !T::UInt(64).widens_to(&T::Int(64)));
+        assert!(!T::Int(8).widens_to(&T::UInt(64)), "negative values");
+        assert!(T::Int(32).widens_to(&T::Float64) && !T::Int(64).widens_to(&T::Float64));
+        let d = |precision, scale| T::Decimal { precision, scale };
+        assert!(d(10, 2).widens_to(&d(12, 2)) && d(10, 2).widens_to(&d(12, 4)));
+        assert!(!d(10, 2).widens_to(&d(12, 1)) && !d(10, 2).widens_to(&d(10, 4)));
+        assert!(
+            T::DateTime.widens_to(&T::DateTime64(6))
+                && !T::DateTime64(6).widens_to(&T::DateTime64(3))
+        );
+        assert!(!T::String.widens_to(&T::Int(64)) && !T::Date.widens_to(&T::DateTime));
+        assert!(T::String.widens_to(&T::String));
     }
 
     #[test]

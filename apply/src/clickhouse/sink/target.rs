@@ -79,6 +79,9 @@ pub(super) struct Target {
     pub(super) columns: BTreeMap<String, ChType>,
     /// Why the table is stopped (a DDL failed), if it is.
     pub(super) stopped: Option<String>,
+    /// The source schema last written into it (rows or an ALTER), when known since start: an
+    /// ALTER's changes are worked out against it.
+    pub(super) source: Option<Arc<TableSchema>>,
 }
 
 /// How the rows of one schema are written: worked out once per schema id.
@@ -166,6 +169,7 @@ impl Sink {
             mode,
             columns,
             stopped: None,
+            source: None,
         };
         self.targets.insert(name, t.clone());
         Ok(t)
@@ -326,6 +330,28 @@ impl Sink {
         Ok(())
     }
 
+    /// Change target column `col` of `table` to type `t` (a widening: no value changes).
+    pub(super) async fn modify_column(
+        &self,
+        table: &str,
+        col: &str,
+        t: &ChType,
+    ) -> Result<(), Refusal> {
+        let sql = format!(
+            "ALTER TABLE {}.{} MODIFY COLUMN {} {}",
+            quote(&self.config.clickhouse.database),
+            quote(table),
+            quote(col),
+            t.sql()
+        );
+        let what = format!("widening column {col} of {table}");
+        self.answered(&what, || self.client.query(&sql).execute())
+            .await?
+            .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
+        tracing::info!(table = %table, column = %col, to = %t.sql(), "widened column");
+        Ok(())
+    }
+
     /// Work out how rows of `event`'s schema are written: the target (created or extended as
     /// needed), and per column its target type.
     pub(super) async fn plan(&mut self, event: &RowEvent<'_>) -> Result<Arc<Plan>, Refusal> {
@@ -377,10 +403,14 @@ impl Sink {
         if flag.is_some() {
             insert_columns.push(flag_name.clone());
         }
+        let schema = Arc::new(schema);
+        if let Some(t) = self.targets.get_mut(&target.name) {
+            t.source = Some(schema.clone());
+        }
         Ok(Arc::new(Plan {
             target: target.name.clone(),
             mode: target.mode,
-            schema: Arc::new(schema),
+            schema,
             types,
             version,
             flag,

@@ -1,0 +1,225 @@
+//! Source schema changes into a ClickHouse mirror (MariaDB -> capture-mysql -> Kafka ->
+//! apply-clickhouse), on whichever server `SLUICE_CLICKHOUSE_URL` names: what can be applied
+//! exactly is, what cannot stops the table with the statement named, and nothing is absorbed
+//! into a wrong or missing value.
+
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use sluice_tests::capture::{binlog_end, dead_letters, CaptureProcess};
+use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
+
+fn ch() -> clickhouse::Client {
+    clickhouse::Client::default()
+        .with_url(clickhouse_url())
+        .with_validation(false)
+}
+
+async fn try_text(sql: &str) -> clickhouse::error::Result<String> {
+    let mut cursor = ch().query(sql).fetch_bytes("TabSeparated")?;
+    let mut out = Vec::new();
+    while let Some(chunk) = cursor.next().await? {
+        out.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8(out).unwrap())
+}
+
+async fn text(sql: &str) -> String {
+    try_text(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Wait until `sql` answers `want` (90 s at most; the table may not be made yet); the last
+/// answer.
+async fn until(sql: &str, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let got = try_text(sql).await.unwrap_or_else(|e| e.to_string());
+        if got.trim() == want || Instant::now() > deadline {
+            return got.trim().to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+struct Pipeline {
+    db: String,
+    ch_db: String,
+    dlq: String,
+    mysql: mysql_async::Conn,
+    capture: CaptureProcess,
+    apply: CaptureProcess,
+}
+
+impl Pipeline {
+    async fn start(name: &str) -> Self {
+        let db = unique(name);
+        let ch_db = format!("{db}_m");
+        ch().query(&format!("CREATE DATABASE {ch_db}"))
+            .execute()
+            .await
+            .unwrap();
+        let capture = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+        let dlq = unique("dlq");
+        let config = format!(
+            "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
+             [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{}\\\\..*\"]\n\
+             [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n\
+             [kafka]\nbrokers = \"{}\"\n",
+            clickhouse_url(),
+            unique("g"),
+            capture.prefix.replace('.', "\\\\."),
+            kafka_brokers()
+        );
+        let apply = CaptureProcess::spawn_binary(
+            "apply-clickhouse",
+            (config, String::new(), String::new()),
+        );
+        let mut mysql = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+            .await
+            .unwrap();
+        mysql
+            .query_drop(format!("CREATE DATABASE `{db}`"))
+            .await
+            .unwrap();
+        Pipeline {
+            db,
+            ch_db,
+            dlq,
+            mysql,
+            capture,
+            apply,
+        }
+    }
+
+    async fn sql(&mut self, statements: &[String]) {
+        for s in statements {
+            self.mysql
+                .query_drop(s)
+                .await
+                .unwrap_or_else(|e| panic!("{s}: {e}"));
+        }
+    }
+
+    async fn finish(mut self) {
+        for p in [&mut self.capture, &mut self.apply] {
+            let (code, out) = p.stop();
+            assert_eq!(code, Some(0), "{out}");
+        }
+        ch().query(&format!("DROP DATABASE {}", self.ch_db))
+            .execute()
+            .await
+            .unwrap();
+        self.mysql
+            .query_drop(format!("DROP DATABASE `{}`", self.db))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_widened_column_is_widened_and_a_column_of_the_targets_own_is_kept() {
+    let mut p = Pipeline::start("sluice_t_ch_widen").await;
+    let t = format!("`{}`.t", p.db);
+    p.sql(&[
+        format!("CREATE TABLE {t} (id INT PRIMARY KEY, n INT NOT NULL, v VARCHAR(10))"),
+        format!("INSERT INTO {t} VALUES (1, 2147483647, 'a'), (2, -5, 'b')"),
+    ])
+    .await;
+    let m = format!("{}.t", p.ch_db);
+    let q = format!("SELECT count() FROM {m} FINAL");
+    assert_eq!(until(&q, "2").await, "2");
+    // A column the target has and the source never had: the user's own.
+    ch().query(&format!(
+        "ALTER TABLE {m} ADD COLUMN ingested_at DateTime DEFAULT now()"
+    ))
+    .execute()
+    .await
+    .unwrap();
+    p.sql(&[
+        format!("CREATE INDEX iv ON {t} (v)"),
+        format!("ALTER TABLE {t} MODIFY COLUMN n BIGINT NOT NULL"),
+        format!("INSERT INTO {t} VALUES (3, 5000000000, 'c')"),
+        format!("ALTER TABLE {t} DROP COLUMN v"),
+        format!("INSERT INTO {t} VALUES (4, -5000000000)"),
+    ])
+    .await;
+    let q = format!("SELECT count() FROM {m} FINAL");
+    assert_eq!(until(&q, "4").await, "4", "every row in the mirror");
+    let rows = text(&format!("SELECT id, n FROM {m} FINAL ORDER BY id")).await;
+    assert_eq!(
+        rows, "1\t2147483647\n2\t-5\n3\t5000000000\n4\t-5000000000\n",
+        "the widened column holds the old and the new values"
+    );
+    let columns = text(&format!(
+        "SELECT name, type FROM system.columns WHERE database = '{}' AND table = 't' ORDER BY name",
+        p.ch_db
+    ))
+    .await;
+    assert!(columns.contains("n\tInt64\n"), "{columns}");
+    assert!(
+        columns.contains("ingested_at\tDateTime"),
+        "the target's own column stays: {columns}"
+    );
+    assert!(
+        !columns.contains("v\t"),
+        "the dropped source column is dropped: {columns}"
+    );
+    let letters = tokio::task::spawn_blocking({
+        let dlq = p.dlq.clone();
+        move || dead_letters(&dlq, 1)
+    })
+    .await
+    .unwrap();
+    assert!(letters.is_empty(), "{letters:?}");
+    p.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renamed_column_stops_the_table_and_loses_no_value() {
+    let mut p = Pipeline::start("sluice_t_ch_rename").await;
+    let (t, u) = (format!("`{}`.t", p.db), format!("`{}`.u", p.db));
+    p.sql(&[
+        format!("CREATE TABLE {t} (id INT PRIMARY KEY, score INT)"),
+        format!("CREATE TABLE {u} (id INT PRIMARY KEY, x INT)"),
+        format!("INSERT INTO {t} VALUES (1, 10), (2, 20)"),
+        format!("INSERT INTO {u} VALUES (1, 1)"),
+    ])
+    .await;
+    let (mt, mu) = (format!("{}.t", p.ch_db), format!("{}.u", p.ch_db));
+    assert_eq!(
+        until(&format!("SELECT count() FROM {mt} FINAL"), "2").await,
+        "2"
+    );
+    p.sql(&[
+        format!("ALTER TABLE {t} RENAME COLUMN score TO points"),
+        format!("INSERT INTO {t} VALUES (3, 30)"),
+        format!("INSERT INTO {u} VALUES (2, 2)"),
+    ])
+    .await;
+    // The other table flows on.
+    assert_eq!(
+        until(&format!("SELECT count() FROM {mu} FINAL"), "2").await,
+        "2"
+    );
+    // The renamed table is stopped: its later row is refused, the statement named...
+    let letters = tokio::task::spawn_blocking({
+        let dlq = p.dlq.clone();
+        move || dead_letters(&dlq, 1)
+    })
+    .await
+    .unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let reason = &letters[0].1;
+    assert!(
+        reason.contains("is stopped") && reason.contains("RENAME COLUMN score TO points"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("removes column(s) score and adds points"),
+        "{reason}"
+    );
+    // ...and nothing written before it lost its value.
+    let rows = text(&format!("SELECT id, score FROM {mt} FINAL ORDER BY id")).await;
+    assert_eq!(rows, "1\t10\n2\t20\n");
+    p.finish().await;
+}
