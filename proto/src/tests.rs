@@ -240,6 +240,7 @@ fn ddl_event_round_trips() {
         new_database: String::new(),
         new_table: String::new(),
         kind: "alter".into(),
+        reason: String::new(),
     });
     let back = ChangeEvent::decode(ev.encode_to_vec().as_slice()).unwrap();
     assert_eq!(back, ev);

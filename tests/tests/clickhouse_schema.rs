@@ -223,3 +223,82 @@ async fn a_renamed_column_stops_the_table_and_loses_no_value() {
     assert_eq!(rows, "1\t10\n2\t20\n");
     p.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_without_images_stop_their_table_and_say_why() {
+    let mut p = Pipeline::start("sluice_t_ch_images").await;
+    let (t, u, v) = (
+        format!("`{}`.t", p.db),
+        format!("`{}`.u", p.db),
+        format!("`{}`.v", p.db),
+    );
+    p.sql(&[
+        format!("CREATE TABLE {t} (id INT PRIMARY KEY, a VARCHAR(10))"),
+        format!("CREATE TABLE {u} (id INT PRIMARY KEY, a VARCHAR(10), b INT)"),
+        format!("CREATE TABLE {v} (id INT PRIMARY KEY)"),
+        format!("INSERT INTO {t} VALUES (1, 'a')"),
+        format!("INSERT INTO {u} VALUES (1, 'a', 1)"),
+        format!("INSERT INTO {v} VALUES (1)"),
+    ])
+    .await;
+    let ch_db = p.ch_db.clone();
+    let m = |x: &str| format!("SELECT count() FROM {ch_db}.{x} FINAL");
+    for x in ["t", "u", "v"] {
+        assert_eq!(until(&m(x), "1").await, "1", "{x}");
+    }
+    // A session writing statements, another writing images without every column.
+    p.sql(&[
+        "SET SESSION binlog_format = 'STATEMENT'".into(),
+        format!("INSERT INTO {t} VALUES (2, 'b')"),
+        "SET SESSION binlog_format = 'ROW'".into(),
+        "SET SESSION binlog_row_image = 'MINIMAL'".into(),
+        format!("UPDATE {u} SET b = 2 WHERE id = 1"),
+        "SET SESSION binlog_row_image = 'FULL'".into(),
+        format!("INSERT INTO {t} VALUES (3, 'c')"),
+        format!("INSERT INTO {u} VALUES (3, 'c', 3)"),
+        format!("INSERT INTO {v} VALUES (3)"),
+    ])
+    .await;
+    // The third table flows on.
+    assert_eq!(until(&m("v"), "2").await, "2");
+    // The other two are stopped: their later rows are refused with the reason.
+    let letters = tokio::task::spawn_blocking({
+        let dlq = p.dlq.clone();
+        move || dead_letters(&dlq, 2)
+    })
+    .await
+    .unwrap();
+    let reasons: Vec<&str> = letters.iter().map(|(_, r)| r.as_str()).collect();
+    assert_eq!(reasons.len(), 2, "{reasons:#?}");
+    assert!(
+        reasons.iter().any(|r| r.starts_with("table t is stopped")
+            && r.contains("binlog_format was STATEMENT or MIXED")
+            && r.contains("INSERT INTO")),
+        "{reasons:#?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("table u is stopped")
+                && r.contains("binlog_row_image was MINIMAL")),
+        "{reasons:#?}"
+    );
+    // Nothing wrong was written: the mirrors hold what they held.
+    assert_eq!(
+        text(&format!(
+            "SELECT id, a FROM {}.t FINAL ORDER BY id",
+            p.ch_db
+        ))
+        .await,
+        "1\ta\n"
+    );
+    assert_eq!(
+        text(&format!(
+            "SELECT id, a, b FROM {}.u FINAL ORDER BY id",
+            p.ch_db
+        ))
+        .await,
+        "1\ta\t1\n"
+    );
+    p.finish().await;
+}

@@ -74,6 +74,9 @@ pub struct Sink {
     dead: DeadLetters,
     schemas: SchemaCache,
     targets: HashMap<String, Target>,
+    /// Target name -> why it is stopped (a DDL that could not be applied, or a table the
+    /// source refused): its later events are dead-lettered with the reason.
+    stopped: HashMap<String, String>,
     plans: HashMap<u64, Arc<Plan>>,
     /// Shared with the rebalance callback, which drains it before partitions go.
     batch: Arc<Mutex<Batch>>,
@@ -168,6 +171,7 @@ impl Sink {
             dead,
             schemas,
             targets: HashMap::new(),
+            stopped: HashMap::new(),
             plans: HashMap::new(),
             batch,
             in_flight,

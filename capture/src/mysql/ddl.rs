@@ -23,6 +23,11 @@ pub enum Statement {
     },
     /// CREATE/DROP DATABASE.
     Database { kind: &'static str, name: String },
+    /// A row change logged as a statement (INSERT, REPLACE, UPDATE, DELETE, LOAD DATA): the
+    /// writing session's `binlog_format` was STATEMENT or MIXED, or the server emptied a MEMORY
+    /// table. It carries no row images. `tables` are those it names where they can be told
+    /// (empty: it names tables this parser cannot pick out, such as a multi-table UPDATE).
+    Dml { tables: Vec<TableRef> },
     /// Anything else (GRANT, CREATE USER, FLUSH, ...): no effect on captured tables.
     Other,
 }
@@ -178,6 +183,50 @@ pub fn classify(sql: &str) -> Statement {
                 }
             }
         }
+        ("INSERT" | "REPLACE" | "UPDATE" | "DELETE" | "LOAD", _) => {
+            // The first table the statement writes: after its modifiers (and INTO / FROM /
+            // DATA ... INTO TABLE). Multi-table forms name more than one: then none is sure.
+            let skip = [
+                "LOW_PRIORITY",
+                "DELAYED",
+                "HIGH_PRIORITY",
+                "QUICK",
+                "IGNORE",
+                "CONCURRENT",
+                "LOCAL",
+            ];
+            let mut j = 1;
+            while skip.contains(&w(j)) {
+                j += 1;
+            }
+            let target = match verb {
+                "INSERT" | "REPLACE" => {
+                    if w(j) == "INTO" {
+                        j += 1;
+                    }
+                    words.get(j)
+                }
+                "DELETE" => {
+                    if w(j) != "FROM" {
+                        None // DELETE t1, t2 FROM ...: several tables
+                    } else {
+                        words.get(j + 1).filter(|_| {
+                            !matches!(w(j + 2), "," | "USING" | "JOIN" | "INNER" | "LEFT")
+                        })
+                    }
+                }
+                "UPDATE" => words.get(j).filter(|_| {
+                    !matches!(w(j + 1), "," | "JOIN" | "INNER" | "LEFT" | "STRAIGHT_JOIN")
+                }),
+                _ => upper
+                    .iter()
+                    .position(|u| u == "TABLE")
+                    .and_then(|k| words.get(k + 1)),
+            };
+            Statement::Dml {
+                tables: target.map(|t| vec![table_ref(t)]).unwrap_or_default(),
+            }
+        }
         _ => Statement::Other,
     }
 }
@@ -320,6 +369,41 @@ mod tests {
             database: db.map(str::to_string),
             table: table.to_string(),
         }
+    }
+
+    #[test]
+    fn row_changes_logged_as_statements_are_told_with_their_table() {
+        let t = |db: Option<&str>, table: &str| TableRef {
+            database: db.map(String::from),
+            table: table.into(),
+        };
+        let dml = |sql| match classify(sql) {
+            Statement::Dml { tables } => tables,
+            other => panic!("{sql}: {other:?}"),
+        };
+        assert_eq!(dml("INSERT INTO t VALUES (1)"), vec![t(None, "t")]);
+        assert_eq!(
+            dml("insert ignore into `d`.`t` (a) values (1)"),
+            vec![t(Some("d"), "t")]
+        );
+        assert_eq!(dml("REPLACE t SET a = 1"), vec![t(None, "t")]);
+        assert_eq!(
+            dml("UPDATE LOW_PRIORITY d.t SET a = 2 WHERE b"),
+            vec![t(Some("d"), "t")]
+        );
+        assert_eq!(dml("DELETE FROM `t` WHERE a = 1"), vec![t(None, "t")]);
+        assert_eq!(dml("DELETE FROM `db`.`mem`"), vec![t(Some("db"), "mem")]);
+        assert_eq!(
+            dml("LOAD DATA LOCAL INFILE 'x' INTO TABLE d.t"),
+            vec![t(Some("d"), "t")]
+        );
+        // Several tables: none is sure.
+        assert!(dml("UPDATE a JOIN b ON a.id = b.id SET a.x = 1").is_empty());
+        assert!(dml("UPDATE a, b SET a.x = b.x").is_empty());
+        assert!(dml("DELETE a, b FROM a JOIN b").is_empty());
+        assert!(dml("DELETE FROM a USING a JOIN b").is_empty());
+        // Not row changes.
+        assert_eq!(classify("GRANT SELECT ON *.* TO u"), Statement::Other);
     }
 
     #[test]

@@ -140,6 +140,20 @@ pub struct Rows<'a> {
 }
 
 impl Rows<'_> {
+    /// Which image of this event lacks columns (`"before"` or `"after"`), if one does: the
+    /// writing session's `binlog_row_image` was MINIMAL or NOBLOB, and the columns left out
+    /// would read as absent.
+    pub fn partial_image(&self) -> Option<&'static str> {
+        let partial = |p: &Option<Vec<bool>>| p.as_ref().is_some_and(|p| p.iter().any(|c| !c));
+        if partial(&self.before) {
+            Some("before")
+        } else if partial(&self.after) {
+            Some("after")
+        } else {
+            None
+        }
+    }
+
     /// Decode the next row change into `before` and `after`: which of the two images it has,
     /// or `None` after the last row.
     pub fn next_into(

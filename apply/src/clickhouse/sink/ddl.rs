@@ -148,6 +148,10 @@ impl Sink {
                     self.targets.insert(name.clone(), target);
                     Ok(())
                 }
+                "refused" => Err(Refusal::Bad(BadEvent::new(
+                    Reason::Ddl,
+                    format!("the source refused it: {}", ddl.reason),
+                ))),
                 "drop" | "truncate" | "rename" => {
                     // Data in the target is kept; the operator decides what to do with it.
                     tracing::warn!(table = %name, kind = %ddl.kind, statement = %statement, "source DDL not applied to the target");
@@ -162,10 +166,12 @@ impl Sink {
             Err(Refusal::Stop(e)) => Err(e),
             Err(Refusal::Bad(e)) => {
                 tracing::error!(table = %name, statement = %statement, error = %e, "DDL failed: stopping this table");
-                let reason = format!("DDL {statement:?} failed: {e}");
-                if let Some(t) = self.targets.get_mut(&name) {
-                    t.stopped = Some(reason);
-                }
+                let reason = if ddl.kind == "refused" {
+                    format!("{e} (at {statement:?})")
+                } else {
+                    format!("DDL {statement:?} failed: {e}")
+                };
+                self.stopped.insert(name, reason);
                 Ok(())
             }
         }

@@ -77,8 +77,6 @@ pub(super) struct Target {
     pub(super) mode: Mode,
     /// Column name -> ClickHouse type, as the server has them.
     pub(super) columns: BTreeMap<String, ChType>,
-    /// Why the table is stopped (a DDL failed), if it is.
-    pub(super) stopped: Option<String>,
     /// The source schema last written into it (rows or an ALTER), when known since start: an
     /// ALTER's changes are worked out against it.
     pub(super) source: Option<Arc<TableSchema>>,
@@ -168,7 +166,6 @@ impl Sink {
             name: name.clone(),
             mode,
             columns,
-            stopped: None,
             source: None,
         };
         self.targets.insert(name, t.clone());
@@ -356,14 +353,15 @@ impl Sink {
     /// needed), and per column its target type.
     pub(super) async fn plan(&mut self, event: &RowEvent<'_>) -> Result<Arc<Plan>, Refusal> {
         let schema = self.schema(event).await?;
-        let mut target = self.target(&schema).await?;
-        if let Some(why) = &target.stopped {
+        let name = self.target_name(&schema.database, &schema.table);
+        if let Some(why) = self.stopped.get(&name) {
             return Err(BadEvent::new(
                 Reason::TableStopped,
-                format!("table {} is stopped: {why}", target.name),
+                format!("table {name} is stopped: {why}"),
             )
             .into());
         }
+        let mut target = self.target(&schema).await?;
         // New source columns: add them to the target first.
         let missing: Vec<&Column> = schema
             .columns

@@ -133,6 +133,7 @@ impl Capture {
                     new_database,
                     new_table,
                     kind: d.kind.to_string(),
+                    reason: String::new(),
                 },
                 d.to,
             )

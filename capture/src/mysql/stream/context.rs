@@ -38,6 +38,8 @@ pub struct Capture {
     /// table id -> decoder, rebuilt at each table map whose schema changed.
     pub(super) decoders: HashMap<u64, DecoderEntry>,
     pub(super) published_schemas: HashSet<u64>,
+    /// Tables refused since start (`refused` events published), by database and name.
+    pub(super) refused: HashSet<(String, String)>,
     /// Current binlog file and the position to resume from after the last commit.
     pub(super) file: String,
     pub(super) resume: BinlogPos,

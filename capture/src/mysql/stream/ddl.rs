@@ -87,6 +87,7 @@ impl Capture {
                     new_database: new_name.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
                     new_table: new_name.as_ref().map(|n| n.1.clone()).unwrap_or_default(),
                     kind: kind.to_string(),
+                    reason: String::new(),
                 }),
                 mongo: None,
             };
@@ -102,6 +103,57 @@ impl Capture {
                 .inc();
             tracing::info!(database = %db, table = %table, kind, "DDL published");
         }
+        Ok(())
+    }
+}
+
+impl Capture {
+    /// Refuse table `db.table` from `start` on: its changes cannot be carried exactly (a row
+    /// change logged as a statement, an image without every column). A DDL event of kind
+    /// `refused` with the statement and the reason goes to every partition of its topic, before
+    /// any later event of the table, and the apply stages stop the table, naming both. Said once
+    /// per table while the capture runs (again after a restart, which is harmless).
+    pub(super) async fn refuse_table(
+        &mut self,
+        db: &str,
+        table: &str,
+        statement: &str,
+        reason: &str,
+        start: u64,
+        ts: u32,
+    ) -> Result<(), CaptureError> {
+        if !self.filter.wants(db, table)
+            || !self.refused.insert((db.to_string(), table.to_string()))
+        {
+            return Ok(());
+        }
+        tracing::error!(database = %db, table = %table, at = %format!("{}:{start}", self.file), statement, reason, "table refused: its changes cannot be carried exactly");
+        let event = v1::ChangeEvent {
+            contract: CONTRACT_VERSION,
+            source: Some(self.source.clone()),
+            op: Op::Ddl as i32,
+            database: db.to_string(),
+            table: table.to_string(),
+            version: mysql_version(&self.file, start, 0)?,
+            position: Some(self.position(start, 0)),
+            commit_time_micros: i64::from(ts) * 1_000_000,
+            capture_time_micros: now_micros(),
+            ddl: Some(v1::Ddl {
+                statement: statement.to_string(),
+                kind: "refused".into(),
+                reason: reason.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let topic = self.topics.topic(db, table)?;
+        self.publisher
+            .send_to_every_partition(&topic, &event_key(db, table, &[]), &event.encode_to_vec())
+            .await?;
+        self.publish_metrics
+            .events
+            .with_label_values(&[db, table, "refused"])
+            .inc();
         Ok(())
     }
 }

@@ -199,6 +199,30 @@ impl Capture {
                 self.schemas.retain(|(db, _), _| db != &name);
                 self.commit(end).await?;
             }
+            Statement::Dml { tables } => {
+                let reason = "a row change logged as a statement (the writing session's \
+                    binlog_format was STATEMENT or MIXED, or the server emptied a MEMORY table) \
+                    carries no row images, so its rows cannot be applied. Set binlog_format=ROW \
+                    for every session that writes (SET GLOBAL binlog_format = 'ROW', then \
+                    reconnect the clients) and re-snapshot the table";
+                if self.skip_until.is_none() {
+                    if tables.is_empty() {
+                        return Err(CaptureError::source(format!(
+                            "{}:{start}: {reason}; the statement names tables the capture \
+                             cannot pick out, so it stops: {sql}",
+                            self.file
+                        )));
+                    }
+                    for t in &tables {
+                        let db = t.database.clone().unwrap_or_else(|| default_db.clone());
+                        self.refuse_table(&db, &t.table, &sql, reason, start, ts)
+                            .await?;
+                    }
+                }
+                if self.tx.is_none() {
+                    self.commit(end).await?;
+                }
+            }
             Statement::Other => {
                 if self.tx.is_none() {
                     self.commit(end).await?;
@@ -344,6 +368,21 @@ impl Capture {
         let mut key_row = Vec::with_capacity(32);
         let (mut before, mut after) = (Image::default(), Image::default());
         let mut changes = decoder.rows(rows);
+        if let Some(image) = changes.partial_image() {
+            // Checked per event (a bitmap): a session may set its own binlog_row_image.
+            let (db, table) = (schema.database.clone(), schema.table.clone());
+            let reason = format!(
+                "its rows event at {}:{start} has a {image} image without every column (the \
+                 writing session's binlog_row_image was MINIMAL or NOBLOB): the columns left out \
+                 cannot be told from NULL. Set binlog_row_image=FULL for every session that \
+                 writes (SET GLOBAL binlog_row_image = 'FULL', then reconnect the clients) and \
+                 re-snapshot the table",
+                self.file
+            );
+            self.refuse_table(&db, &table, "(a rows event)", &reason, start, ts)
+                .await?;
+            return Ok(());
+        }
         let decode_error = |e: DecodeError| {
             CaptureError::decode(
                 &format!("{}.{}", schema.database, schema.table),

@@ -80,6 +80,7 @@ impl Capture {
             schemas: HashMap::new(),
             decoders: HashMap::new(),
             published_schemas: HashSet::new(),
+            refused: HashSet::new(),
             file: String::new(),
             resume: BinlogPos {
                 file: String::new(),
