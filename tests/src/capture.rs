@@ -344,3 +344,35 @@ pub fn dead_letters(topic: &str, n: usize) -> Vec<(Vec<u8>, String)> {
     }
     out
 }
+
+impl CaptureProcess {
+    /// An apply-clickhouse process reading the topics of `prefix` into ClickHouse database
+    /// `ch_db` of `SLUICE_CLICKHOUSE_URL` (mirror tables, 200 ms batches), its dead letters
+    /// into topic `dlq`.
+    pub fn apply_clickhouse(prefix: &str, ch_db: &str, dlq: &str) -> Self {
+        let config = format!(
+            "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
+             [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{}\\\\..*\"]\n\
+             [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n\
+             [kafka]\nbrokers = \"{}\"\n",
+            crate::clickhouse_url(),
+            crate::unique("g"),
+            prefix.replace('.', "\\\\."),
+            kafka_brokers()
+        );
+        Self::spawn_binary("apply-clickhouse", (config, String::new(), String::new()))
+    }
+}
+
+/// The answer to `sql` from `SLUICE_CLICKHOUSE_URL`, as TabSeparated text.
+pub async fn clickhouse_tsv(sql: &str) -> clickhouse::error::Result<String> {
+    let client = clickhouse::Client::default()
+        .with_url(crate::clickhouse_url())
+        .with_validation(false);
+    let mut cursor = client.query(sql).fetch_bytes("TabSeparated")?;
+    let mut out = Vec::new();
+    while let Some(chunk) = cursor.next().await? {
+        out.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::capture::{binlog_end, dead_letters, CaptureProcess};
-use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
+use sluice_tests::capture::{binlog_end, clickhouse_tsv, dead_letters, CaptureProcess};
+use sluice_tests::{clickhouse_url, mysql_url, unique};
 
 fn ch() -> clickhouse::Client {
     clickhouse::Client::default()
@@ -15,17 +15,10 @@ fn ch() -> clickhouse::Client {
         .with_validation(false)
 }
 
-async fn try_text(sql: &str) -> clickhouse::error::Result<String> {
-    let mut cursor = ch().query(sql).fetch_bytes("TabSeparated")?;
-    let mut out = Vec::new();
-    while let Some(chunk) = cursor.next().await? {
-        out.extend_from_slice(&chunk);
-    }
-    Ok(String::from_utf8(out).unwrap())
-}
-
 async fn text(sql: &str) -> String {
-    try_text(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+    clickhouse_tsv(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// Wait until `sql` answers `want` (90 s at most; the table may not be made yet); the last
@@ -33,7 +26,7 @@ async fn text(sql: &str) -> String {
 async fn until(sql: &str, want: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let got = try_text(sql).await.unwrap_or_else(|e| e.to_string());
+        let got = clickhouse_tsv(sql).await.unwrap_or_else(|e| e.to_string());
         if got.trim() == want || Instant::now() > deadline {
             return got.trim().to_string();
         }
@@ -60,20 +53,7 @@ impl Pipeline {
             .unwrap();
         let capture = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
         let dlq = unique("dlq");
-        let config = format!(
-            "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
-             [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{}\\\\..*\"]\n\
-             [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n\
-             [kafka]\nbrokers = \"{}\"\n",
-            clickhouse_url(),
-            unique("g"),
-            capture.prefix.replace('.', "\\\\."),
-            kafka_brokers()
-        );
-        let apply = CaptureProcess::spawn_binary(
-            "apply-clickhouse",
-            (config, String::new(), String::new()),
-        );
+        let apply = CaptureProcess::apply_clickhouse(&capture.prefix, &ch_db, &dlq);
         let mut mysql = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
             .await
             .unwrap();

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::capture::{binlog_end, dead_letters, CaptureProcess};
-use sluice_tests::{clickhouse_url, edge, kafka_brokers, mysql_url, unique};
+use sluice_tests::capture::{binlog_end, clickhouse_tsv, dead_letters, CaptureProcess};
+use sluice_tests::{clickhouse_url, edge, mysql_url, unique};
 
 fn ch() -> clickhouse::Client {
     clickhouse::Client::default()
@@ -17,12 +17,9 @@ fn ch() -> clickhouse::Client {
 }
 
 async fn text(sql: &str) -> String {
-    let mut cursor = ch().query(sql).fetch_bytes("TabSeparated").unwrap();
-    let mut out = Vec::new();
-    while let Some(chunk) = cursor.next().await.unwrap() {
-        out.extend_from_slice(&chunk);
-    }
-    String::from_utf8(out).unwrap()
+    clickhouse_tsv(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// Rows 5 and 6: rows 1 and 2 of the edge table with their dates and datetimes moved to the
@@ -56,20 +53,7 @@ async fn every_type_at_its_edges_into_clickhouse() {
         .unwrap();
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let dlq = unique("dlq");
-    let apply_config = format!(
-        "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
-         [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{}\\\\..*\"]\n\
-         [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n\
-         [kafka]\nbrokers = \"{}\"\n",
-        clickhouse_url(),
-        unique("g"),
-        cap.prefix.replace('.', "\\\\."),
-        kafka_brokers()
-    );
-    let mut apply = CaptureProcess::spawn_binary(
-        "apply-clickhouse",
-        (apply_config, String::new(), String::new()),
-    );
+    let mut apply = CaptureProcess::apply_clickhouse(&cap.prefix, &ch_db, &dlq);
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
         .await
         .unwrap();
