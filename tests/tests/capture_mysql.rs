@@ -696,6 +696,12 @@ async fn snapshots_of_empty_keyless_composite_and_string_keyed_tables() {
         format!("CREATE TABLE `{db}`.empty (id INT PRIMARY KEY)"),
         format!("CREATE TABLE `{db}`.nopk (a INT, b VARCHAR(10))"),
         format!("INSERT INTO `{db}`.nopk VALUES (1,'x'),(1,'x'),(2,NULL),(NULL,'y'),(3,'z')"),
+        // Keyless, with the temporal and decimal columns the text protocol would send as text.
+        format!("CREATE TABLE `{db}`.nopk_types (d DATETIME(3), dt DATE, n DECIMAL(5,2))"),
+        format!(
+            "INSERT INTO `{db}`.nopk_types VALUES ('2024-02-29 12:00:00.125', '2024-02-29', 1.50), \
+             ('2024-02-29 12:00:00.125', '2024-02-29', 1.50)"
+        ),
         format!("CREATE TABLE `{db}`.composite (a INT, b VARCHAR(20), c INT, PRIMARY KEY (b, a))"),
         format!(
             "CREATE TABLE `{db}`.strpk (k VARCHAR(20) CHARACTER SET utf8mb4 \
@@ -774,6 +780,35 @@ async fn snapshots_of_empty_keyless_composite_and_string_keyed_tables() {
     want.sort_by_key(|(k, a)| format!("{k:?}{a:?}"));
     assert_eq!(got, want);
     assert_eq!(events.len(), 1, "a keyless table's rows keep one partition");
+    let events = events_of(cap.topic(&db, "nopk_types"), |m| count_rows(m) >= 2).await;
+    let row = vec![
+        V {
+            kind: Some(Kind::Datetime(sluice_proto::v1::DateTime {
+                year: 2024,
+                month: 2,
+                day: 29,
+                hour: 12,
+                minute: 0,
+                second: 0,
+                micros: 125_000,
+            })),
+        },
+        V {
+            kind: Some(Kind::Date(sluice_proto::v1::Date {
+                year: 2024,
+                month: 2,
+                day: 29,
+            })),
+        },
+        V {
+            kind: Some(Kind::Decimal("1.50".into())),
+        },
+    ];
+    assert_eq!(
+        snapshot_rows(&events),
+        vec![(vec![], row.clone()), (vec![], row)],
+        "a keyless table's values as a keyed table's, duplicates kept"
+    );
 
     // The empty table: no row event.
     let topic = cap.topic(&db, "empty");

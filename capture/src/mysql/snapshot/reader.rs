@@ -164,8 +164,10 @@ async fn read_inner(
     })
     .await
     .map_err(channel_gone)?;
+    // A prepared statement, as for keyed chunks: the binary protocol, in which every value
+    // arrives as `to_value` reads it (the text protocol sends a DATETIME as text bytes).
     let mut result = conn
-        .query_iter(format!("SELECT {list} FROM {from}"))
+        .exec_iter(format!("SELECT {list} FROM {from}"), ())
         .await
         .map_err(my)?;
     columns_match(result.columns_ref())?;
