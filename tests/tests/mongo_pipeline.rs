@@ -66,13 +66,25 @@ fn apply(prefix: &str, group: &str, extra: &str) -> CaptureProcess {
 
 /// Wait until a capture reading from "now" has fixed its start: in oplog mode it stores that
 /// position as its first checkpoint; change streams get a few seconds to open.
+///
+/// On an empty oplog (a fresh server) "now" is a time, not an entry, and the capture stores
+/// its position at the first entry it reads: a write elsewhere every second gives it one.
 async fn started(cap: &CaptureProcess, oplog: bool) {
     if !oplog {
         tokio::time::sleep(Duration::from_secs(3)).await;
         return;
     }
+    let source = Client::with_uri_str(mongo_source_url()).await.unwrap();
+    let elsewhere = source
+        .database(&unique("sluice_t_warm"))
+        .collection::<mongodb::bson::Document>("c");
+    let mut wrote = Instant::now() - Duration::from_secs(1);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        if wrote.elapsed() >= Duration::from_secs(1) {
+            elsewhere.insert_one(doc! { "at": 1 }).await.unwrap();
+            wrote = Instant::now();
+        }
         let c = cap.connector.clone();
         let stored =
             tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
