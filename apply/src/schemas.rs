@@ -40,18 +40,18 @@ impl SchemaCache {
         Ok(self.schemas.get(&id).cloned())
     }
 
-    /// The names of every column a known schema of `database.table` other than schema
-    /// `except` has had.
+    /// Every column definition a known schema of `database.table` other than schema `except`
+    /// has had (repeats included).
     pub fn columns_ever(
         &self,
         database: &str,
         table: &str,
         except: u64,
-    ) -> std::collections::HashSet<String> {
+    ) -> Vec<sluice_proto::v1::Column> {
         self.schemas
             .values()
             .filter(|s| s.database == database && s.table == table && s.schema_id != except)
-            .flat_map(|s| s.columns.iter().map(|c| c.name.clone()))
+            .flat_map(|s| s.columns.iter().cloned())
             .collect()
     }
 

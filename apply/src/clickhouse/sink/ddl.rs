@@ -15,14 +15,14 @@
 //!   The stop lives in memory only: after a restart the table's events are tried again (and
 //!   the DDL itself, if its offset was not committed yet).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
-use sluice_proto::v1::TableSchema;
+use sluice_proto::v1::{Column, TableSchema};
 use sluice_proto::ChangeEvent;
 
 use super::target::Target;
 use super::{Refusal, Sink};
-use crate::clickhouse::types::{map_column, ChType};
+use crate::clickhouse::types::{map_column, ChType, Features};
 use crate::error::{ApplyError, BadEvent, Reason};
 
 /// What an ALTER does to the target, worked out from the source schemas before and after it.
@@ -35,81 +35,27 @@ struct ColumnChanges {
 }
 
 impl Sink {
-    /// The target's changes for an ALTER to schema `new`: against the source schema last
-    /// written (or, after a restart, every column a known schema of the table had). `Err`
-    /// names what cannot be applied exactly, and the table stops:
-    /// - columns removed and added in one statement (a rename cannot be told from a drop and
-    ///   an add, and dropping would lose the column's values);
-    /// - a column whose new type the target column cannot hold, where widening it would change
-    ///   values or the table is not the stage's to change (`tables.create = false`).
-    ///
-    /// Target columns no source schema had (added by the user) are never touched.
-    fn column_changes(
+    /// The target's changes for an ALTER of `database.table` to schema `new`, against the
+    /// source schema last written (or, after a restart, every earlier schema of the table the
+    /// schema topic holds): see [`column_changes`].
+    fn alter_changes(
         &self,
         target: &Target,
         database: &str,
         table: &str,
         new: &TableSchema,
     ) -> Result<ColumnChanges, String> {
-        let before: HashSet<String> = match &target.source {
-            Some(s) => s.columns.iter().map(|c| c.name.clone()).collect(),
+        let before: Vec<Column> = match &target.source {
+            Some(s) => s.columns.clone(),
             None => self.schemas.columns_ever(database, table, new.schema_id),
         };
-        let after: HashSet<&str> = new.columns.iter().map(|c| c.name.as_str()).collect();
-        let mut dropped: Vec<String> = target
-            .columns
-            .keys()
-            .filter(|c| before.contains(*c) && !after.contains(c.as_str()))
-            .cloned()
-            .collect();
-        dropped.sort();
-        let added: Vec<&str> = new
-            .columns
-            .iter()
-            .map(|c| c.name.as_str())
-            .filter(|c| !before.contains(*c))
-            .collect();
-        if !dropped.is_empty() && !added.is_empty() {
-            return Err(format!(
-                "it removes column(s) {} and adds {} at once: a rename cannot be told from a drop \
-                 and an add, and a drop would lose the column's values. Rename (or drop and add) \
-                 the target's columns by hand, then restart apply-clickhouse and replay this \
-                 table's dead letters",
-                dropped.join(", "),
-                added.join(", ")
-            ));
-        }
-        let mut widened = Vec::new();
-        for c in &new.columns {
-            let Some(have) = target.columns.get(&c.name) else {
-                continue;
-            };
-            let want = map_column(c, self.features);
-            if want.widens_to(have) {
-                continue; // the target holds every value of the new type
-            }
-            if self.config.tables.create && have.widens_to(&want) {
-                widened.push((c.name.clone(), want));
-                continue;
-            }
-            return Err(format!(
-                "column {} is now {} in the source, which target column type {} cannot hold \
-                 exactly{}. Change the target column (ALTER TABLE ... MODIFY COLUMN {} {}) or \
-                 map it by hand, then restart apply-clickhouse and replay this table's dead \
-                 letters",
-                c.name,
-                c.sql_type,
-                have.sql(),
-                if self.config.tables.create {
-                    " (and changing it could alter values)"
-                } else {
-                    " (tables.create is off: the target is not changed)"
-                },
-                c.name,
-                want.sql()
-            ));
-        }
-        Ok(ColumnChanges { dropped, widened })
+        column_changes(
+            &target.columns,
+            &before,
+            new,
+            self.features,
+            self.config.tables.create,
+        )
     }
 
     /// Apply a source DDL to its target. A statement ClickHouse refuses stops that table; an
@@ -130,7 +76,7 @@ impl Sink {
                         self.schemas.remember(new);
                         return Ok(()); // made from the schema when its first row arrives
                     };
-                    let change = self.column_changes(&target, &event.database, &event.table, new);
+                    let change = self.alter_changes(&target, &event.database, &event.table, new);
                     self.schemas.remember(new);
                     let change = change.map_err(|why| {
                         Refusal::Bad(BadEvent::new(Reason::Ddl, why))
@@ -175,5 +121,176 @@ impl Sink {
                 Ok(())
             }
         }
+    }
+}
+
+/// What an ALTER to source schema `new` does to a target with `columns`, given the column
+/// definitions the source had before it (`before`: the previous schema's, or every earlier
+/// schema's). `Err` names what cannot be applied exactly, and the table stops:
+/// - columns removed and added in one statement (a rename cannot be told from a drop and an
+///   add, and dropping would lose the column's values);
+/// - a column whose definition changed to a type the target column cannot hold, where
+///   widening it would change values or the table is not the stage's to change (`create` off).
+///
+/// Only columns whose source definition changed are looked at for their type: a target made
+/// by hand, or before a server upgrade, may hold a column in another type than the mapping
+/// gives, and values are converted by the target's type as before. Target columns no source
+/// schema had (added by the user) are never touched.
+fn column_changes(
+    columns: &BTreeMap<String, ChType>,
+    before: &[Column],
+    new: &TableSchema,
+    features: Features,
+    create: bool,
+) -> Result<ColumnChanges, String> {
+    let names: HashSet<&str> = before.iter().map(|c| c.name.as_str()).collect();
+    let after: HashSet<&str> = new.columns.iter().map(|c| c.name.as_str()).collect();
+    let dropped: Vec<String> = columns
+        .keys()
+        .filter(|c| names.contains(c.as_str()) && !after.contains(c.as_str()))
+        .cloned()
+        .collect(); // (a BTreeMap's keys: sorted)
+    let added: Vec<&str> = new
+        .columns
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|c| !names.contains(*c))
+        .collect();
+    if !dropped.is_empty() && !added.is_empty() {
+        return Err(format!(
+            "it removes column(s) {} and adds {} at once: a rename cannot be told from a drop \
+             and an add, and a drop would lose the column's values. Rename (or drop and add) \
+             the target's columns by hand, then restart apply-clickhouse and replay this \
+             table's dead letters",
+            dropped.join(", "),
+            added.join(", ")
+        ));
+    }
+    let mut widened = Vec::new();
+    for c in &new.columns {
+        let Some(have) = columns.get(&c.name) else {
+            continue;
+        };
+        // Unchanged if the source had this very definition before.
+        if before.iter().any(|b| b == c) {
+            continue;
+        }
+        let want = map_column(c, features);
+        if want.widens_to(have) {
+            continue; // the target holds every value of the new type
+        }
+        if create && have.widens_to(&want) {
+            widened.push((c.name.clone(), want));
+            continue;
+        }
+        return Err(format!(
+            "column {} is now {} in the source, which target column type {} cannot hold \
+             exactly{}. Change the target column (ALTER TABLE ... MODIFY COLUMN {} {}) or map \
+             it by hand, then restart apply-clickhouse and replay this table's dead letters",
+            c.name,
+            c.sql_type,
+            have.sql(),
+            if create {
+                " (and changing it could alter values)"
+            } else {
+                " (tables.create is off: the target is not changed)"
+            },
+            c.name,
+            want.sql()
+        ));
+    }
+    Ok(ColumnChanges { dropped, widened })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_proto::v1::ColumnType;
+
+    fn col(name: &str, t: ColumnType, sql: &str) -> Column {
+        Column {
+            name: name.into(),
+            r#type: t as i32,
+            sql_type: sql.into(),
+            ..Default::default()
+        }
+    }
+
+    fn schema(columns: Vec<Column>) -> TableSchema {
+        TableSchema {
+            columns,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_alter_is_the_difference_of_two_schemas() {
+        let f = Features::of_version("26.9.2.1");
+        let id = col("id", ColumnType::Int, "int(11)");
+        let n = col("n", ColumnType::Int, "int(11)");
+        let big = col("n", ColumnType::Bigint, "bigint(20)");
+        let price = Column {
+            length: 10,
+            scale: 2,
+            ..col("price", ColumnType::Decimal, "decimal(10,2)")
+        };
+        // A target made by hand: price as Float64, and a column of its own.
+        let target: BTreeMap<String, ChType> = [
+            ("id", ChType::Int(32)),
+            ("n", ChType::Int(32)),
+            ("price", ChType::Float64),
+            ("ingested_at", ChType::DateTime),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let before = vec![id.clone(), n.clone(), price.clone()];
+        // CREATE INDEX: the same columns. Nothing changes, the hand-made types stand.
+        let same = schema(before.clone());
+        assert_eq!(
+            column_changes(&target, &before, &same, f, false),
+            Ok(ColumnChanges::default())
+        );
+        // INT -> BIGINT: widened where the stage may change the table, refused where not.
+        let wider = schema(vec![id.clone(), big.clone(), price.clone()]);
+        assert_eq!(
+            column_changes(&target, &before, &wider, f, true)
+                .unwrap()
+                .widened,
+            vec![("n".to_string(), ChType::Int(64))]
+        );
+        let e = column_changes(&target, &before, &wider, f, false).unwrap_err();
+        assert!(
+            e.contains("column n is now bigint(20)") && e.contains("tables.create is off"),
+            "{e}"
+        );
+        // A dropped source column goes; the target's own column stays.
+        let fewer = schema(vec![id.clone(), price.clone()]);
+        assert_eq!(
+            column_changes(&target, &before, &fewer, f, true)
+                .unwrap()
+                .dropped,
+            vec!["n".to_string()]
+        );
+        // A rename: refused, nothing dropped.
+        let renamed = schema(vec![
+            id.clone(),
+            col("m", ColumnType::Int, "int(11)"),
+            price,
+        ]);
+        let e = column_changes(&target, &before, &renamed, f, true).unwrap_err();
+        assert!(e.contains("removes column(s) n and adds m"), "{e}");
+        // After a restart, the earlier schemas' definitions: an unchanged column is unchanged.
+        let history = vec![id.clone(), n.clone(), id, big.clone()];
+        let again = schema(history[2..].to_vec());
+        let widened_target: BTreeMap<String, ChType> = [
+            ("id".to_string(), ChType::Int(32)),
+            ("n".to_string(), ChType::Int(64)),
+        ]
+        .into();
+        assert_eq!(
+            column_changes(&widened_target, &history, &again, f, false),
+            Ok(ColumnChanges::default())
+        );
     }
 }
