@@ -231,6 +231,55 @@ pub fn classify(sql: &str) -> Statement {
     }
 }
 
+/// An `ALTER TABLE` clause that removes, replaces or adds rows without logging them as row
+/// events (`TRUNCATE/DROP/EXCHANGE PARTITION`, MariaDB's `CONVERT PARTITION/TABLE`, `DISCARD` or
+/// `IMPORT TABLESPACE`): the clause, and the other tables whose rows it moves (`EXCHANGE
+/// PARTITION p WITH TABLE t2`, `CONVERT PARTITION p TO TABLE t2`, `CONVERT TABLE t2 TO
+/// PARTITION p`). `None` for every other statement: partition clauses that keep every row
+/// (`ADD`, `REORGANIZE`, `COALESCE`, `REBUILD`, `REMOVE PARTITIONING` ...) change nothing a row
+/// event would have said.
+pub fn rows_changed_without_row_events(sql: &str) -> Option<(String, Vec<TableRef>)> {
+    let sql = strip_comments(sql);
+    let words = tokens(&sql);
+    let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
+    let w = |i: usize| upper.get(i).map(String::as_str).unwrap_or("");
+    let mut i = 1;
+    while matches!(w(i), "ONLINE" | "OFFLINE" | "IGNORE") {
+        i += 1;
+    }
+    if w(0) != "ALTER" || w(i) != "TABLE" {
+        return None;
+    }
+    for j in i + 1..upper.len() {
+        let clause = match (w(j), w(j + 1)) {
+            ("TRUNCATE" | "DROP" | "EXCHANGE", "PARTITION") => {
+                format!("{} PARTITION", w(j))
+            }
+            ("CONVERT", "PARTITION" | "TABLE") => format!("CONVERT {}", w(j + 1)),
+            ("DISCARD" | "IMPORT", "TABLESPACE") => format!("{} TABLESPACE", w(j)),
+            ("DISCARD" | "IMPORT", "PARTITION") => format!("{} PARTITION ... TABLESPACE", w(j)),
+            _ => continue,
+        };
+        let mut others = Vec::new();
+        // EXCHANGE PARTITION p WITH TABLE t2 / CONVERT PARTITION p TO TABLE t2
+        if let Some(k) = (j..upper.len().saturating_sub(1))
+            .find(|&k| matches!(w(k), "WITH" | "TO") && w(k + 1) == "TABLE")
+        {
+            if let Some(t) = words.get(k + 2) {
+                others.push(table_ref(t));
+            }
+        }
+        // CONVERT TABLE t2 TO PARTITION p
+        if clause == "CONVERT TABLE" {
+            if let Some(t) = words.get(j + 2) {
+                others.push(table_ref(t));
+            }
+        }
+        return Some((clause, others));
+    }
+    None
+}
+
 fn table_ref(token: &str) -> TableRef {
     // `db`.`t`, db.t, `t` -- split on a dot outside backticks.
     let mut parts = Vec::new();
@@ -368,6 +417,47 @@ mod tests {
         TableRef {
             database: db.map(str::to_string),
             table: table.to_string(),
+        }
+    }
+
+    #[test]
+    fn partition_clauses_that_change_rows_without_row_events() {
+        let r = rows_changed_without_row_events;
+        assert_eq!(
+            r("ALTER TABLE t TRUNCATE PARTITION p0"),
+            Some(("TRUNCATE PARTITION".into(), vec![]))
+        );
+        assert_eq!(
+            r("alter table `db`.`t` drop partition p0, p1"),
+            Some(("DROP PARTITION".into(), vec![]))
+        );
+        assert_eq!(
+            r("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE db2.t2 WITHOUT VALIDATION"),
+            Some(("EXCHANGE PARTITION".into(), vec![t(Some("db2"), "t2")]))
+        );
+        assert_eq!(
+            r("ALTER TABLE t CONVERT PARTITION p0 TO TABLE t_old"),
+            Some(("CONVERT PARTITION".into(), vec![t(None, "t_old")]))
+        );
+        assert_eq!(
+            r("ALTER TABLE t CONVERT TABLE t_new TO PARTITION p9 VALUES LESS THAN (10)"),
+            Some(("CONVERT TABLE".into(), vec![t(None, "t_new")]))
+        );
+        assert_eq!(
+            r("ALTER TABLE t IMPORT TABLESPACE"),
+            Some(("IMPORT TABLESPACE".into(), vec![]))
+        );
+        // Clauses that keep every row, and other statements.
+        for sql in [
+            "ALTER TABLE t ADD PARTITION (PARTITION p9 VALUES LESS THAN (100))",
+            "ALTER TABLE t REORGANIZE PARTITION p0 INTO (PARTITION a VALUES LESS THAN (5))",
+            "ALTER TABLE t REMOVE PARTITIONING",
+            "ALTER TABLE t DROP COLUMN partition_no",
+            "ALTER TABLE t ADD COLUMN c INT /* DROP PARTITION */",
+            "TRUNCATE TABLE t",
+            "DROP TABLE t",
+        ] {
+            assert_eq!(r(sql), None, "{sql}");
         }
     }
 

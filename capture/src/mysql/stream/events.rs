@@ -189,8 +189,24 @@ impl Capture {
                 renamed_to,
             } => {
                 if self.skip_until.is_none() {
+                    let moved = ddl::rows_changed_without_row_events(&sql);
+                    let mut refused = tables.clone();
                     self.apply_ddl(kind, &sql, &default_db, tables, renamed_to, start, ts)
                         .await?;
+                    if let Some((clause, others)) = moved {
+                        let reason = format!(
+                            "{clause} adds or removes rows without row events, so the target \
+                             cannot follow it. Empty the target table, then re-snapshot the \
+                             table (snapshot.request_id and snapshot.tables in the capture's \
+                             configuration) and restart the apply stage"
+                        );
+                        refused.extend(others);
+                        for t in &refused {
+                            let db = t.database.clone().unwrap_or_else(|| default_db.clone());
+                            self.refuse_table(&db, &t.table, &sql, &reason, start, ts)
+                                .await?;
+                        }
+                    }
                 }
                 self.commit(end).await?;
             }
