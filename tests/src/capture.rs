@@ -350,13 +350,30 @@ impl CaptureProcess {
     /// `ch_db` of `SLUICE_CLICKHOUSE_URL` (mirror tables, 200 ms batches), its dead letters
     /// into topic `dlq`.
     pub fn apply_clickhouse(prefix: &str, ch_db: &str, dlq: &str) -> Self {
+        Self::apply_clickhouse_with(prefix, ch_db, dlq, "", "")
+    }
+
+    /// [`Self::apply_clickhouse`] in consumer group `group` (empty: a new one), with `extra`
+    /// TOML (whole sections) after the configuration.
+    pub fn apply_clickhouse_with(
+        prefix: &str,
+        ch_db: &str,
+        dlq: &str,
+        group: &str,
+        extra: &str,
+    ) -> Self {
+        let group = if group.is_empty() {
+            crate::unique("g")
+        } else {
+            group.to_string()
+        };
         let config = format!(
             "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
              [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{}\\\\..*\"]\n\
              [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n\
-             [kafka]\nbrokers = \"{}\"\n",
+             [kafka]\nbrokers = \"{}\"\n{extra}\n",
             crate::clickhouse_url(),
-            crate::unique("g"),
+            group,
             prefix.replace('.', "\\\\."),
             kafka_brokers()
         );

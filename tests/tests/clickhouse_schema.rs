@@ -34,6 +34,24 @@ async fn until(sql: &str, want: &str) -> String {
     }
 }
 
+/// Wait until an apply stage has read every partition to its end (its consumer lag, which it
+/// learns every 5 s, is 0 after at least 6 s).
+async fn caught_up(metrics_port: u16) {
+    let started = Instant::now();
+    loop {
+        let lag =
+            sluice_tests::capture::metric_at(metrics_port, "sluice_apply_consumer_lag_messages");
+        if lag == Some(0.0) && started.elapsed() > Duration::from_secs(6) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "lag {lag:?} after 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 struct Pipeline {
     db: String,
     ch_db: String,
@@ -45,7 +63,14 @@ struct Pipeline {
 
 impl Pipeline {
     async fn start(name: &str) -> Self {
+        Self::start_with(name, "").await
+    }
+
+    /// With `apply` TOML added to apply-clickhouse's configuration.
+    /// (`{db}` in it: the source database.)
+    async fn start_with(name: &str, apply: &str) -> Self {
         let db = unique(name);
+        let apply = &apply.replace("{db}", &db);
         let ch_db = format!("{db}_m");
         ch().query(&format!("CREATE DATABASE {ch_db}"))
             .execute()
@@ -53,7 +78,7 @@ impl Pipeline {
             .unwrap();
         let capture = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
         let dlq = unique("dlq");
-        let apply = CaptureProcess::apply_clickhouse(&capture.prefix, &ch_db, &dlq);
+        let apply = CaptureProcess::apply_clickhouse_with(&capture.prefix, &ch_db, &dlq, "", apply);
         let mut mysql = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
             .await
             .unwrap();
@@ -279,6 +304,113 @@ async fn rows_without_images_stop_their_table_and_say_why() {
         ))
         .await,
         "1\ta\t1\n"
+    );
+    p.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn truncate_and_drop_follow_their_policy_and_no_replay_brings_rows_back() {
+    // t: TRUNCATE applied (the default). e: DROP deletes (per table). d: DROP keeps (the
+    // default). p: a partition truncated, which has no row events: the table stops.
+    let extra = "[tables]\ndrop_tables = { \"{db}.e\" = \"delete\" }\n";
+    let mut p = Pipeline::start_with("sluice_t_ch_truncate", extra).await;
+    let db = p.db.clone();
+    let t = |x: &str| format!("`{db}`.{x}");
+    p.sql(&[
+        format!(
+            "CREATE TABLE {} (id INT PRIMARY KEY, v VARCHAR(10))",
+            t("t")
+        ),
+        format!("CREATE TABLE {} (id INT PRIMARY KEY)", t("d")),
+        format!("CREATE TABLE {} (id INT PRIMARY KEY)", t("e")),
+        format!(
+            "CREATE TABLE {} (id INT PRIMARY KEY) PARTITION BY RANGE (id) \
+             (PARTITION p0 VALUES LESS THAN (10), PARTITION p1 VALUES LESS THAN MAXVALUE)",
+            t("p")
+        ),
+        format!(
+            "INSERT INTO {} WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s \
+             WHERE n < 1000) SELECT n, 'old' FROM s",
+            t("t")
+        ),
+        format!("INSERT INTO {} VALUES (1), (2)", t("d")),
+        format!("INSERT INTO {} VALUES (1), (2)", t("e")),
+        format!("INSERT INTO {} VALUES (1), (15)", t("p")),
+    ])
+    .await;
+    let ch_db = p.ch_db.clone();
+    let count = |x: &str| format!("SELECT count() FROM {ch_db}.{x} FINAL");
+    assert_eq!(until(&count("t"), "1000").await, "1000");
+    for x in ["d", "e", "p"] {
+        assert_eq!(until(&count(x), "2").await, "2", "{x}");
+    }
+    p.sql(&[
+        format!("UPDATE {} SET v = 'updated' WHERE id <= 10", t("t")),
+        format!("TRUNCATE TABLE {}", t("t")),
+        format!("INSERT INTO {} VALUES (7, 'new')", t("t")),
+        format!("DROP TABLE {}", t("d")),
+        format!("DROP TABLE {}", t("e")),
+        format!("ALTER TABLE {} TRUNCATE PARTITION p0", t("p")),
+        format!("INSERT INTO {} VALUES (20)", t("p")),
+    ])
+    .await;
+    let rows = |x: &str| {
+        let columns = if x == "t" { "id, v" } else { "id" };
+        format!("SELECT {columns} FROM {ch_db}.{x} FINAL ORDER BY id")
+    };
+    assert_eq!(
+        until(&count("t"), "1").await,
+        "1",
+        "the mirror equals the source"
+    );
+    assert_eq!(text(&rows("t")).await, "7\tnew\n");
+    assert_eq!(until(&count("e"), "0").await, "0", "drop = delete");
+    let letters = tokio::task::spawn_blocking({
+        let dlq = p.dlq.clone();
+        move || dead_letters(&dlq, 1)
+    })
+    .await
+    .unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(
+        letters[0].1.starts_with("table p is stopped")
+            && letters[0]
+                .1
+                .contains("TRUNCATE PARTITION adds or removes rows without row events")
+            && letters[0].1.contains("ALTER TABLE"),
+        "{}",
+        letters[0].1
+    );
+    assert_eq!(
+        text(&count("d")).await.trim(),
+        "2",
+        "drop = keep (the default)"
+    );
+    // Every event read again from the start, by a second apply stage in a new group: the
+    // rows before the TRUNCATE (and the DROP) come back only to be removed again.
+    let (code, out) = p.apply.stop();
+    assert_eq!(code, Some(0), "{out}");
+    let extra = extra.replace("{db}", &p.db);
+    p.apply =
+        CaptureProcess::apply_clickhouse_with(&p.capture.prefix, &p.ch_db, &p.dlq, "", &extra);
+    caught_up(p.apply.metrics_port).await;
+    let letters = tokio::task::spawn_blocking({
+        let dlq = p.dlq.clone();
+        move || dead_letters(&dlq, 2)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        letters.len(),
+        2,
+        "the replay reached p's later row: {letters:?}"
+    );
+    assert_eq!(text(&count("t")).await.trim(), "1", "after the replay");
+    assert_eq!(text(&count("e")).await.trim(), "0", "after the replay");
+    assert_eq!(
+        text(&rows("p")).await,
+        "1\n15\n",
+        "p stopped with its rows before the statement"
     );
     p.finish().await;
 }

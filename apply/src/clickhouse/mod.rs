@@ -95,6 +95,45 @@ pub struct TablesConfig {
     pub deleted_column: String,
     /// The operation column of change-log tables. Default `_op`.
     pub op_column: String,
+    /// What a source `TRUNCATE` does to the target: `apply` (the default) or `keep`
+    /// ([`OnTruncate`]).
+    pub truncate: OnTruncate,
+    /// Per source table (`database.table`) overrides of `truncate`.
+    pub truncate_tables: BTreeMap<String, OnTruncate>,
+    /// What a source `DROP TABLE` does to the target: `keep` (the default), `delete` or `stop`
+    /// ([`OnDrop`]).
+    pub drop: OnDrop,
+    /// Per source table (`database.table`) overrides of `drop`.
+    pub drop_tables: BTreeMap<String, OnDrop>,
+}
+
+/// `tables.truncate`: what a source `TRUNCATE TABLE` does to the target.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTruncate {
+    /// The mirror equals the source: every row older than the statement is deleted (a
+    /// mutation, `DELETE WHERE version < the TRUNCATE's`), so that no copy of the statement
+    /// from another partition and no replay brings one back. A change-log table gets one row
+    /// with op `truncate` at that version instead (the log keeps its history).
+    Apply,
+    /// The target keeps its rows (said in the log); the mirror then holds rows the source has
+    /// not.
+    Keep,
+    /// The table stops, the statement named.
+    Stop,
+}
+
+/// `tables.drop`: what a source `DROP TABLE` does to the target.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDrop {
+    /// The target keeps its rows, as the last state of the dropped table (said in the log). A
+    /// table created again under that name writes into the same target.
+    Keep,
+    /// As `truncate = "apply"`: rows older than the DROP are deleted, the (empty) target stays.
+    Delete,
+    /// The table stops, the statement named.
+    Stop,
 }
 
 impl Default for TablesConfig {
@@ -107,6 +146,10 @@ impl Default for TablesConfig {
             version_column: "_version".into(),
             deleted_column: "_deleted".into(),
             op_column: "_op".into(),
+            truncate: OnTruncate::Apply,
+            truncate_tables: BTreeMap::new(),
+            drop: OnDrop::Keep,
+            drop_tables: BTreeMap::new(),
         }
     }
 }
@@ -114,6 +157,17 @@ impl Default for TablesConfig {
 impl TablesConfig {
     pub fn mode_of(&self, source: &str) -> Mode {
         self.modes.get(source).copied().unwrap_or(self.mode)
+    }
+
+    pub fn truncate_of(&self, source: &str) -> OnTruncate {
+        self.truncate_tables
+            .get(source)
+            .copied()
+            .unwrap_or(self.truncate)
+    }
+
+    pub fn drop_of(&self, source: &str) -> OnDrop {
+        self.drop_tables.get(source).copied().unwrap_or(self.drop)
     }
 }
 

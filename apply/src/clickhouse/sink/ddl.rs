@@ -21,9 +21,10 @@ use sluice_proto::v1::{Column, TableSchema};
 use sluice_proto::ChangeEvent;
 
 use super::target::Target;
-use super::{Refusal, Sink};
+use super::{quote, Refusal, Sink};
 use crate::clickhouse::types::{map_column, ChType, Features};
-use crate::error::{ApplyError, BadEvent, Reason};
+use crate::clickhouse::{OnDrop, OnTruncate};
+use crate::error::{ApplyError, BadEvent, Origin, Reason};
 
 /// What an ALTER does to the target, worked out from the source schemas before and after it.
 #[derive(Debug, Default, PartialEq)]
@@ -98,7 +99,33 @@ impl Sink {
                     Reason::Ddl,
                     format!("the source refused it: {}", ddl.reason),
                 ))),
-                "drop" | "truncate" | "rename" => {
+                "truncate" | "drop" => {
+                    let source = format!("{}.{}", event.database, event.table);
+                    let (apply, stop) = if ddl.kind == "truncate" {
+                        let p = self.config.tables.truncate_of(&source);
+                        (p == OnTruncate::Apply, p == OnTruncate::Stop)
+                    } else {
+                        let p = self.config.tables.drop_of(&source);
+                        (p == OnDrop::Delete, p == OnDrop::Stop)
+                    };
+                    if stop {
+                        let key = if ddl.kind == "truncate" { "truncate" } else { "drop" };
+                        return Err(Refusal::Bad(BadEvent::new(
+                            Reason::Ddl,
+                            format!(
+                                "tables.{key} is \"stop\" for {source}. Bring the target to \
+                                 the source's state by hand, then restart apply-clickhouse"
+                            ),
+                        )));
+                    }
+                    if apply {
+                        self.remove_rows_before(&name, &ddl.kind, event.version).await
+                    } else {
+                        tracing::warn!(table = %name, kind = %ddl.kind, statement = %statement, "source statement not applied: the target keeps its rows (tables.{})", ddl.kind);
+                        Ok(())
+                    }
+                }
+                "rename" => {
                     // Data in the target is kept; the operator decides what to do with it.
                     tracing::warn!(table = %name, kind = %ddl.kind, statement = %statement, "source DDL not applied to the target");
                     Ok(())
@@ -120,6 +147,107 @@ impl Sink {
                 self.stopped.insert(name, reason);
                 Ok(())
             }
+        }
+    }
+}
+
+impl Sink {
+    /// A TRUNCATE (or a DROP under `tables.drop = "delete"`) at `version`: in a mirror every row
+    /// older than it is deleted, and the mutation waited for; a change log gets one row with op
+    /// `kind` at that version. The statement reaches every partition of the table's topic, and
+    /// each copy deletes the rows older than the same version: rows of another partition
+    /// written after the first copy are deleted by their own partition's copy, and a replay
+    /// (a restart before the offsets were committed) reads the rows again before the
+    /// statement again. Rows after the statement have higher versions and are never touched.
+    async fn remove_rows_before(
+        &mut self,
+        name: &str,
+        kind: &str,
+        version: u64,
+    ) -> Result<(), Refusal> {
+        let columns = match self.targets.get(name) {
+            Some(t) => t.columns.clone(),
+            None => self.describe(name).await?,
+        };
+        if columns.is_empty() {
+            return Ok(()); // no target yet: nothing to remove
+        }
+        let m = &self.config.tables;
+        let db = quote(&self.config.clickhouse.database);
+        if !columns.contains_key(&m.version_column) {
+            return Err(Refusal::Bad(BadEvent::new(
+                Reason::Ddl,
+                format!(
+                    "target {name} has no version column {}, so the rows before the statement \
+                     cannot be told from those after it. Empty it by hand, then restart \
+                     apply-clickhouse",
+                    m.version_column
+                ),
+            )));
+        }
+        let (sql, what) = if columns.contains_key(&m.deleted_column) {
+            (
+                format!(
+                    "ALTER TABLE {db}.{} DELETE WHERE {} < {version}",
+                    quote(name),
+                    quote(&m.version_column)
+                ),
+                format!("deleting the rows of {name} before a {kind}"),
+            )
+        } else {
+            (
+                format!(
+                    "INSERT INTO {db}.{} ({}, {}) VALUES ({version}, '{kind}')",
+                    quote(name),
+                    quote(&m.version_column),
+                    quote(&m.op_column)
+                ),
+                format!("logging a {kind} in {name}"),
+            )
+        };
+        self.answered(&what, || self.client.query(&sql).execute())
+            .await?
+            .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
+        if columns.contains_key(&m.deleted_column) {
+            self.wait_for_mutations(name).await?;
+        }
+        tracing::info!(table = %name, kind, version, "rows before the statement removed");
+        Ok(())
+    }
+
+    /// Wait until no mutation of target `name` is left to run.
+    async fn wait_for_mutations(&self, name: &str) -> Result<(), Refusal> {
+        let started = std::time::Instant::now();
+        let mut said = started;
+        loop {
+            let what = format!("reading the mutations of {name}");
+            let left: u64 = self
+                .answered(&what, || {
+                    self.client
+                        .query(
+                            "SELECT count() FROM system.mutations \
+                             WHERE database = ? AND table = ? AND is_done = 0",
+                        )
+                        .bind(&self.config.clickhouse.database)
+                        .bind(name)
+                        .fetch_one::<u64>()
+                })
+                .await?
+                .map_err(|e| BadEvent::new(Reason::Ddl, format!("{what}: {e}")))?;
+            if left == 0 {
+                return Ok(());
+            }
+            if self.shutdown.is_triggered() {
+                return Err(Refusal::Stop(ApplyError::definite(
+                    Origin::Sink,
+                    format!("stopped while a mutation of {name} ran; the statement is read again"),
+                )));
+            }
+            if said.elapsed() > std::time::Duration::from_secs(30) {
+                tracing::warn!(table = %name, waited_s = started.elapsed().as_secs(), "waiting for a mutation to finish (see system.mutations)");
+                said = std::time::Instant::now();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }
 }

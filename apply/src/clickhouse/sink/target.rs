@@ -199,7 +199,7 @@ impl Sink {
         Ok(())
     }
 
-    async fn describe(&self, name: &str) -> Result<BTreeMap<String, ChType>, Refusal> {
+    pub(super) async fn describe(&self, name: &str) -> Result<BTreeMap<String, ChType>, Refusal> {
         #[derive(clickhouse::Row, serde::Deserialize)]
         struct Col {
             name: String,
