@@ -38,6 +38,7 @@
 mod batch;
 mod ddl;
 mod metrics;
+mod statement;
 mod target;
 mod writer;
 

@@ -196,6 +196,8 @@ pub struct Features {
     /// Servers before 20.1 answer both "the column exists" and "no such column" with
     /// ILLEGAL_COLUMN (44), a code current servers give other refusals too.
     pub illegal_column_means_done: bool,
+    /// `ALTER TABLE ... RENAME COLUMN` (20.4+).
+    pub rename_column: bool,
 }
 
 impl Features {
@@ -208,6 +210,7 @@ impl Features {
             is_deleted: (major, minor) >= (23, 2),
             async_insert: (major, minor) >= (21, 11),
             illegal_column_means_done: (major, minor) < (20, 1),
+            rename_column: (major, minor) >= (20, 4),
         }
     }
 }

@@ -26,13 +26,20 @@ use crate::clickhouse::types::{map_column, ChType, Features};
 use crate::clickhouse::{OnDrop, OnTruncate};
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
 
-/// What an ALTER does to the target, worked out from the source schemas before and after it.
+/// What an ALTER does to the target, worked out from the source schemas before and after it
+/// (and, for renames and the defaults of added columns, from its statement).
 #[derive(Debug, Default, PartialEq)]
 struct ColumnChanges {
     /// Target columns the source had and no longer has.
     dropped: Vec<String>,
-    /// Target columns that must widen to hold the new source type (`MODIFY COLUMN`).
+    /// Target columns the statement renames, old name -> new.
+    renamed: Vec<(String, String)>,
+    /// Target columns that must widen to hold the new source type (`MODIFY COLUMN`), by their
+    /// name after the statement.
     widened: Vec<(String, ChType)>,
+    /// Source columns the statement adds (the target lacks them), with the ClickHouse literal
+    /// of the value the rows already there took (none: the type's default, or NULL).
+    added: Vec<(Column, Option<String>)>,
 }
 
 impl Sink {
@@ -45,6 +52,7 @@ impl Sink {
         database: &str,
         table: &str,
         new: &TableSchema,
+        statement: &str,
     ) -> Result<ColumnChanges, String> {
         let before: Vec<Column> = match &target.source {
             Some(s) => s.columns.clone(),
@@ -54,6 +62,7 @@ impl Sink {
             &target.columns,
             &before,
             new,
+            statement,
             self.features,
             self.config.tables.create,
         )
@@ -69,6 +78,11 @@ impl Sink {
         self.plans.clear();
         let name = self.target_name(&event.database, &event.table);
         let statement = ddl.statement.clone();
+        if let Some(why) = self.stopped.get(&name) {
+            // Nothing more is written to a stopped table, its DDL included.
+            tracing::warn!(table = %name, statement = %statement, stopped = %why, "DDL of a stopped table not applied");
+            return Ok(());
+        }
         let result: Result<(), Refusal> = async {
             match ddl.kind.as_str() {
                 "alter" => {
@@ -77,7 +91,13 @@ impl Sink {
                         self.schemas.remember(new);
                         return Ok(()); // made from the schema when its first row arrives
                     };
-                    let change = self.alter_changes(&target, &event.database, &event.table, new);
+                    let change = self.alter_changes(
+                        &target,
+                        &event.database,
+                        &event.table,
+                        new,
+                        &statement,
+                    );
                     self.schemas.remember(new);
                     let change = change.map_err(|why| {
                         Refusal::Bad(BadEvent::new(Reason::Ddl, why))
@@ -85,12 +105,24 @@ impl Sink {
                     for col in &change.dropped {
                         self.drop_column(&name, col).await?;
                         target.columns.remove(col);
+                        target.dropped.insert(col.clone());
+                    }
+                    for (from, to) in &change.renamed {
+                        self.rename_column(&name, from, to).await?;
+                        if let Some(t) = target.columns.remove(from) {
+                            target.columns.insert(to.clone(), t);
+                        }
+                        target.renamed.insert(from.clone(), to.clone());
                     }
                     for (col, t) in &change.widened {
                         self.modify_column(&name, col, t).await?;
                         target.columns.insert(col.clone(), t.clone());
                     }
-                    // Added columns are added when the first row that has them arrives.
+                    for (col, default) in &change.added {
+                        let t = self.add_column(&name, col, default.as_deref()).await?;
+                        target.columns.insert(col.name.clone(), t);
+                        target.dropped.remove(&col.name);
+                    }
                     target.source = Some(std::sync::Arc::new(new.clone()));
                     self.targets.insert(name.clone(), target);
                     Ok(())
@@ -128,6 +160,13 @@ impl Sink {
                 "rename" => {
                     // Data in the target is kept; the operator decides what to do with it.
                     tracing::warn!(table = %name, kind = %ddl.kind, statement = %statement, "source DDL not applied to the target");
+                    Ok(())
+                }
+                "create" => {
+                    // A table made again under this name: ALTERs are worked out from it.
+                    if let (Some(t), Some(schema)) = (self.targets.get_mut(&name), &ddl.schema) {
+                        t.source = Some(std::sync::Arc::new(schema.clone()));
+                    }
                     Ok(())
                 }
                 _ => Ok(()),
@@ -254,11 +293,15 @@ impl Sink {
 
 /// What an ALTER to source schema `new` does to a target with `columns`, given the column
 /// definitions the source had before it (`before`: the previous schema's, or every earlier
-/// schema's). `Err` names what cannot be applied exactly, and the table stops:
-/// - columns removed and added in one statement (a rename cannot be told from a drop and an
-///   add, and dropping would lose the column's values);
+/// schema's) and the `statement`. `Err` names what cannot be applied exactly, and the table
+/// stops:
+/// - columns removed and added in one statement that does not rename them (a rename cannot be
+///   told from a drop and an add otherwise, and dropping would lose the column's values);
+/// - a rename on a server without `RENAME COLUMN` (before ClickHouse 20.4);
 /// - a column whose definition changed to a type the target column cannot hold, where
-///   widening it would change values or the table is not the stage's to change (`create` off).
+///   widening it would change values or the table is not the stage's to change (`create` off);
+/// - an added column whose value in the rows already there the statement does not say
+///   exactly (a default that is an expression, such as `CURRENT_TIMESTAMP`).
 ///
 /// Only columns whose source definition changed are looked at for their type: a target made
 /// by hand, or before a server upgrade, may hold a column in another type than the mapping
@@ -268,22 +311,35 @@ fn column_changes(
     columns: &BTreeMap<String, ChType>,
     before: &[Column],
     new: &TableSchema,
+    statement: &str,
     features: Features,
     create: bool,
 ) -> Result<ColumnChanges, String> {
     let names: HashSet<&str> = before.iter().map(|c| c.name.as_str()).collect();
     let after: HashSet<&str> = new.columns.iter().map(|c| c.name.as_str()).collect();
-    let dropped: Vec<String> = columns
+    let mut dropped: Vec<String> = columns
         .keys()
         .filter(|c| names.contains(c.as_str()) && !after.contains(c.as_str()))
         .cloned()
         .collect(); // (a BTreeMap's keys: sorted)
-    let added: Vec<&str> = new
+    let mut added: Vec<&str> = new
         .columns
         .iter()
         .map(|c| c.name.as_str())
         .filter(|c| !names.contains(*c))
         .collect();
+    // Renames the statement names, of a column that went to one that came.
+    let mut renamed = Vec::new();
+    for (from, to) in super::statement::renames(statement) {
+        if let (Some(d), Some(a)) = (
+            dropped.iter().position(|c| *c == from),
+            added.iter().position(|c| *c == to),
+        ) {
+            dropped.remove(d);
+            added.remove(a);
+            renamed.push((from, to));
+        }
+    }
     if !dropped.is_empty() && !added.is_empty() {
         return Err(format!(
             "it removes column(s) {} and adds {} at once: a rename cannot be told from a drop \
@@ -294,13 +350,35 @@ fn column_changes(
             added.join(", ")
         ));
     }
+    if !renamed.is_empty() && !features.rename_column {
+        let list: Vec<String> = renamed.iter().map(|(a, b)| format!("{a} to {b}")).collect();
+        return Err(format!(
+            "it renames column(s) {}, and this ClickHouse server has no RENAME COLUMN (20.4+). \
+             Rename the target's columns by hand (add the new column, copy the values with \
+             ALTER TABLE ... UPDATE, drop the old one), then restart apply-clickhouse and \
+             replay this table's dead letters",
+            list.join(", ")
+        ));
+    }
     let mut widened = Vec::new();
     for c in &new.columns {
-        let Some(have) = columns.get(&c.name) else {
+        // The target column it was: under its old name if renamed.
+        let was = renamed
+            .iter()
+            .find(|(_, to)| *to == c.name)
+            .map(|(from, _)| from.as_str())
+            .unwrap_or(&c.name);
+        let Some(have) = columns.get(was) else {
             continue;
         };
-        // Unchanged if the source had this very definition before.
-        if before.iter().any(|b| b == c) {
+        // Unchanged if the source had this very definition before (under its old name).
+        if before.iter().any(|b| {
+            b.name == was
+                && Column {
+                    name: c.name.clone(),
+                    ..b.clone()
+                } == *c
+        }) {
             continue;
         }
         let want = map_column(c, features);
@@ -327,7 +405,67 @@ fn column_changes(
             want.sql()
         ));
     }
-    Ok(ColumnChanges { dropped, widened })
+    let mut with_defaults = Vec::new();
+    if create {
+        for name in added {
+            if columns.contains_key(name) {
+                continue;
+            }
+            let c = new
+                .columns
+                .iter()
+                .find(|c| c.name == name)
+                .expect("added: a column of the new schema");
+            with_defaults.push((c.clone(), existing_rows_value(c, statement, features)?));
+        }
+    }
+    Ok(ColumnChanges {
+        dropped,
+        renamed,
+        widened,
+        added: with_defaults,
+    })
+}
+
+/// The ClickHouse DEFAULT that gives the rows already in the target the value MySQL gave the
+/// rows already in the source when `statement` added column `c` (none: the target type's own
+/// default, which is the same).
+fn existing_rows_value(
+    c: &Column,
+    statement: &str,
+    features: Features,
+) -> Result<Option<String>, String> {
+    use super::statement::Added;
+    use sluice_proto::v1::ColumnType as T;
+    let refuse = |what: &str| {
+        Err(format!(
+            "it adds column {} {what}, so the value the rows already there took is not known \
+             from the statement. Re-snapshot the table (capture-mysql's snapshot.request_id \
+             and snapshot.tables) after restarting apply-clickhouse",
+            c.name
+        ))
+    };
+    let literal = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+    match super::statement::added(statement, &c.name) {
+        None => refuse("without an ADD clause this stage can read"),
+        Some(Added::Expression(e)) => refuse(&format!("with the default {e}")),
+        Some(Added::Null) => Ok(None),
+        Some(Added::Constant(v)) => {
+            // The value as ClickHouse will cast it to the column's type: text, or a number.
+            let _ = features;
+            Ok(Some(literal(&v)))
+        }
+        Some(Added::NoDefault) if c.nullable => Ok(None),
+        Some(Added::NoDefault) => match c.r#type() {
+            // MySQL's implicit default of a NOT NULL ENUM is its first member.
+            T::Enum => Ok(c.members.first().map(|m| literal(m))),
+            // A NOT NULL TIMESTAMP without a default may take the ALTER's time.
+            T::Timestamp => refuse("as a NOT NULL TIMESTAMP without a default"),
+            T::Json => refuse("as a NOT NULL JSON"),
+            // Zero, the empty string, the zero date: the target type's default too.
+            _ => Ok(None),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -350,6 +488,8 @@ mod tests {
             ..Default::default()
         }
     }
+
+    const MODIFY: &str = "ALTER TABLE t MODIFY n BIGINT";
 
     #[test]
     fn an_alter_is_the_difference_of_two_schemas() {
@@ -376,18 +516,18 @@ mod tests {
         // CREATE INDEX: the same columns. Nothing changes, the hand-made types stand.
         let same = schema(before.clone());
         assert_eq!(
-            column_changes(&target, &before, &same, f, false),
+            column_changes(&target, &before, &same, "CREATE INDEX i ON t (n)", f, false),
             Ok(ColumnChanges::default())
         );
         // INT -> BIGINT: widened where the stage may change the table, refused where not.
         let wider = schema(vec![id.clone(), big.clone(), price.clone()]);
         assert_eq!(
-            column_changes(&target, &before, &wider, f, true)
+            column_changes(&target, &before, &wider, MODIFY, f, true)
                 .unwrap()
                 .widened,
             vec![("n".to_string(), ChType::Int(64))]
         );
-        let e = column_changes(&target, &before, &wider, f, false).unwrap_err();
+        let e = column_changes(&target, &before, &wider, MODIFY, f, false).unwrap_err();
         assert!(
             e.contains("column n is now bigint(20)") && e.contains("tables.create is off"),
             "{e}"
@@ -395,7 +535,7 @@ mod tests {
         // A dropped source column goes; the target's own column stays.
         let fewer = schema(vec![id.clone(), price.clone()]);
         assert_eq!(
-            column_changes(&target, &before, &fewer, f, true)
+            column_changes(&target, &before, &fewer, "ALTER TABLE t DROP n", f, true)
                 .unwrap()
                 .dropped,
             vec!["n".to_string()]
@@ -404,10 +544,94 @@ mod tests {
         let renamed = schema(vec![
             id.clone(),
             col("m", ColumnType::Int, "int(11)"),
-            price,
+            price.clone(),
         ]);
-        let e = column_changes(&target, &before, &renamed, f, true).unwrap_err();
+        let e = column_changes(
+            &target,
+            &before,
+            &renamed,
+            "ALTER TABLE t DROP n, ADD m INT",
+            f,
+            true,
+        )
+        .unwrap_err();
         assert!(e.contains("removes column(s) n and adds m"), "{e}");
+        // Said as a rename: renamed where the server can, refused where it cannot.
+        let rename = "ALTER TABLE t RENAME COLUMN n TO m";
+        let change = column_changes(&target, &before, &renamed, rename, f, true).unwrap();
+        assert_eq!(change.renamed, vec![("n".to_string(), "m".to_string())]);
+        assert!(change.dropped.is_empty() && change.added.is_empty() && change.widened.is_empty());
+        let old = Features::of_version("18.16.1");
+        let e = column_changes(&target, &before, &renamed, rename, old, true).unwrap_err();
+        assert!(e.contains("no RENAME COLUMN (20.4+)"), "{e}");
+        // CHANGE n m BIGINT: renamed and widened.
+        let renamed_wider = schema(vec![id.clone(), col("m", ColumnType::Bigint, "bigint(20)")]);
+        let change = column_changes(
+            &target,
+            &before,
+            &renamed_wider,
+            "ALTER TABLE t CHANGE n m BIGINT",
+            f,
+            true,
+        )
+        .unwrap();
+        assert_eq!(change.renamed, vec![("n".to_string(), "m".to_string())]);
+        assert_eq!(change.widened, vec![("m".to_string(), ChType::Int(64))]);
+        // Added columns, with what the rows already there hold.
+        let email = Column {
+            nullable: true,
+            ..col("email", ColumnType::Varchar, "varchar(50)")
+        };
+        let ts = col("ts", ColumnType::Timestamp, "timestamp");
+        let more = schema(vec![id.clone(), n.clone(), price.clone(), email.clone()]);
+        let change = column_changes(
+            &target,
+            &before,
+            &more,
+            "ALTER TABLE t ADD COLUMN email VARCHAR(50) DEFAULT 'none@x'",
+            f,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            change.added,
+            vec![(email.clone(), Some("'none@x'".to_string()))]
+        );
+        let change = column_changes(
+            &target,
+            &before,
+            &more,
+            "ALTER TABLE t ADD email VARCHAR(50)",
+            f,
+            true,
+        )
+        .unwrap();
+        assert_eq!(change.added, vec![(email.clone(), None)]);
+        let stamped = schema(vec![id.clone(), n.clone(), price.clone(), ts]);
+        let e = column_changes(
+            &target,
+            &before,
+            &stamped,
+            "ALTER TABLE t ADD ts TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP",
+            f,
+            true,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("adds column ts with the default CURRENT_TIMESTAMP"),
+            "{e}"
+        );
+        // tables.create off: nothing is added.
+        let change = column_changes(
+            &target,
+            &before,
+            &more,
+            "ALTER TABLE t ADD email VARCHAR(50)",
+            f,
+            false,
+        )
+        .unwrap();
+        assert!(change.added.is_empty());
         // After a restart, the earlier schemas' definitions: an unchanged column is unchanged.
         let history = vec![id.clone(), n.clone(), id, big.clone()];
         let again = schema(history[2..].to_vec());
@@ -417,7 +641,14 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            column_changes(&widened_target, &history, &again, f, false),
+            column_changes(
+                &widened_target,
+                &history,
+                &again,
+                "ALTER TABLE t COMMENT 'x'",
+                f,
+                false
+            ),
             Ok(ColumnChanges::default())
         );
     }

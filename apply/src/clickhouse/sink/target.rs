@@ -80,6 +80,31 @@ pub(super) struct Target {
     /// The source schema last written into it (rows or an ALTER), when known since start: an
     /// ALTER's changes are worked out against it.
     pub(super) source: Option<Arc<TableSchema>>,
+    /// Source columns an ALTER renamed since start, old name -> new: rows of a schema before
+    /// the rename (read later from another partition) write into the renamed column.
+    pub(super) renamed: BTreeMap<String, String>,
+    /// Source columns an ALTER dropped since start: rows of a schema before the drop do not
+    /// add them back.
+    pub(super) dropped: std::collections::HashSet<String>,
+}
+
+impl Target {
+    /// The target column a source column `name` is written into, if the target has one.
+    pub(super) fn column_of<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        if self.columns.contains_key(name) {
+            return Some(name);
+        }
+        let mut n = name;
+        // a -> b -> c: follow the renames (a bounded walk: a cycle ends it).
+        for _ in 0..self.renamed.len() {
+            match self.renamed.get(n) {
+                Some(next) if self.columns.contains_key(next) => return Some(next),
+                Some(next) => n = next,
+                None => break,
+            }
+        }
+        None
+    }
 }
 
 /// How the rows of one schema are written: worked out once per schema id.
@@ -167,6 +192,8 @@ impl Sink {
             mode,
             columns,
             source: None,
+            renamed: BTreeMap::new(),
+            dropped: Default::default(),
         };
         self.targets.insert(name, t.clone());
         Ok(t)
@@ -283,15 +310,22 @@ impl Sink {
         Ok(())
     }
 
-    /// Add source column `c` to target `table`, with the type [`map_column`] gives it.
-    async fn add_column(&self, table: &str, c: &Column) -> Result<ChType, Refusal> {
+    /// Add source column `c` to target `table`, with the type [`map_column`] gives it and, for
+    /// the rows already there, `default` (a ClickHouse literal; none: the type's default).
+    pub(super) async fn add_column(
+        &self,
+        table: &str,
+        c: &Column,
+        default: Option<&str>,
+    ) -> Result<ChType, Refusal> {
         let t = map_column(c, self.features);
         let sql = format!(
-            "ALTER TABLE {}.{} ADD COLUMN {} {}",
+            "ALTER TABLE {}.{} ADD COLUMN {} {}{}",
             quote(&self.config.clickhouse.database),
             quote(table),
             quote(&c.name),
-            t.sql()
+            t.sql(),
+            default.map(|d| format!(" DEFAULT {d}")).unwrap_or_default()
         );
         let what = format!("adding column {} to {}", c.name, table);
         match self
@@ -324,6 +358,28 @@ impl Sink {
                 if answered_with(&e, COLUMN_MISSING, self.features.illegal_column_means_done) => {}
             Err(e) => return Err(BadEvent::new(Reason::Ddl, format!("{sql}: {e}")).into()),
         }
+        Ok(())
+    }
+
+    /// Rename target column `from` of `table` to `to` (its source column was renamed).
+    pub(super) async fn rename_column(
+        &self,
+        table: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<(), Refusal> {
+        let sql = format!(
+            "ALTER TABLE {}.{} RENAME COLUMN {} TO {}",
+            quote(&self.config.clickhouse.database),
+            quote(table),
+            quote(from),
+            quote(to)
+        );
+        let what = format!("renaming column {from} of {table}");
+        self.answered(&what, || self.client.query(&sql).execute())
+            .await?
+            .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
+        tracing::info!(table = %table, column = %from, to = %to, "renamed column");
         Ok(())
     }
 
@@ -362,33 +418,36 @@ impl Sink {
             .into());
         }
         let mut target = self.target(&schema).await?;
-        // New source columns: add them to the target first.
+        // New source columns: add them to the target first (not those an ALTER since start
+        // dropped: this row is older than that ALTER).
         let missing: Vec<&Column> = schema
             .columns
             .iter()
-            .filter(|c| !target.columns.contains_key(&c.name))
+            .filter(|c| target.column_of(&c.name).is_none() && !target.dropped.contains(&c.name))
             .collect();
         if !missing.is_empty() && self.config.tables.create {
             self.flush_table(&target.name).await?;
             for c in missing {
-                let t = self.add_column(&target.name, c).await?;
+                let t = self.add_column(&target.name, c, None).await?;
                 target.columns.insert(c.name.clone(), t);
             }
             self.targets.insert(target.name.clone(), target.clone());
         }
         let m = &self.config.tables;
-        let types: Vec<Option<ChType>> = schema
-            .columns
+        // Per source column, the target column it goes into (each at most once).
+        let mut into: Vec<Option<String>> = Vec::with_capacity(schema.columns.len());
+        for c in &schema.columns {
+            let name = target.column_of(&c.name).map(str::to_string);
+            let taken = name
+                .as_ref()
+                .is_some_and(|n| into.iter().flatten().any(|x| x == n));
+            into.push(if taken { None } else { name });
+        }
+        let types: Vec<Option<ChType>> = into
             .iter()
-            .map(|c| target.columns.get(&c.name).cloned())
+            .map(|n| n.as_ref().and_then(|n| target.columns.get(n).cloned()))
             .collect();
-        let mut insert_columns: Vec<String> = schema
-            .columns
-            .iter()
-            .zip(&types)
-            .filter(|(_, t)| t.is_some())
-            .map(|(c, _)| c.name.clone())
-            .collect();
+        let mut insert_columns: Vec<String> = into.iter().flatten().cloned().collect();
         let version = target.columns.get(&m.version_column).cloned();
         if version.is_some() {
             insert_columns.push(m.version_column.clone());
@@ -402,8 +461,12 @@ impl Sink {
             insert_columns.push(flag_name.clone());
         }
         let schema = Arc::new(schema);
+        // The schema ALTERs are worked out against: set by ALTERs, or by the first rows since
+        // start (rows of an older schema, read late from another partition, do not reset it).
         if let Some(t) = self.targets.get_mut(&target.name) {
-            t.source = Some(schema.clone());
+            if t.source.is_none() {
+                t.source = Some(schema.clone());
+            }
         }
         Ok(Arc::new(Plan {
             target: target.name.clone(),

@@ -1,0 +1,446 @@
+//! What a MySQL `ALTER TABLE` statement says beyond the schema after it: which columns it
+//! renames, and the default an added column gives the rows that were there before it.
+//!
+//! The schemas before and after an ALTER tell which columns went and came, not whether one
+//! became the other, nor the value the existing rows took for a new column (MySQL fills them
+//! with the column's default, which no binlog row event carries). The statement, as the source
+//! logged it, says both for its own position, whatever happened to the table since.
+
+/// One token of a statement: a word or number, a backquoted name (unquoted), a string literal
+/// (its text, unescaped), or one punctuation character.
+#[derive(Debug, Clone, PartialEq)]
+enum Token {
+    Word(String),
+    Name(String),
+    Str(String),
+    Punct(char),
+}
+
+impl Token {
+    /// Whether this is the keyword `k` (upper case).
+    fn is(&self, k: &str) -> bool {
+        matches!(self, Token::Word(w) if w.eq_ignore_ascii_case(k))
+    }
+
+    /// The column or table name this token is, quoted or not.
+    fn name(&self) -> Option<&str> {
+        match self {
+            Token::Word(w) | Token::Name(w) => Some(w),
+            _ => None,
+        }
+    }
+}
+
+fn tokens(sql: &str) -> Vec<Token> {
+    let mut out = Vec::new();
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {}
+            '`' => {
+                let mut s = String::new();
+                while let Some(c) = chars.next() {
+                    if c == '`' {
+                        if chars.peek() == Some(&'`') {
+                            chars.next();
+                            s.push('`');
+                            continue;
+                        }
+                        break;
+                    }
+                    s.push(c);
+                }
+                out.push(Token::Name(s));
+            }
+            '\'' | '"' => {
+                let q = c;
+                let mut s = String::new();
+                while let Some(c) = chars.next() {
+                    if c == '\\' {
+                        if let Some(e) = chars.next() {
+                            s.push(match e {
+                                'n' => '\n',
+                                't' => '\t',
+                                'r' => '\r',
+                                '0' => '\0',
+                                'Z' => '\x1a',
+                                other => other,
+                            });
+                        }
+                        continue;
+                    }
+                    if c == q {
+                        if chars.peek() == Some(&q) {
+                            chars.next();
+                            s.push(q);
+                            continue;
+                        }
+                        break;
+                    }
+                    s.push(c);
+                }
+                out.push(Token::Str(s));
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                let mut last = ' ';
+                for c in chars.by_ref() {
+                    if last == '*' && c == '/' {
+                        break;
+                    }
+                    last = c;
+                }
+            }
+            '#' => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '-' if chars.peek() == Some(&'-') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            c if c.is_alphanumeric()
+                || c == '_'
+                || c == '$'
+                || (c == '.' && chars.peek().is_some_and(char::is_ascii_digit)) =>
+            {
+                let mut s = c.to_string();
+                while let Some(&n) = chars.peek() {
+                    if n.is_alphanumeric() || n == '_' || n == '$' || n == '.' {
+                        s.push(n);
+                        chars.next();
+                    } else {
+                        break;
+                    }
+                }
+                out.push(Token::Word(s));
+            }
+            c => out.push(Token::Punct(c)),
+        }
+    }
+    out
+}
+
+/// The top-level clauses of an `ALTER TABLE t ...`: the tokens between commas outside
+/// parentheses, after the table name. Empty for other statements.
+fn clauses(sql: &str) -> Vec<Vec<Token>> {
+    let t = tokens(sql);
+    let mut i = 0;
+    if !t.first().is_some_and(|x| x.is("ALTER")) {
+        return Vec::new();
+    }
+    i += 1;
+    while t
+        .get(i)
+        .is_some_and(|x| x.is("ONLINE") || x.is("OFFLINE") || x.is("IGNORE"))
+    {
+        i += 1;
+    }
+    if !t.get(i).is_some_and(|x| x.is("TABLE")) {
+        return Vec::new();
+    }
+    i += 1;
+    if t.get(i).is_some_and(|x| x.is("IF")) {
+        i += 2; // IF EXISTS
+    }
+    // The table name: db.t (one word), `db`.`t` (a name, a '.', a name), db.`t`.
+    if t.get(i)
+        .and_then(Token::name)
+        .is_some_and(|n| n.ends_with('.'))
+    {
+        i += 1;
+    }
+    i += 1;
+    while matches!(t.get(i), Some(Token::Punct('.'))) {
+        i += 2;
+    }
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    let mut depth = 0usize;
+    for tok in &t[i.min(t.len())..] {
+        match tok {
+            Token::Punct('(') => depth += 1,
+            Token::Punct(')') => depth = depth.saturating_sub(1),
+            Token::Punct(',') if depth == 0 => {
+                out.push(std::mem::take(&mut cur));
+                continue;
+            }
+            Token::Punct(';') if depth == 0 => break,
+            _ => {}
+        }
+        cur.push(tok.clone());
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Skip `IF EXISTS` / `IF NOT EXISTS` at `i`.
+fn skip_if(c: &[Token], mut i: usize) -> usize {
+    if c.get(i).is_some_and(|x| x.is("IF")) {
+        i += 1;
+        if c.get(i).is_some_and(|x| x.is("NOT")) {
+            i += 1;
+        }
+        i += 1; // EXISTS
+    }
+    i
+}
+
+/// The columns an ALTER renames, old name to new: `RENAME COLUMN a TO b` and `CHANGE [COLUMN]
+/// a b <definition>` with two different names.
+pub fn renames(sql: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for c in clauses(sql) {
+        let from_to = if c.first().is_some_and(|x| x.is("RENAME"))
+            && c.get(1).is_some_and(|x| x.is("COLUMN"))
+        {
+            let i = skip_if(&c, 2);
+            match (c.get(i).and_then(Token::name), c.get(i + 1), c.get(i + 2)) {
+                (Some(a), Some(to), Some(b)) if to.is("TO") => b.name().map(|b| (a, b)),
+                _ => None,
+            }
+        } else if c.first().is_some_and(|x| x.is("CHANGE")) {
+            let mut i = 1;
+            if c.get(i).is_some_and(|x| x.is("COLUMN")) {
+                i += 1;
+            }
+            i = skip_if(&c, i);
+            match (
+                c.get(i).and_then(Token::name),
+                c.get(i + 1).and_then(Token::name),
+            ) {
+                (Some(a), Some(b)) => Some((a, b)),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        if let Some((a, b)) = from_to {
+            if a != b {
+                out.push((a.to_string(), b.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// What the rows already in a table took for a column an ALTER added.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Added {
+    /// No DEFAULT clause: NULL for a nullable column, else the type's implicit default.
+    NoDefault,
+    /// `DEFAULT NULL`.
+    Null,
+    /// A constant: the literal's text (a string's unescaped value, or a number).
+    Constant(String),
+    /// Anything else (`CURRENT_TIMESTAMP`, `(expr)`, `b'1'` ...): the existing rows' value is
+    /// not known from the statement alone.
+    Expression(String),
+}
+
+/// The default the statement gives column `column` it adds (`ADD [COLUMN] [IF NOT EXISTS]
+/// column <definition>`, or one of `ADD [COLUMN] (a ..., b ...)`); `None` if it adds no such
+/// column.
+pub fn added(sql: &str, column: &str) -> Option<Added> {
+    for c in clauses(sql) {
+        if !c.first().is_some_and(|x| x.is("ADD")) {
+            continue;
+        }
+        let mut i = 1;
+        if c.get(i).is_some_and(|x| x.is("COLUMN")) {
+            i += 1;
+        }
+        i = skip_if(&c, i);
+        // ADD (a INT, b INT): split the parenthesised list.
+        let definitions: Vec<&[Token]> = if matches!(c.get(i), Some(Token::Punct('('))) {
+            let inner = &c[i + 1..c.len().saturating_sub(1).max(i + 1)];
+            let mut parts = Vec::new();
+            let (mut depth, mut start) = (0usize, 0usize);
+            for (k, t) in inner.iter().enumerate() {
+                match t {
+                    Token::Punct('(') => depth += 1,
+                    Token::Punct(')') => depth = depth.saturating_sub(1),
+                    Token::Punct(',') if depth == 0 => {
+                        parts.push(&inner[start..k]);
+                        start = k + 1;
+                    }
+                    _ => {}
+                }
+            }
+            parts.push(&inner[start..]);
+            parts
+        } else {
+            vec![&c[i..]]
+        };
+        for d in definitions {
+            let Some(name) = d.first().and_then(Token::name) else {
+                continue;
+            };
+            if !name.eq_ignore_ascii_case(column) {
+                continue;
+            }
+            // A word `DEFAULT` (not in a nested parenthesis: an ENUM member is a string).
+            let mut depth = 0usize;
+            for (k, t) in d.iter().enumerate() {
+                match t {
+                    Token::Punct('(') => depth += 1,
+                    Token::Punct(')') => depth = depth.saturating_sub(1),
+                    t if depth == 0 && t.is("DEFAULT") => return Some(default_at(&d[k + 1..])),
+                    _ => {}
+                }
+            }
+            return Some(Added::NoDefault);
+        }
+    }
+    None
+}
+
+/// The DEFAULT value starting at `rest`.
+fn default_at(rest: &[Token]) -> Added {
+    let text = || {
+        rest.iter()
+            .take(4)
+            .map(|t| match t {
+                Token::Word(w) | Token::Name(w) => w.clone(),
+                Token::Str(s) => format!("'{s}'"),
+                Token::Punct(p) => p.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    match rest {
+        [Token::Word(w), ..] if w.eq_ignore_ascii_case("NULL") => Added::Null,
+        // A string, not followed by more of an expression ('a' 'b' concatenates, COLLATE ...).
+        [Token::Str(s), next @ ..] if ends_definition(next) => Added::Constant(s.clone()),
+        // A number, signed or not.
+        [Token::Punct(sign @ ('-' | '+')), Token::Word(n), next @ ..]
+            if is_number(n) && ends_definition(next) =>
+        {
+            Added::Constant(if *sign == '-' {
+                format!("-{n}")
+            } else {
+                n.clone()
+            })
+        }
+        [Token::Word(n), next @ ..] if is_number(n) && ends_definition(next) => {
+            Added::Constant(n.clone())
+        }
+        _ => Added::Expression(text()),
+    }
+}
+
+/// Whether the tokens after a default value go on with the column definition (or end it),
+/// rather than with the value itself.
+fn ends_definition(next: &[Token]) -> bool {
+    match next.first() {
+        None => true,
+        Some(Token::Word(w)) => matches!(
+            w.to_ascii_uppercase().as_str(),
+            "NOT"
+                | "NULL"
+                | "COMMENT"
+                | "AFTER"
+                | "FIRST"
+                | "UNIQUE"
+                | "PRIMARY"
+                | "KEY"
+                | "CHECK"
+                | "INVISIBLE"
+                | "VISIBLE"
+                | "REFERENCES"
+                | "CONSTRAINT"
+                | "COLLATE"
+                | "CHARACTER"
+                | "CHARSET"
+        ),
+        Some(_) => false,
+    }
+}
+
+fn is_number(w: &str) -> bool {
+    !w.is_empty()
+        && w.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit() || c == '.')
+        && w.parse::<f64>().is_ok()
+        && !w.to_ascii_lowercase().contains("inf")
+        && !w.to_ascii_lowercase().contains("nan")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renamed_columns_are_read_from_the_statement() {
+        assert_eq!(
+            renames("ALTER TABLE t RENAME COLUMN score TO points"),
+            vec![("score".into(), "points".into())]
+        );
+        assert_eq!(
+            renames(
+                "alter table `db`.`t` change `a` `b` bigint not null, CHANGE COLUMN c c INT, \
+                 rename column if exists `x y` to z"
+            ),
+            vec![("a".into(), "b".into()), ("x y".into(), "z".into())]
+        );
+        assert_eq!(
+            renames("ALTER TABLE t ADD COLUMN rename_me INT COMMENT 'RENAME COLUMN a TO b'"),
+            vec![]
+        );
+        assert_eq!(renames("ALTER TABLE t RENAME TO u"), vec![]);
+        assert_eq!(
+            renames("ALTER TABLE db.`t` RENAME COLUMN a TO b"),
+            vec![("a".into(), "b".into())]
+        );
+        assert_eq!(renames("RENAME TABLE a TO b"), vec![]);
+    }
+
+    #[test]
+    fn an_added_columns_default_is_read_from_the_statement() {
+        let sql = "ALTER TABLE t ADD COLUMN email VARCHAR(50) DEFAULT 'none@x', \
+                   ADD n INT NOT NULL DEFAULT -5 COMMENT 'x', ADD COLUMN m INT, \
+                   ADD COLUMN IF NOT EXISTS d DECIMAL(5,2) DEFAULT '1.50' NOT NULL, \
+                   ADD ts TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, \
+                   ADD e ENUM('a','DEFAULT','c') NOT NULL, ADD q VARCHAR(5) DEFAULT NULL, \
+                   ADD `it's` VARCHAR(9) DEFAULT 'it''s \\'ok\\'', ADD f DOUBLE DEFAULT 1.5e3, \
+                   ADD x INT DEFAULT (1 + 1), ADD s VARCHAR(9) DEFAULT 'a' 'b'";
+        assert_eq!(added(sql, "email"), Some(Added::Constant("none@x".into())));
+        assert_eq!(added(sql, "n"), Some(Added::Constant("-5".into())));
+        assert_eq!(added(sql, "m"), Some(Added::NoDefault));
+        assert_eq!(added(sql, "d"), Some(Added::Constant("1.50".into())));
+        assert!(
+            matches!(added(sql, "ts"), Some(Added::Expression(e)) if e.contains("CURRENT_TIMESTAMP"))
+        );
+        assert_eq!(added(sql, "e"), Some(Added::NoDefault));
+        assert_eq!(added(sql, "q"), Some(Added::Null));
+        assert_eq!(
+            added(sql, "it's"),
+            Some(Added::Constant("it's 'ok'".into()))
+        );
+        assert_eq!(added(sql, "f"), Some(Added::Constant("1.5e3".into())));
+        assert!(matches!(added(sql, "x"), Some(Added::Expression(_))));
+        assert!(matches!(added(sql, "s"), Some(Added::Expression(_))));
+        assert_eq!(added(sql, "nope"), None);
+        let list = "ALTER TABLE db.t ADD COLUMN (a INT DEFAULT 1, b VARCHAR(3) DEFAULT 'x,y')";
+        assert_eq!(added(list, "a"), Some(Added::Constant("1".into())));
+        assert_eq!(added(list, "b"), Some(Added::Constant("x,y".into())));
+        // Other clauses are not additions.
+        assert_eq!(
+            added("ALTER TABLE t ADD INDEX email (email)", "email"),
+            None
+        );
+        assert_eq!(
+            added("ALTER TABLE t MODIFY email VARCHAR(9) DEFAULT 'a'", "email"),
+            None
+        );
+    }
+}
