@@ -10,7 +10,7 @@
 
 use crate::tags::{
     change_event as ce, enum_value, geometry, mongo_change as mc, raw_text, row, set_value,
-    value as val,
+    transaction as tx, value as val,
 };
 use crate::v1::{self, value::Kind, Value};
 
@@ -149,6 +149,9 @@ pub struct RowEvent<'a> {
     pub after: Option<&'a [u8]>,
     /// The `MongoChange` message, when the event carries it ([`MongoChangeRef::parse`]).
     pub mongo: Option<&'a [u8]>,
+    /// `transaction.index`: the event's place in its transaction (or, for the snapshot rows
+    /// of a table without a primary key, in the table's snapshot); 0 without a transaction.
+    pub transaction_index: u64,
 }
 
 impl<'a> RowEvent<'a> {
@@ -168,6 +171,20 @@ impl<'a> RowEvent<'a> {
                 (ce::BEFORE, Field::Len(b)) => e.before = Some(b),
                 (ce::AFTER, Field::Len(b)) => e.after = Some(b),
                 (ce::MONGO, Field::Len(b)) => e.mongo = Some(b),
+                (ce::TRANSACTION, Field::Len(b)) => {
+                    let mut t = Reader(b);
+                    while let Some((tag, f)) = t.field()? {
+                        match (tag, f) {
+                            (tx::INDEX, Field::Varint(x)) => e.transaction_index = x,
+                            (tx::INDEX, _) => {
+                                return Err(ViewError(
+                                    "a transaction's index has the wrong wire type",
+                                ))
+                            }
+                            _ => {}
+                        }
+                    }
+                }
                 (
                     ce::CONTRACT
                     | ce::OP
@@ -179,7 +196,8 @@ impl<'a> RowEvent<'a> {
                     | ce::SCHEMA
                     | ce::BEFORE
                     | ce::AFTER
-                    | ce::MONGO,
+                    | ce::MONGO
+                    | ce::TRANSACTION,
                     _,
                 ) => return Err(ViewError("an event's field has the wrong wire type")),
                 _ => {}
@@ -463,6 +481,20 @@ mod tests {
         assert_eq!(decode(r.before), e.before);
         assert_eq!(decode(r.after), e.after);
         assert!(r.after.is_some(), "the sample has an after image");
+        assert_eq!(
+            r.transaction_index,
+            e.transaction.as_ref().map_or(0, |t| t.index)
+        );
+        let with_index = v1::ChangeEvent {
+            transaction: Some(v1::Transaction {
+                id: "snapshot x".into(),
+                index: 300,
+                last: true,
+            }),
+            ..Default::default()
+        };
+        let bytes = with_index.encode_to_vec();
+        assert_eq!(RowEvent::parse(&bytes).unwrap().transaction_index, 300);
         let e = v1::ChangeEvent {
             op: 99,
             ..Default::default()

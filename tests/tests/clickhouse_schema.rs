@@ -461,3 +461,106 @@ async fn truncate_and_drop_follow_their_policy_and_no_replay_brings_rows_back() 
     );
     p.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyless_tables_change_log_keeps_every_row_under_final() {
+    let db = unique("sluice_t_ch_keyless");
+    let ch_db = format!("{db}_m");
+    ch().query(&format!("CREATE DATABASE {ch_db}"))
+        .execute()
+        .await
+        .unwrap();
+    let mut mysql = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    mysql
+        .query_drop(format!(
+            "CREATE DATABASE `{db}`; CREATE TABLE `{db}`.nopk \
+             (v INT, at DATETIME, pad VARCHAR(10))"
+        ))
+        .await
+        .unwrap();
+    // Every row twice: equal rows must stay two rows.
+    let values: Vec<String> = (0..1000)
+        .map(|n| format!("({}, '2024-02-29 12:34:56', 'row')", n / 2))
+        .collect();
+    mysql
+        .query_drop(format!(
+            "INSERT INTO `{db}`.nopk VALUES {}",
+            values.join(",")
+        ))
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (db, stop) = (db.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+                .await
+                .unwrap();
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                c.query_drop(format!(
+                    "INSERT INTO `{db}`.nopk VALUES ({v}, NOW(), 'new'), ({v}, NOW(), 'new')",
+                    v = 10_000 + n
+                ))
+                .await
+                .unwrap();
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            n
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut capture = CaptureProcess::spawn(CaptureProcess::config(
+        &db,
+        "end",
+        "[snapshot]\nmode = \"snapshot+stream\"\nchunk_rows = 100\n",
+    ));
+    let dlq = unique("dlq");
+    let mut apply = CaptureProcess::apply_clickhouse(&capture.prefix, &ch_db, &dlq);
+    sluice_tests::capture::wait_snapshot_done(capture.metrics_port, Duration::from_secs(120)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let inserted = writer.await.unwrap();
+    assert!(inserted > 5, "the writer inserted {inserted} pairs");
+    let want: Vec<(i64, String)> = mysql
+        .query(format!("SELECT v, pad FROM `{db}`.nopk ORDER BY v, pad"))
+        .await
+        .unwrap();
+    let want: String = want.iter().map(|(v, p)| format!("{v}\t{p}\n")).collect();
+    let n = want.lines().count();
+    let q = format!("SELECT count() FROM {ch_db}.nopk FINAL");
+    assert_eq!(
+        until(&q, &n.to_string()).await,
+        n.to_string(),
+        "every row, FINAL or not"
+    );
+    assert_eq!(
+        text(&format!(
+            "SELECT v, pad FROM {ch_db}.nopk FINAL ORDER BY v, pad"
+        ))
+        .await,
+        want
+    );
+    assert_eq!(
+        text(&format!(
+            "SELECT toString(at) FROM {ch_db}.nopk FINAL WHERE pad = 'row' LIMIT 1"
+        ))
+        .await,
+        "2024-02-29 12:34:56\n"
+    );
+    for p in [&mut capture, &mut apply] {
+        let (code, out) = p.stop();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    ch().query(&format!("DROP DATABASE {ch_db}"))
+        .execute()
+        .await
+        .unwrap();
+    mysql
+        .query_drop(format!("DROP DATABASE `{db}`"))
+        .await
+        .unwrap();
+}

@@ -95,6 +95,10 @@ pub struct TablesConfig {
     pub deleted_column: String,
     /// The operation column of change-log tables. Default `_op`.
     pub op_column: String,
+    /// The change logs of tables without a primary key: the event's place in its transaction
+    /// (or in the table's snapshot), part of the sort key so that equal rows never collapse.
+    /// Default `_row`.
+    pub row_column: String,
     /// What a source `TRUNCATE` does to the target: `apply` (the default) or `keep`
     /// ([`OnTruncate`]).
     pub truncate: OnTruncate,
@@ -146,6 +150,7 @@ impl Default for TablesConfig {
             version_column: "_version".into(),
             deleted_column: "_deleted".into(),
             op_column: "_op".into(),
+            row_column: "_row".into(),
             truncate: OnTruncate::Apply,
             truncate_tables: BTreeMap::new(),
             drop: OnDrop::Keep,

@@ -253,6 +253,15 @@ impl Sink {
                 encode(v, &meta, t, &mut tb.body)
                     .map_err(|e| value(format!("flag column: {e}")))?;
             }
+            if let Some(t) = &plan.row {
+                encode(
+                    ValueRef::Uint(event.transaction_index),
+                    &meta,
+                    t,
+                    &mut tb.body,
+                )
+                .map_err(|e| value(format!("row column: {e}")))?;
+            }
             Ok(())
         };
         if let Err(bad) = encode_row() {

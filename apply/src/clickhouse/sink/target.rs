@@ -117,6 +117,8 @@ pub(super) struct Plan {
     /// The bookkeeping columns' types, where the target has them.
     pub(super) version: Option<ChType>,
     pub(super) flag: Option<ChType>,
+    /// A change log's row column (tables without a primary key), where the target has it.
+    pub(super) row: Option<ChType>,
     /// The INSERT's column list.
     pub(super) insert_columns: Arc<Vec<String>>,
 }
@@ -287,6 +289,12 @@ impl Sink {
                 let mut order = key.clone();
                 order.push(quote(&m.version_column));
                 order.push(quote(&m.op_column));
+                if key.is_empty() {
+                    // No key: the snapshot's rows of one chunk share a version, and equal
+                    // rows must stay apart.
+                    cols.push(format!("{} UInt64", quote(&m.row_column)));
+                    order.push(quote(&m.row_column));
+                }
                 ("ReplacingMergeTree".to_string(), order.join(", "))
             }
         };
@@ -460,6 +468,13 @@ impl Sink {
         if flag.is_some() {
             insert_columns.push(flag_name.clone());
         }
+        let row = match target.mode {
+            Mode::Changelog => target.columns.get(&m.row_column).cloned(),
+            Mode::Mirror => None,
+        };
+        if row.is_some() {
+            insert_columns.push(m.row_column.clone());
+        }
         let schema = Arc::new(schema);
         // The schema ALTERs are worked out against: set by ALTERs, or by the first rows since
         // start (rows of an older schema, read late from another partition, do not reset it).
@@ -475,6 +490,7 @@ impl Sink {
             types,
             version,
             flag,
+            row,
             insert_columns: Arc::new(insert_columns),
         }))
     }

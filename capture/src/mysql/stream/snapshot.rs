@@ -432,6 +432,7 @@ impl Capture {
             .snapshot_metrics
             .rows
             .with_label_values(&[&t.database, &t.table]);
+        let keyless = schema.primary_key.is_empty();
         let mut key_bytes = Vec::with_capacity(64);
         let mut payload = Vec::with_capacity(512);
         let mut sent = 0u64;
@@ -442,6 +443,15 @@ impl Capture {
             if touched.is_some_and(|k| k.contains(&key_bytes)) {
                 skipped += 1;
                 continue;
+            }
+            if keyless {
+                // Every row its own place: the rows of one chunk share a version, and without
+                // a key nothing else tells two equal rows apart.
+                event.transaction = Some(v1::Transaction {
+                    id: format!("snapshot {}:{at}", self.file),
+                    index: t.progress.rows + sent,
+                    last: false,
+                });
             }
             event.key = Some(v1::Row { values: key });
             event.after = Some(row);
