@@ -147,18 +147,24 @@ pub fn binlog_checks(vars: &[(String, String)]) -> Vec<Check> {
             "binlog_row_metadata",
             "binlog_row_metadata = FULL: rows decode with the columns of their own time",
         )),
-        Some(v) => checks.push(Check::warn(
+        Some(v) => checks.push(Check::fail(
             "binlog_row_metadata",
             format!(
-                "binlog_row_metadata is {v}: schemas come from information_schema, so a schema \
-                 change while the capture is behind stops it with an error; set \
-                 binlog_row_metadata=FULL"
+                "binlog_row_metadata is {v}, must be FULL: without it the binlog does not say \
+                 which columns its rows were written with, and a capture behind a schema change \
+                 (a column renamed, reordered, made UNSIGNED, an ENUM member inserted) would \
+                 decode them with today's. Run SET GLOBAL binlog_row_metadata = 'FULL' (and set \
+                 it in the server's configuration)"
             ),
         )),
         None => checks.push(Check::warn(
             "binlog_row_metadata",
             "the server has no binlog_row_metadata (MySQL < 8.0, MariaDB < 10.5): schemas come \
-             from information_schema, so a schema change while the capture is behind stops it",
+             from information_schema when the capture reads a table's DDL. Keep the capture \
+             caught up when changing a table: a capture behind a schema change stops when the \
+             rows' column count or storage types disagree with the table's, but a rename, a \
+             reorder of columns of one type, a change of signedness, charset or ENUM members \
+             cannot be seen (docs/capture-mysql.md, Schemas)",
         )),
     }
     if let Some(v) = var("binlog_row_value_options") {
@@ -293,8 +299,25 @@ mod tests {
         );
         assert!(f[2].contains("binlog_row_image"), "{f:?}");
         assert!(f[3].contains("PARTIAL_JSON"), "{f:?}");
-        // Without row metadata: a warning, not a failure.
+        // A server without the setting at all: a warning, not a failure.
         assert!(c.iter().any(|c| c.name == "binlog_row_metadata"
             && matches!(c.outcome, sluice_common::preflight::Outcome::Warn(_))));
+    }
+
+    #[test]
+    fn row_metadata_other_than_full_is_refused_where_the_server_has_it() {
+        let c = binlog_checks(&vars(&[
+            ("log_bin", "ON"),
+            ("binlog_format", "ROW"),
+            ("binlog_row_image", "FULL"),
+            ("binlog_row_metadata", "MINIMAL"),
+        ]));
+        let f = failed(&c);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(
+            f[0].contains("binlog_row_metadata is MINIMAL, must be FULL")
+                && f[0].contains("SET GLOBAL binlog_row_metadata = 'FULL'"),
+            "{f:?}"
+        );
     }
 }

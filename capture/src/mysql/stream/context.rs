@@ -116,4 +116,7 @@ pub(super) struct ServerInfo {
     pub(super) mariadb: bool,
     /// The binlog files it has (`SHOW BINARY LOGS`), and those seen rotating to since.
     pub(super) binlogs: Vec<String>,
+    /// Whether the server has `binlog_row_metadata` (MySQL 8.0+, MariaDB 10.5+): the start
+    /// requires it to be FULL, so a table map without column names means it was changed since.
+    pub(super) has_row_metadata: bool,
 }

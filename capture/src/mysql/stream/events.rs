@@ -267,6 +267,20 @@ impl Capture {
                 self.publish_schema(&s).await?;
                 s
             }
+            None if self.server.has_row_metadata => {
+                return Err(CaptureError::definite(
+                    Origin::Decode,
+                    format!(
+                        "the table map of {database}.{table} at {}:{} has no column names: \
+                         binlog_row_metadata was set to other than FULL while the capture ran, \
+                         and its rows cannot be told to have today's columns. Set it back (SET \
+                         GLOBAL binlog_row_metadata = 'FULL'); the events logged meanwhile \
+                         cannot be read exactly, so re-snapshot the tables written since \
+                         (a new connector name with snapshot.mode = \"snapshot+stream\")",
+                        self.file, self.resume.pos
+                    ),
+                ))
+            }
             None => current.ok_or_else(|| {
                 CaptureError::definite(
                     Origin::Decode,

@@ -315,6 +315,9 @@ async fn server_info(conn: &mut Conn) -> Result<ServerInfo, CaptureError> {
             .await?
             .unwrap_or_default()
     };
+    let metadata: Option<mysql_async::Row> = conn
+        .query_first("SHOW GLOBAL VARIABLES LIKE 'binlog_row_metadata'")
+        .await?;
     let binlogs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await?;
     let binlogs = binlogs
         .into_iter()
@@ -325,6 +328,7 @@ async fn server_info(conn: &mut Conn) -> Result<ServerInfo, CaptureError> {
         server_uuid,
         mariadb,
         binlogs,
+        has_row_metadata: metadata.is_some(),
     })
 }
 
