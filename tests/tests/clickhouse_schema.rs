@@ -564,3 +564,63 @@ async fn a_keyless_tables_change_log_keeps_every_row_under_final() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renamed_table_is_followed_by_its_target_with_every_row() {
+    let mut p = Pipeline::start("sluice_t_ch_rename_table").await;
+    let db = p.db.clone();
+    let t = |x: &str| format!("`{db}`.{x}");
+    p.sql(&[
+        format!("CREATE TABLE {} (id INT PRIMARY KEY, v VARCHAR(5))", t("a")),
+        format!("CREATE TABLE {} (id INT PRIMARY KEY, v VARCHAR(5))", t("b")),
+        format!(
+            "INSERT INTO {} VALUES (1, 'a1'), (2, 'a2'), (3, 'a3')",
+            t("a")
+        ),
+        format!("INSERT INTO {} VALUES (10, 'b10'), (11, 'b11')", t("b")),
+    ])
+    .await;
+    let ch_db = p.ch_db.clone();
+    let count = |x: &str| format!("SELECT count() FROM {ch_db}.{x} FINAL");
+    assert_eq!(until(&count("a"), "3").await, "3");
+    assert_eq!(until(&count("b"), "2").await, "2");
+    p.sql(&[
+        format!("RENAME TABLE {} TO {}", t("a"), t("c")),
+        format!("INSERT INTO {} VALUES (4, 'c4')", t("c")),
+        // A swap: b and c change places.
+        format!(
+            "RENAME TABLE {} TO {}, {} TO {}, {} TO {}",
+            t("b"),
+            t("tmp"),
+            t("c"),
+            t("b"),
+            t("tmp"),
+            t("c")
+        ),
+        format!("INSERT INTO {} VALUES (5, 'b5')", t("b")),
+        format!("UPDATE {} SET v = 'c10' WHERE id = 10", t("c")),
+    ])
+    .await;
+    let rows = |x: &str| format!("SELECT id, v FROM {ch_db}.{x} FINAL ORDER BY id");
+    assert_eq!(until(&count("b"), "5").await, "5");
+    assert_eq!(
+        text(&rows("b")).await,
+        "1\ta1\n2\ta2\n3\ta3\n4\tc4\n5\tb5\n",
+        "b holds what was a, every row"
+    );
+    assert_eq!(until(&count("c"), "2").await, "2");
+    assert_eq!(
+        until(&rows("c"), "10\tc10\n11\tb11").await,
+        "10\tc10\n11\tb11"
+    );
+    // The old name's target is kept (tables.drop = "keep").
+    assert_eq!(text(&rows("a")).await, "1\ta1\n2\ta2\n3\ta3\n");
+    let letters = tokio::task::spawn_blocking({
+        let dlq = p.dlq.clone();
+        move || dead_letters(&dlq, 1)
+    })
+    .await
+    .unwrap();
+    assert!(letters.is_empty(), "{letters:?}");
+    p.finish().await;
+}

@@ -89,6 +89,17 @@ pub struct Checkpoint {
     /// Snapshots finished (`initial`, re-snapshot request ids).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots_done: Vec<String>,
+    /// Snapshots the capture asked itself for (a table renamed into the captured set), not
+    /// finished yet: taken one after another once the one running is done.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots_pending: Vec<PendingSnapshot>,
+}
+
+/// A snapshot the capture asked itself for: its id and the tables (`database.table`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingSnapshot {
+    pub id: String,
+    pub tables: Vec<String>,
 }
 
 #[cfg(test)]
@@ -135,6 +146,7 @@ mod tests {
             written_at: 1,
             snapshot: None,
             snapshots_done: vec![],
+            snapshots_pending: vec![],
         };
         let text = serde_json::to_string(&c).unwrap();
         assert!(!text.contains("server_uuid"));
@@ -156,6 +168,10 @@ mod tests {
                 tables,
             })),
             snapshots_done: vec!["r1".into()],
+            snapshots_pending: vec![PendingSnapshot {
+                id: "rename x".into(),
+                tables: vec!["db.t".into()],
+            }],
             ..c
         };
         let text = serde_json::to_string(&c).unwrap();

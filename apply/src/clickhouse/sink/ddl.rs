@@ -131,7 +131,7 @@ impl Sink {
                     Reason::Ddl,
                     format!("the source refused it: {}", ddl.reason),
                 ))),
-                "truncate" | "drop" => {
+                "truncate" | "drop" | "rename" => {
                     let source = format!("{}.{}", event.database, event.table);
                     let (apply, stop) = if ddl.kind == "truncate" {
                         let p = self.config.tables.truncate_of(&source);
@@ -142,6 +142,7 @@ impl Sink {
                     };
                     if stop {
                         let key = if ddl.kind == "truncate" { "truncate" } else { "drop" };
+                        // (a renamed table's old name: as a dropped table)
                         return Err(Refusal::Bad(BadEvent::new(
                             Reason::Ddl,
                             format!(
@@ -151,16 +152,20 @@ impl Sink {
                         )));
                     }
                     if apply {
-                        self.remove_rows_before(&name, &ddl.kind, event.version).await
+                        self.remove_rows_before(&name, &ddl.kind, event.version, false)
+                            .await
                     } else {
-                        tracing::warn!(table = %name, kind = %ddl.kind, statement = %statement, "source statement not applied: the target keeps its rows (tables.{})", ddl.kind);
+                        let key = if ddl.kind == "truncate" { "truncate" } else { "drop" };
+                        tracing::warn!(table = %name, kind = %ddl.kind, statement = %statement, "source statement not applied: the target keeps its rows (tables.{key})");
                         Ok(())
                     }
                 }
-                "rename" => {
-                    // Data in the target is kept; the operator decides what to do with it.
-                    tracing::warn!(table = %name, kind = %ddl.kind, statement = %statement, "source DDL not applied to the target");
-                    Ok(())
+                "renamed" => {
+                    // A table renamed to this name: its target holds it from here on (the
+                    // capture snapshots it under this name); rows older than the rename are
+                    // of another table that had the name, if any.
+                    self.remove_rows_before(&name, "rename", event.version, true)
+                        .await
                 }
                 "create" => {
                     // A table made again under this name: ALTERs are worked out from it.
@@ -198,11 +203,14 @@ impl Sink {
     /// written after the first copy are deleted by their own partition's copy, and a replay
     /// (a restart before the offsets were committed) reads the rows again before the
     /// statement again. Rows after the statement have higher versions and are never touched.
+    ///
+    /// `mirrors_only`: a change log is left as it is.
     async fn remove_rows_before(
         &mut self,
         name: &str,
         kind: &str,
         version: u64,
+        mirrors_only: bool,
     ) -> Result<(), Refusal> {
         let columns = match self.targets.get(name) {
             Some(t) => t.columns.clone(),
@@ -213,6 +221,9 @@ impl Sink {
         }
         let m = &self.config.tables;
         let db = quote(&self.config.clickhouse.database);
+        if mirrors_only && !columns.contains_key(&m.deleted_column) {
+            return Ok(());
+        }
         if !columns.contains_key(&m.version_column) {
             return Err(Refusal::Bad(BadEvent::new(
                 Reason::Ddl,

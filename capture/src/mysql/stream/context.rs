@@ -52,6 +52,8 @@ pub struct Capture {
     pub(super) read_to: u64,
     pub(super) snapshot: Option<SnapshotRun>,
     pub(super) snapshots_done: Vec<String>,
+    /// Snapshots asked for by the stream itself (renames), in the checkpoint until done.
+    pub(super) snapshots_pending: Vec<crate::mysql::position::PendingSnapshot>,
     pub(super) snapshot_metrics: Arc<SnapshotMetrics>,
 }
 

@@ -15,6 +15,7 @@ use sluice_proto::{event_key, mysql_version, CONTRACT_VERSION};
 use super::context::Capture;
 use crate::error::CaptureError;
 use crate::mysql::ddl::TableRef;
+use crate::mysql::position::PendingSnapshot;
 
 impl Capture {
     /// Publish a DDL statement `kind` on `tables` (renamed to `renamed_to`), read at `start`.
@@ -44,6 +45,30 @@ impl Capture {
             if let Some(s) = self.snapshot.as_mut() {
                 s.on_ddl(&db, &table, kind == "drop" || new_name.is_some());
             }
+            // A table renamed into the captured set: its rows from before the rename are in
+            // no topic of its new name, so it is snapshotted under that name (once the
+            // snapshot running, if any, is done; kept in the checkpoint until then).
+            if let Some((ndb, nt)) = &new_name {
+                if self.filter.wants(ndb, nt) {
+                    // On the new name's topic first, ahead of its snapshot and later rows:
+                    // rows of an earlier table of that name come before it on every
+                    // partition, so the apply stages can tell them apart.
+                    self.schemas.remove(&(ndb.clone(), nt.clone()));
+                    let after = self.schema_of(ndb, nt).await?;
+                    self.publish_ddl_event(ndb, nt, "renamed", sql, after, None, start, ts)
+                        .await?;
+                    let id = format!("rename {}:{start} {ndb}.{nt}", self.file);
+                    if !self.snapshots_done.contains(&id)
+                        && !self.snapshots_pending.iter().any(|p| p.id == id)
+                    {
+                        tracing::info!(from = %format!("{db}.{table}"), to = %format!("{ndb}.{nt}"), "renamed table: snapshot of its new name queued");
+                        self.snapshots_pending.push(PendingSnapshot {
+                            id,
+                            tables: vec![format!("{ndb}.{nt}")],
+                        });
+                    }
+                }
+            }
             if !self.filter.wants(&db, &table) {
                 continue;
             }
@@ -56,53 +81,70 @@ impl Capture {
                 }
                 (None, _) => self.schema_of(&db, &table).await?,
             };
-            let op = if kind == "truncate" {
-                Op::Truncate
-            } else {
-                Op::Ddl
-            };
-            let event = v1::ChangeEvent {
-                contract: CONTRACT_VERSION,
-                source: Some(self.source.clone()),
-                op: op as i32,
-                database: db.clone(),
-                table: table.clone(),
-                version: mysql_version(&self.file, start, 0)?,
-                position: Some(self.position(start, 0)),
-                commit_time_micros: i64::from(ts) * 1_000_000,
-                capture_time_micros: now_micros(),
-                transaction: self.tx.as_ref().map(|t| v1::Transaction {
-                    id: t.id.clone(),
-                    index: 0,
-                    last: true,
-                }),
-                schema_id: after.as_ref().map(|s| s.schema_id).unwrap_or(0),
-                schema: after.clone(),
-                key: None,
-                before: None,
-                after: None,
-                ddl: Some(v1::Ddl {
-                    statement: sql.to_string(),
-                    schema: after.clone(),
-                    new_database: new_name.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
-                    new_table: new_name.as_ref().map(|n| n.1.clone()).unwrap_or_default(),
-                    kind: kind.to_string(),
-                    reason: String::new(),
-                }),
-                mongo: None,
-            };
-            let topic = self.topics.topic(&db, &table)?;
-            let payload = event.encode_to_vec();
-            let key = event_key(&db, &table, &[]);
-            self.publisher
-                .send_to_every_partition(&topic, &key, &payload)
+            self.publish_ddl_event(&db, &table, kind, sql, after, new_name, start, ts)
                 .await?;
-            self.publish_metrics
-                .events
-                .with_label_values(&[&db, &table, op_label(op)])
-                .inc();
-            tracing::info!(database = %db, table = %table, kind, "DDL published");
         }
+        Ok(())
+    }
+    /// Publish one DDL (or TRUNCATE) event of `db.table` to every partition of its topic.
+    #[allow(clippy::too_many_arguments)]
+    async fn publish_ddl_event(
+        &mut self,
+        db: &str,
+        table: &str,
+        kind: &'static str,
+        sql: &str,
+        after: Option<v1::TableSchema>,
+        new_name: Option<(String, String)>,
+        start: u64,
+        ts: u32,
+    ) -> Result<(), CaptureError> {
+        let op = if kind == "truncate" {
+            Op::Truncate
+        } else {
+            Op::Ddl
+        };
+        let event = v1::ChangeEvent {
+            contract: CONTRACT_VERSION,
+            source: Some(self.source.clone()),
+            op: op as i32,
+            database: db.to_string(),
+            table: table.to_string(),
+            version: mysql_version(&self.file, start, 0)?,
+            position: Some(self.position(start, 0)),
+            commit_time_micros: i64::from(ts) * 1_000_000,
+            capture_time_micros: now_micros(),
+            transaction: self.tx.as_ref().map(|t| v1::Transaction {
+                id: t.id.clone(),
+                index: 0,
+                last: true,
+            }),
+            schema_id: after.as_ref().map(|s| s.schema_id).unwrap_or(0),
+            schema: after.clone(),
+            key: None,
+            before: None,
+            after: None,
+            ddl: Some(v1::Ddl {
+                statement: sql.to_string(),
+                schema: after.clone(),
+                new_database: new_name.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
+                new_table: new_name.as_ref().map(|n| n.1.clone()).unwrap_or_default(),
+                kind: kind.to_string(),
+                reason: String::new(),
+            }),
+            mongo: None,
+        };
+        let topic = self.topics.topic(db, table)?;
+        let payload = event.encode_to_vec();
+        let key = event_key(db, table, &[]);
+        self.publisher
+            .send_to_every_partition(&topic, &key, &payload)
+            .await?;
+        self.publish_metrics
+            .events
+            .with_label_values(&[db, table, op_label(op)])
+            .inc();
+        tracing::info!(database = %db, table = %table, kind, "DDL published");
         Ok(())
     }
 }

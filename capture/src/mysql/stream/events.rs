@@ -209,6 +209,9 @@ impl Capture {
                     }
                 }
                 self.commit(end).await?;
+                if self.snapshot.is_none() && !self.snapshots_pending.is_empty() {
+                    self.next_snapshot(None).await?;
+                }
             }
             Statement::Database { kind, name } => {
                 tracing::info!(kind, database = %name, "database statement");

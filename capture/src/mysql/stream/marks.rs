@@ -69,6 +69,7 @@ impl Capture {
             written_at: now_secs(),
             snapshot,
             snapshots_done: self.snapshots_done.clone(),
+            snapshots_pending: self.snapshots_pending.clone(),
         };
         self.publisher.mark(checkpoint).await?;
         Ok(())

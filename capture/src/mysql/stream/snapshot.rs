@@ -36,6 +36,12 @@ impl Capture {
         } else if !config.request_id.is_empty() && !self.snapshots_done.contains(&config.request_id)
         {
             (config.request_id.clone(), config.tables.clone(), None)
+        } else if let Some(p) = self
+            .snapshots_pending
+            .iter()
+            .find(|p| !self.snapshots_done.contains(&p.id))
+        {
+            (p.id.clone(), p.tables.clone(), None)
         } else {
             return Ok(());
         };
@@ -139,6 +145,8 @@ impl Capture {
         tracing::info!(snapshot = %run.id, "snapshot finished");
         run.update_metrics();
         self.snapshots_done.push(run.id.clone());
+        let done = &self.snapshots_done;
+        self.snapshots_pending.retain(|p| !done.contains(&p.id));
         drop(run);
         self.mark_now().await?;
         self.next_snapshot(None).await?;

@@ -95,6 +95,7 @@ impl Capture {
             read_to: 4,
             snapshot: None,
             snapshots_done: Vec::new(),
+            snapshots_pending: Vec::new(),
             snapshot_metrics,
         };
         Ok((capture, checkpoint))
@@ -106,14 +107,21 @@ impl Capture {
         checkpoint: Option<Checkpoint>,
     ) -> Result<(), CaptureError> {
         let fresh = checkpoint.is_none();
-        let (progress, done) = checkpoint
+        let (progress, done, pending) = checkpoint
             .as_ref()
-            .map(|c| (c.snapshot.clone(), c.snapshots_done.clone()))
+            .map(|c| {
+                (
+                    c.snapshot.clone(),
+                    c.snapshots_done.clone(),
+                    c.snapshots_pending.clone(),
+                )
+            })
             .unwrap_or_default();
         self.resume = self.start_position(checkpoint).await?;
         self.file = self.resume.file.clone();
         self.read_to = self.resume.pos;
         self.snapshots_done = done;
+        self.snapshots_pending = pending;
         self.next_snapshot(progress.map(|p| (*p).clone())).await?;
         if fresh && !self.resume.file.is_empty() && self.skip_until.is_none() {
             // A new capture stores where it starts before anything else: killed before its
