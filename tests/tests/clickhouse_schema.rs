@@ -624,3 +624,33 @@ async fn a_renamed_table_is_followed_by_its_target_with_every_row() {
     assert!(letters.is_empty(), "{letters:?}");
     p.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tables_made_like_another_or_from_a_select_arrive_whole() {
+    let mut p = Pipeline::start("sluice_t_ch_create_like").await;
+    let db = p.db.clone();
+    let t = |x: &str| format!("`{db}`.{x}");
+    p.sql(&[
+        format!(
+            "CREATE TABLE {} (id INT PRIMARY KEY, v VARCHAR(5), d DECIMAL(5,2))",
+            t("a")
+        ),
+        format!("INSERT INTO {} VALUES (1, 'x', 1.50), (2, 'y', -2.25)", t("a")),
+        format!("CREATE TABLE {} LIKE {}", t("l"), t("a")),
+        format!("INSERT INTO {} VALUES (7, 'l', 0.01)", t("l")),
+        format!("CREATE TABLE {} (PRIMARY KEY (id)) AS SELECT * FROM {}", t("s"), t("a")),
+        format!("CREATE TABLE {} SELECT id, v FROM {} WHERE id = 2", t("k"), t("a")),
+    ])
+    .await;
+    let ch_db = p.ch_db.clone();
+    let rows = |x: &str, cols: &str| format!("SELECT {cols} FROM {ch_db}.{x} FINAL ORDER BY id");
+    assert_eq!(until(&rows("l", "id, v, d"), "7\tl\t0.01").await, "7\tl\t0.01");
+    assert_eq!(
+        until(&rows("s", "id, v, d"), "1\tx\t1.50\n2\ty\t-2.25").await,
+        "1\tx\t1.50\n2\ty\t-2.25",
+        "CREATE TABLE ... AS SELECT: its rows arrive as row events"
+    );
+    // A keyless table made from a SELECT: a change log, its row there once.
+    assert_eq!(until(&rows("k", "id, v"), "2\ty").await, "2\ty");
+    p.finish().await;
+}
