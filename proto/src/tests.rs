@@ -241,6 +241,8 @@ fn ddl_event_round_trips() {
         new_table: String::new(),
         kind: "alter".into(),
         reason: String::new(),
+        statements: vec!["ALTER TABLE orders ADD COLUMN note TEXT".into()],
+        before: ev.schema.clone(),
     });
     let back = ChangeEvent::decode(ev.encode_to_vec().as_slice()).unwrap();
     assert_eq!(back, ev);

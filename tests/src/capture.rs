@@ -23,6 +23,20 @@ pub struct CaptureProcess {
     pub prefix: String,
     pub metrics_port: u16,
     config: tempfile::NamedTempFile,
+    /// What the process wrote to stderr, read as it goes (a full pipe would block it).
+    log: Option<std::thread::JoinHandle<String>>,
+    /// The logs of the earlier runs of this process, before its restarts.
+    earlier: String,
+}
+
+/// Read a child's stderr to its end on a thread of its own.
+fn drain(child: &mut Child) -> Option<std::thread::JoinHandle<String>> {
+    let mut s = child.stderr.take()?;
+    Some(std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }))
 }
 
 /// The binlog coordinate where the server is now, as `FILE:POS` for `[mysql] start`.
@@ -69,13 +83,14 @@ impl CaptureProcess {
             format!("{text}\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"),
         )
         .unwrap();
-        let child = Command::new(bin(binary))
+        let mut child = Command::new(bin(binary))
             .args(["-c", file.path().to_str().unwrap()])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let log = drain(&mut child);
         Self {
             child,
             binary,
@@ -83,6 +98,8 @@ impl CaptureProcess {
             prefix,
             metrics_port,
             config: file,
+            log,
+            earlier: String::new(),
         }
     }
 
@@ -97,12 +114,19 @@ impl CaptureProcess {
     /// The same capture (connector, prefix, config) started again, after the last one exited
     /// or was killed.
     pub fn restart(&mut self) {
+        // The last run has exited (stopped or killed): keep what it logged.
+        if let Some(h) = self.log.take() {
+            self.earlier.push_str(&h.join().unwrap_or_default());
+            self.earlier.push_str("---- restarted ----\n");
+        }
         self.child = Command::new(bin(self.binary))
             .args(["-c", self.config.path().to_str().unwrap()])
+            .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        self.log = drain(&mut self.child);
     }
 
     pub fn topic(&self, db: &str, table: &str) -> String {
@@ -136,11 +160,15 @@ impl CaptureProcess {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        let mut err = String::new();
-        if let Some(mut s) = self.child.stderr.take() {
-            s.read_to_string(&mut err).unwrap();
-        }
-        (status.code(), err)
+        let err = self
+            .log
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        (
+            status.code(),
+            format!("{}{err}", std::mem::take(&mut self.earlier)),
+        )
     }
 }
 

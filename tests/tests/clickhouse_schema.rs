@@ -635,16 +635,30 @@ async fn tables_made_like_another_or_from_a_select_arrive_whole() {
             "CREATE TABLE {} (id INT PRIMARY KEY, v VARCHAR(5), d DECIMAL(5,2))",
             t("a")
         ),
-        format!("INSERT INTO {} VALUES (1, 'x', 1.50), (2, 'y', -2.25)", t("a")),
+        format!(
+            "INSERT INTO {} VALUES (1, 'x', 1.50), (2, 'y', -2.25)",
+            t("a")
+        ),
         format!("CREATE TABLE {} LIKE {}", t("l"), t("a")),
         format!("INSERT INTO {} VALUES (7, 'l', 0.01)", t("l")),
-        format!("CREATE TABLE {} (PRIMARY KEY (id)) AS SELECT * FROM {}", t("s"), t("a")),
-        format!("CREATE TABLE {} SELECT id, v FROM {} WHERE id = 2", t("k"), t("a")),
+        format!(
+            "CREATE TABLE {} (PRIMARY KEY (id)) AS SELECT * FROM {}",
+            t("s"),
+            t("a")
+        ),
+        format!(
+            "CREATE TABLE {} SELECT id, v FROM {} WHERE id = 2",
+            t("k"),
+            t("a")
+        ),
     ])
     .await;
     let ch_db = p.ch_db.clone();
     let rows = |x: &str, cols: &str| format!("SELECT {cols} FROM {ch_db}.{x} FINAL ORDER BY id");
-    assert_eq!(until(&rows("l", "id, v, d"), "7\tl\t0.01").await, "7\tl\t0.01");
+    assert_eq!(
+        until(&rows("l", "id, v, d"), "7\tl\t0.01").await,
+        "7\tl\t0.01"
+    );
     assert_eq!(
         until(&rows("s", "id, v, d"), "1\tx\t1.50\n2\ty\t-2.25").await,
         "1\tx\t1.50\n2\ty\t-2.25",

@@ -99,6 +99,15 @@ pub struct TablesConfig {
     /// (or in the table's snapshot), part of the sort key so that equal rows never collapse.
     /// Default `_row`.
     pub row_column: String,
+    /// Where stopped tables are kept (in `clickhouse.database`), so that a restart does not
+    /// take a stopped table up again: one row per target table with the reason. Delete a
+    /// table's row (and restart) to take it up again. Default `_sluice_stopped`.
+    pub stopped_table: String,
+    /// Where the ALTERs applied are kept (in `clickhouse.database`): per target table the
+    /// version of each, and the columns it renamed and dropped. A copy of an ALTER read from
+    /// another partition, or again after a restart, is then known as applied, and rows of a
+    /// schema before a rename or a drop still go to the right columns. Default `_sluice_ddl`.
+    pub ddl_table: String,
     /// What a source `TRUNCATE` does to the target: `apply` (the default) or `keep`
     /// ([`OnTruncate`]).
     pub truncate: OnTruncate,
@@ -151,6 +160,8 @@ impl Default for TablesConfig {
             deleted_column: "_deleted".into(),
             op_column: "_op".into(),
             row_column: "_row".into(),
+            stopped_table: "_sluice_stopped".into(),
+            ddl_table: "_sluice_ddl".into(),
             truncate: OnTruncate::Apply,
             truncate_tables: BTreeMap::new(),
             drop: OnDrop::Keep,

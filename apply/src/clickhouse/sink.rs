@@ -78,6 +78,8 @@ pub struct Sink {
     /// Target name -> why it is stopped (a DDL that could not be applied, or a table the
     /// source refused): its later events are dead-lettered with the reason.
     stopped: HashMap<String, String>,
+    /// Target name -> the ALTERs applied to it (kept in ClickHouse, `tables.ddl_table`).
+    applied: HashMap<String, Applied>,
     plans: HashMap<u64, Arc<Plan>>,
     /// Shared with the rebalance callback, which drains it before partitions go.
     batch: Arc<Mutex<Batch>>,
@@ -87,6 +89,15 @@ pub struct Sink {
     metrics: Metrics,
     /// The run's shutdown, for waits outside a batch write (a target looked up or changed).
     shutdown: Shutdown,
+}
+
+/// The ALTERs applied to one target: the last one's version, and the columns renamed (old
+/// name -> new) and dropped by any of them.
+#[derive(Default)]
+struct Applied {
+    version: u64,
+    renamed: std::collections::BTreeMap<String, String>,
+    dropped: std::collections::HashSet<String>,
 }
 
 /// Why an event was not taken.
@@ -165,7 +176,7 @@ impl Sink {
         .await?;
         let mut schemas = SchemaCache::new(&config.kafka, &config.schema_topic, "apply-clickhouse");
         schemas.refresh().await?;
-        Ok(Self {
+        let mut sink = Self {
             client,
             features,
             consumer: Arc::new(consumer),
@@ -173,6 +184,7 @@ impl Sink {
             schemas,
             targets: HashMap::new(),
             stopped: HashMap::new(),
+            applied: HashMap::new(),
             plans: HashMap::new(),
             batch,
             in_flight,
@@ -180,7 +192,9 @@ impl Sink {
             metrics,
             config,
             shutdown: Shutdown::new(),
-        })
+        };
+        sink.read_stopped().await?;
+        Ok(sink)
     }
 
     /// Consume until shutdown; then write what is held, commit, and return.

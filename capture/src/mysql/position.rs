@@ -93,6 +93,30 @@ pub struct Checkpoint {
     /// finished yet: taken one after another once the one running is done.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots_pending: Vec<PendingSnapshot>,
+    /// DDL read while the capture was behind the server, not published yet: published at the
+    /// table's next rows, with the schema the binlog gives them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ddl_pending: Vec<PendingDdl>,
+}
+
+/// DDL of one table read while behind the server: the server's schema then may be that of a
+/// later statement, so the event waits for the table's next table map (its schema exact as of
+/// the rows), or for the capture to catch up with the server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingDdl {
+    pub database: String,
+    pub table: String,
+    /// "alter" or "create" (a create first stays a create).
+    pub kind: String,
+    /// The table's schema before the first statement, where known: its protobuf, in hex.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub before: String,
+    /// Every statement, in order.
+    pub statements: Vec<String>,
+    /// Where the last one is: its version and position.
+    pub file: String,
+    pub start: u64,
+    pub ts: u32,
 }
 
 /// A snapshot the capture asked itself for: its id and the tables (`database.table`).
@@ -147,6 +171,7 @@ mod tests {
             snapshot: None,
             snapshots_done: vec![],
             snapshots_pending: vec![],
+            ddl_pending: vec![],
         };
         let text = serde_json::to_string(&c).unwrap();
         assert!(!text.contains("server_uuid"));
@@ -171,6 +196,16 @@ mod tests {
             snapshots_pending: vec![PendingSnapshot {
                 id: "rename x".into(),
                 tables: vec!["db.t".into()],
+            }],
+            ddl_pending: vec![PendingDdl {
+                database: "db".into(),
+                table: "t".into(),
+                kind: "alter".into(),
+                before: "0a0264622a".into(),
+                statements: vec!["ALTER TABLE t ADD c INT".into()],
+                file: "mysql-bin.000001".into(),
+                start: 400,
+                ts: 1,
             }],
             ..c
         };

@@ -21,7 +21,7 @@ use sluice_proto::v1::{Column, TableSchema};
 use sluice_proto::ChangeEvent;
 
 use super::target::Target;
-use super::{quote, Refusal, Sink};
+use super::{quote, refused, Refusal, Sink};
 use crate::clickhouse::types::{map_column, ChType, Features};
 use crate::clickhouse::{OnDrop, OnTruncate};
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
@@ -44,25 +44,30 @@ struct ColumnChanges {
 
 impl Sink {
     /// The target's changes for an ALTER of `database.table` to schema `new`, against the
-    /// source schema last written (or, after a restart, every earlier schema of the table the
-    /// schema topic holds): see [`column_changes`].
+    /// schema before it that the event carries (else the source schema last written, or, after
+    /// a restart, every earlier schema of the table the schema topic holds): see
+    /// [`column_changes`].
     fn alter_changes(
         &self,
         target: &Target,
         database: &str,
         table: &str,
         new: &TableSchema,
-        statement: &str,
+        statements: &[String],
+        said_before: Option<&TableSchema>,
     ) -> Result<ColumnChanges, String> {
-        let before: Vec<Column> = match &target.source {
-            Some(s) => s.columns.clone(),
-            None => self.schemas.columns_ever(database, table, new.schema_id),
+        // The schema before the statement as the capture says it; else the one last written
+        // since start; else every earlier schema's columns.
+        let before: Vec<Column> = match (said_before, &target.source) {
+            (Some(s), _) => s.columns.clone(),
+            (None, Some(s)) => s.columns.clone(),
+            (None, None) => self.schemas.columns_ever(database, table, new.schema_id),
         };
         column_changes(
             &target.columns,
             &before,
             new,
-            statement,
+            statements,
             self.features,
             self.config.tables.create,
         )
@@ -87,16 +92,33 @@ impl Sink {
             match ddl.kind.as_str() {
                 "alter" => {
                     let Some(new) = &ddl.schema else { return Ok(()) };
-                    let Some(mut target) = self.targets.get(&name).cloned() else {
+                    if self.applied.get(&name).is_some_and(|s| s.version >= event.version) {
+                        // Applied from another partition's copy, or before a restart.
                         self.schemas.remember(new);
-                        return Ok(()); // made from the schema when its first row arrives
+                        return Ok(());
+                    }
+                    // The target as the server has it (read now if not since start; made from
+                    // this schema if missing, with nothing then left to change).
+                    if !self.targets.contains_key(&name)
+                        && !self.config.tables.create
+                        && self.describe(&name).await?.is_empty()
+                    {
+                        self.schemas.remember(new);
+                        return Ok(()); // no target, and none to make
+                    }
+                    let mut target = self.target(new).await?;
+                    let statements = if ddl.statements.is_empty() {
+                        vec![ddl.statement.clone()]
+                    } else {
+                        ddl.statements.clone()
                     };
                     let change = self.alter_changes(
                         &target,
                         &event.database,
                         &event.table,
                         new,
-                        &statement,
+                        &statements,
+                        ddl.before.as_ref(),
                     );
                     self.schemas.remember(new);
                     let change = change.map_err(|why| {
@@ -125,6 +147,7 @@ impl Sink {
                     }
                     target.source = Some(std::sync::Arc::new(new.clone()));
                     self.targets.insert(name.clone(), target);
+                    self.record_applied(&name, event.version, &change).await?;
                     Ok(())
                 }
                 "refused" => Err(Refusal::Bad(BadEvent::new(
@@ -188,7 +211,7 @@ impl Sink {
                 } else {
                     format!("DDL {statement:?} failed: {e}")
                 };
-                self.stopped.insert(name, reason);
+                self.stop_table(&name, &reason).await?;
                 Ok(())
             }
         }
@@ -196,6 +219,126 @@ impl Sink {
 }
 
 impl Sink {
+    /// The stopped tables kept in ClickHouse (`tables.stopped_table`, made if missing): a
+    /// table stopped before a restart stays stopped.
+    pub(super) async fn read_stopped(&mut self) -> Result<(), ApplyError> {
+        let t = format!(
+            "{}.{}",
+            quote(&self.config.clickhouse.database),
+            quote(&self.config.tables.stopped_table)
+        );
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (target String, reason String, at DateTime) \
+             ENGINE = ReplacingMergeTree(at) ORDER BY target"
+        );
+        self.answered("creating the stopped tables' table", || {
+            self.client.query(&create).execute()
+        })
+        .await?
+        .map_err(|e| refused(format_args!("{create}: {e}")))?;
+        let select = format!("SELECT target, argMax(reason, at) FROM {t} GROUP BY target");
+        let rows = self
+            .answered("reading the stopped tables", || {
+                self.client.query(&select).fetch_all::<(String, String)>()
+            })
+            .await?
+            .map_err(|e| refused(format_args!("{select}: {e}")))?;
+        for (target, reason) in rows {
+            tracing::warn!(table = %target, %reason, "table stopped before this start: its events are dead-lettered (delete its row from {} to take it up again)", self.config.tables.stopped_table);
+            self.stopped.insert(target, reason);
+        }
+        let t = format!(
+            "{}.{}",
+            quote(&self.config.clickhouse.database),
+            quote(&self.config.tables.ddl_table)
+        );
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (target String, version UInt64, renamed String, \
+             dropped String, at DateTime) ENGINE = MergeTree ORDER BY (target, version)"
+        );
+        self.answered("creating the applied DDL's table", || {
+            self.client.query(&create).execute()
+        })
+        .await?
+        .map_err(|e| refused(format_args!("{create}: {e}")))?;
+        let select = format!(
+            "SELECT target, version, renamed, dropped FROM {t} ORDER BY target, version"
+        );
+        let rows = self
+            .answered("reading the applied DDL", || {
+                self.client
+                    .query(&select)
+                    .fetch_all::<(String, u64, String, String)>()
+            })
+            .await?
+            .map_err(|e| refused(format_args!("{select}: {e}")))?;
+        for (target, version, renamed, dropped) in rows {
+            let s = self.applied.entry(target).or_default();
+            s.version = s.version.max(version);
+            for pair in renamed.lines() {
+                if let Some((a, b)) = pair.split_once('\t') {
+                    s.renamed.insert(a.to_string(), b.to_string());
+                }
+            }
+            s.dropped.extend(dropped.lines().map(str::to_string));
+        }
+        Ok(())
+    }
+
+    /// Record ALTER `version` of target `name` as applied, with what it renamed and dropped.
+    async fn record_applied(
+        &mut self,
+        name: &str,
+        version: u64,
+        change: &ColumnChanges,
+    ) -> Result<(), ApplyError> {
+        let renamed: Vec<String> = change
+            .renamed
+            .iter()
+            .map(|(a, b)| format!("{a}\t{b}"))
+            .collect();
+        let sql = format!(
+            "INSERT INTO {}.{} (target, version, renamed, dropped, at) VALUES (?, ?, ?, ?, now())",
+            quote(&self.config.clickhouse.database),
+            quote(&self.config.tables.ddl_table)
+        );
+        let (renamed, dropped) = (renamed.join("\n"), change.dropped.join("\n"));
+        self.answered("recording an applied ALTER", || {
+            self.client
+                .query(&sql)
+                .bind(name)
+                .bind(version)
+                .bind(&renamed)
+                .bind(&dropped)
+                .execute()
+        })
+        .await?
+        .map_err(|e| refused(format_args!("{sql}: {e}")))?;
+        let s = self.applied.entry(name.to_string()).or_default();
+        s.version = s.version.max(version);
+        for (a, b) in &change.renamed {
+            s.renamed.insert(a.clone(), b.clone());
+        }
+        s.dropped.extend(change.dropped.iter().cloned());
+        Ok(())
+    }
+
+    /// Stop target `name` for `reason`: kept in memory and in ClickHouse.
+    pub(super) async fn stop_table(&mut self, name: &str, reason: &str) -> Result<(), ApplyError> {
+        let sql = format!(
+            "INSERT INTO {}.{} (target, reason, at) VALUES (?, ?, now())",
+            quote(&self.config.clickhouse.database),
+            quote(&self.config.tables.stopped_table)
+        );
+        self.answered("recording a stopped table", || {
+            self.client.query(&sql).bind(name).bind(reason).execute()
+        })
+        .await?
+        .map_err(|e| refused(format_args!("{sql}: {e}")))?;
+        self.stopped.insert(name.to_string(), reason.to_string());
+        Ok(())
+    }
+
     /// A TRUNCATE (or a DROP under `tables.drop = "delete"`) at `version`: in a mirror every row
     /// older than it is deleted, and the mutation waited for; a change log gets one row with op
     /// `kind` at that version. The statement reaches every partition of the table's topic, and
@@ -322,7 +465,7 @@ fn column_changes(
     columns: &BTreeMap<String, ChType>,
     before: &[Column],
     new: &TableSchema,
-    statement: &str,
+    statements: &[String],
     features: Features,
     create: bool,
 ) -> Result<ColumnChanges, String> {
@@ -341,7 +484,7 @@ fn column_changes(
         .collect();
     // Renames the statement names, of a column that went to one that came.
     let mut renamed = Vec::new();
-    for (from, to) in super::statement::renames(statement) {
+    for (from, to) in super::statement::renames_in(statements) {
         if let (Some(d), Some(a)) = (
             dropped.iter().position(|c| *c == from),
             added.iter().position(|c| *c == to),
@@ -351,7 +494,12 @@ fn column_changes(
             renamed.push((from, to));
         }
     }
-    if !dropped.is_empty() && !added.is_empty() {
+    // A column the statements drop by name is dropped, whatever else they add.
+    let unexplained: Vec<&String> = dropped
+        .iter()
+        .filter(|d| !super::statement::drops_in(statements, d))
+        .collect();
+    if !unexplained.is_empty() && !added.is_empty() {
         return Err(format!(
             "it removes column(s) {} and adds {} at once: a rename cannot be told from a drop \
              and an add, and a drop would lose the column's values. Rename (or drop and add) \
@@ -427,7 +575,7 @@ fn column_changes(
                 .iter()
                 .find(|c| c.name == name)
                 .expect("added: a column of the new schema");
-            with_defaults.push((c.clone(), existing_rows_value(c, statement, features)?));
+            with_defaults.push((c.clone(), existing_rows_value(c, statements, features)?));
         }
     }
     Ok(ColumnChanges {
@@ -443,7 +591,7 @@ fn column_changes(
 /// default, which is the same).
 fn existing_rows_value(
     c: &Column,
-    statement: &str,
+    statements: &[String],
     features: Features,
 ) -> Result<Option<String>, String> {
     use super::statement::Added;
@@ -457,7 +605,7 @@ fn existing_rows_value(
         ))
     };
     let literal = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
-    match super::statement::added(statement, &c.name) {
+    match super::statement::added_in(statements, &c.name) {
         None => refuse("without an ADD clause this stage can read"),
         Some(Added::Expression(e)) => refuse(&format!("with the default {e}")),
         Some(Added::Null) => Ok(None),
@@ -500,6 +648,24 @@ mod tests {
         }
     }
 
+    fn changes(
+        columns: &BTreeMap<String, ChType>,
+        before: &[Column],
+        new: &TableSchema,
+        statement: &str,
+        features: Features,
+        create: bool,
+    ) -> Result<ColumnChanges, String> {
+        column_changes(
+            columns,
+            before,
+            new,
+            &[statement.to_string()],
+            features,
+            create,
+        )
+    }
+
     const MODIFY: &str = "ALTER TABLE t MODIFY n BIGINT";
 
     #[test]
@@ -527,18 +693,18 @@ mod tests {
         // CREATE INDEX: the same columns. Nothing changes, the hand-made types stand.
         let same = schema(before.clone());
         assert_eq!(
-            column_changes(&target, &before, &same, "CREATE INDEX i ON t (n)", f, false),
+            changes(&target, &before, &same, "CREATE INDEX i ON t (n)", f, false),
             Ok(ColumnChanges::default())
         );
         // INT -> BIGINT: widened where the stage may change the table, refused where not.
         let wider = schema(vec![id.clone(), big.clone(), price.clone()]);
         assert_eq!(
-            column_changes(&target, &before, &wider, MODIFY, f, true)
+            changes(&target, &before, &wider, MODIFY, f, true)
                 .unwrap()
                 .widened,
             vec![("n".to_string(), ChType::Int(64))]
         );
-        let e = column_changes(&target, &before, &wider, MODIFY, f, false).unwrap_err();
+        let e = changes(&target, &before, &wider, MODIFY, f, false).unwrap_err();
         assert!(
             e.contains("column n is now bigint(20)") && e.contains("tables.create is off"),
             "{e}"
@@ -546,7 +712,7 @@ mod tests {
         // A dropped source column goes; the target's own column stays.
         let fewer = schema(vec![id.clone(), price.clone()]);
         assert_eq!(
-            column_changes(&target, &before, &fewer, "ALTER TABLE t DROP n", f, true)
+            changes(&target, &before, &fewer, "ALTER TABLE t DROP n", f, true)
                 .unwrap()
                 .dropped,
             vec!["n".to_string()]
@@ -557,7 +723,19 @@ mod tests {
             col("m", ColumnType::Int, "int(11)"),
             price.clone(),
         ]);
-        let e = column_changes(
+        // A statement that says neither (the schemas from a statement this stage cannot read).
+        let e = changes(
+            &target,
+            &before,
+            &renamed,
+            "ALTER TABLE t COMMENT 'x'",
+            f,
+            true,
+        )
+        .unwrap_err();
+        assert!(e.contains("removes column(s) n and adds m"), "{e}");
+        // One that drops n by name and adds m: no rename, both done.
+        let change = changes(
             &target,
             &before,
             &renamed,
@@ -565,19 +743,20 @@ mod tests {
             f,
             true,
         )
-        .unwrap_err();
-        assert!(e.contains("removes column(s) n and adds m"), "{e}");
+        .unwrap();
+        assert_eq!(change.dropped, vec!["n".to_string()]);
+        assert_eq!(change.added.len(), 1);
         // Said as a rename: renamed where the server can, refused where it cannot.
         let rename = "ALTER TABLE t RENAME COLUMN n TO m";
-        let change = column_changes(&target, &before, &renamed, rename, f, true).unwrap();
+        let change = changes(&target, &before, &renamed, rename, f, true).unwrap();
         assert_eq!(change.renamed, vec![("n".to_string(), "m".to_string())]);
         assert!(change.dropped.is_empty() && change.added.is_empty() && change.widened.is_empty());
         let old = Features::of_version("18.16.1");
-        let e = column_changes(&target, &before, &renamed, rename, old, true).unwrap_err();
+        let e = changes(&target, &before, &renamed, rename, old, true).unwrap_err();
         assert!(e.contains("no RENAME COLUMN (20.4+)"), "{e}");
         // CHANGE n m BIGINT: renamed and widened.
         let renamed_wider = schema(vec![id.clone(), col("m", ColumnType::Bigint, "bigint(20)")]);
-        let change = column_changes(
+        let change = changes(
             &target,
             &before,
             &renamed_wider,
@@ -595,7 +774,7 @@ mod tests {
         };
         let ts = col("ts", ColumnType::Timestamp, "timestamp");
         let more = schema(vec![id.clone(), n.clone(), price.clone(), email.clone()]);
-        let change = column_changes(
+        let change = changes(
             &target,
             &before,
             &more,
@@ -608,7 +787,7 @@ mod tests {
             change.added,
             vec![(email.clone(), Some("'none@x'".to_string()))]
         );
-        let change = column_changes(
+        let change = changes(
             &target,
             &before,
             &more,
@@ -619,7 +798,7 @@ mod tests {
         .unwrap();
         assert_eq!(change.added, vec![(email.clone(), None)]);
         let stamped = schema(vec![id.clone(), n.clone(), price.clone(), ts]);
-        let e = column_changes(
+        let e = changes(
             &target,
             &before,
             &stamped,
@@ -633,7 +812,7 @@ mod tests {
             "{e}"
         );
         // tables.create off: nothing is added.
-        let change = column_changes(
+        let change = changes(
             &target,
             &before,
             &more,
@@ -652,7 +831,7 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            column_changes(
+            changes(
                 &widened_target,
                 &history,
                 &again,

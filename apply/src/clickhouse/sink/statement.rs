@@ -232,6 +232,81 @@ pub fn renames(sql: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The columns an ALTER drops by name: `DROP [COLUMN] [IF EXISTS] a` (not an index, key,
+/// constraint or partition).
+pub fn drops(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in clauses(sql) {
+        if !c.first().is_some_and(|x| x.is("DROP")) {
+            continue;
+        }
+        let mut i = 1;
+        let not_a_column = [
+            "INDEX",
+            "KEY",
+            "PRIMARY",
+            "FOREIGN",
+            "CONSTRAINT",
+            "CHECK",
+            "PARTITION",
+            "SYSTEM",
+            "PERIOD",
+            "DEFAULT",
+        ];
+        if c.get(i)
+            .is_some_and(|x| not_a_column.iter().any(|k| x.is(k)))
+        {
+            continue;
+        }
+        if c.get(i).is_some_and(|x| x.is("COLUMN")) {
+            i += 1;
+        }
+        i = skip_if(&c, i);
+        if let Some(name) = c.get(i).and_then(Token::name) {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// Several statements of one table, in order (a capture behind the server publishes them as
+/// one event): the renames they make, composed (`a` to `b` then `b` to `c`: `a` to `c`).
+pub fn renames_in(statements: &[String]) -> Vec<(String, String)> {
+    let mut chain: Vec<(String, String)> = Vec::new();
+    for s in statements {
+        for (from, to) in renames(s) {
+            match chain.iter_mut().find(|(_, now)| *now == from) {
+                Some(link) => link.1 = to,
+                None => chain.push((from, to)),
+            }
+        }
+    }
+    chain.retain(|(a, b)| a != b);
+    chain
+}
+
+/// The default the rows there took for `column` (its name after every statement), from the
+/// last statement that added it, followed back through renames.
+pub fn added_in(statements: &[String], column: &str) -> Option<Added> {
+    let mut name = column.to_string();
+    for s in statements.iter().rev() {
+        if let Some(a) = added(s, &name) {
+            return Some(a);
+        }
+        if let Some((from, _)) = renames(s).into_iter().find(|(_, to)| *to == name) {
+            name = from;
+        }
+    }
+    None
+}
+
+/// Whether some statement drops `column` by name.
+pub fn drops_in(statements: &[String], column: &str) -> bool {
+    statements
+        .iter()
+        .any(|s| drops(s).iter().any(|d| d.eq_ignore_ascii_case(column)))
+}
+
 /// What the rows already in a table took for a column an ALTER added.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Added {
@@ -402,6 +477,35 @@ mod tests {
             vec![("a".into(), "b".into())]
         );
         assert_eq!(renames("RENAME TABLE a TO b"), vec![]);
+    }
+
+    #[test]
+    fn several_statements_compose() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let stmts = s(&[
+            "ALTER TABLE t ADD COLUMN c INT NOT NULL DEFAULT 5",
+            "ALTER TABLE t RENAME COLUMN c TO d, RENAME COLUMN x TO y",
+            "ALTER TABLE t CHANGE d e INT NOT NULL, DROP COLUMN z, DROP INDEX i, DROP PRIMARY KEY",
+        ]);
+        assert_eq!(
+            renames_in(&stmts),
+            vec![("c".to_string(), "e".to_string()), ("x".into(), "y".into())]
+        );
+        assert_eq!(added_in(&stmts, "e"), Some(Added::Constant("5".into())));
+        assert_eq!(added_in(&stmts, "y"), None);
+        assert!(drops_in(&stmts, "z"));
+        assert!(!drops_in(&stmts, "i") && !drops_in(&stmts, "x"));
+        assert_eq!(
+            drops("ALTER TABLE t DROP IF EXISTS `a b`, DROP COLUMN c, DROP CONSTRAINT k"),
+            vec!["a b".to_string(), "c".to_string()]
+        );
+        // Added, dropped and added again: the last one's default.
+        let again = s(&[
+            "ALTER TABLE t ADD c INT DEFAULT 1",
+            "ALTER TABLE t DROP c",
+            "ALTER TABLE t ADD c INT DEFAULT 2",
+        ]);
+        assert_eq!(added_in(&again, "c"), Some(Added::Constant("2".into())));
     }
 
     #[test]

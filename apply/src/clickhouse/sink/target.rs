@@ -161,7 +161,7 @@ impl Sink {
     }
 
     /// The target of a source table: known, read from the server, or created.
-    async fn target(&mut self, schema: &TableSchema) -> Result<Target, Refusal> {
+    pub(super) async fn target(&mut self, schema: &TableSchema) -> Result<Target, Refusal> {
         let name = self.target_name(&schema.database, &schema.table);
         if let Some(t) = self.targets.get(&name) {
             return Ok(t.clone());
@@ -194,8 +194,16 @@ impl Sink {
             mode,
             columns,
             source: None,
-            renamed: BTreeMap::new(),
-            dropped: Default::default(),
+            renamed: self
+                .applied
+                .get(&name)
+                .map(|a| a.renamed.clone())
+                .unwrap_or_default(),
+            dropped: self
+                .applied
+                .get(&name)
+                .map(|a| a.dropped.clone())
+                .unwrap_or_default(),
         };
         self.targets.insert(name, t.clone());
         Ok(t)

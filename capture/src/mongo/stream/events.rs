@@ -134,6 +134,8 @@ impl Capture {
                     new_table,
                     kind: d.kind.to_string(),
                     reason: String::new(),
+                    statements: Vec::new(),
+                    before: None,
                 },
                 d.to,
             )

@@ -54,6 +54,15 @@ pub struct Capture {
     pub(super) snapshots_done: Vec<String>,
     /// Snapshots asked for by the stream itself (renames), in the checkpoint until done.
     pub(super) snapshots_pending: Vec<crate::mysql::position::PendingSnapshot>,
+    /// DDL read while behind the server, by table: published at the table's next table map
+    /// (in the checkpoint until then).
+    pub(super) ddl_pending: Vec<crate::mysql::position::PendingDdl>,
+    /// The schema the last DDL event of a table carried, read from information_schema when the
+    /// capture was caught up: checked against the table's next table map.
+    pub(super) ddl_schemas: HashMap<(String, String), TableSchema>,
+    /// The schema of each table's last rows read (or last DDL published) since start: the
+    /// "before" of its next DDL event.
+    pub(super) last_schema: HashMap<(String, String), TableSchema>,
     pub(super) snapshot_metrics: Arc<SnapshotMetrics>,
 }
 

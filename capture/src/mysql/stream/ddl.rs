@@ -15,7 +15,8 @@ use sluice_proto::{event_key, mysql_version, CONTRACT_VERSION};
 use super::context::Capture;
 use crate::error::CaptureError;
 use crate::mysql::ddl::TableRef;
-use crate::mysql::position::PendingSnapshot;
+use crate::mysql::position::{PendingDdl, PendingSnapshot};
+use mysql_async::prelude::Queryable;
 
 impl Capture {
     /// Publish a DDL statement `kind` on `tables` (renamed to `renamed_to`), read at `start`.
@@ -28,6 +29,7 @@ impl Capture {
         tables: Vec<TableRef>,
         renamed_to: Vec<TableRef>,
         start: u64,
+        end: u64,
         ts: u32,
     ) -> Result<(), CaptureError> {
         let resolve = |t: &TableRef| {
@@ -72,6 +74,53 @@ impl Capture {
             if !self.filter.wants(&db, &table) {
                 continue;
             }
+            let here = (db.clone(), table.clone());
+            if kind == "drop" || new_name.is_some() {
+                // Gone under this name: what was waiting for its next rows goes too.
+                self.ddl_pending
+                    .retain(|p| (p.database.as_str(), p.table.as_str()) != (&db, &table));
+                self.ddl_schemas.remove(&here);
+                self.last_schema.remove(&here);
+            }
+            if matches!(kind, "alter" | "create") {
+                // The server's schema now is the one after this statement only if the capture
+                // is not behind it: else the statement waits for the table's next rows.
+                if let Some(p) = self
+                    .ddl_pending
+                    .iter_mut()
+                    .find(|p| p.database == db && p.table == table)
+                {
+                    p.statements.push(sql.to_string());
+                    (p.file, p.start, p.ts) = (self.file.clone(), start, ts);
+                    continue;
+                }
+                let after = self.schema_of(&db, &table).await?;
+                if self.caught_up(end).await? {
+                    if let Some(s) = &after {
+                        self.ddl_schemas.insert(here, s.clone());
+                    }
+                    self.publish_ddl_event(&db, &table, kind, sql, after, None, start, ts)
+                        .await?;
+                } else {
+                    tracing::info!(database = %db, table = %table, kind, "DDL read behind the server: published with the table's next rows");
+                    let before = self
+                        .last_schema
+                        .get(&here)
+                        .map(|s| sluice_common::hex::encode(&s.encode_to_vec()))
+                        .unwrap_or_default();
+                    self.ddl_pending.push(PendingDdl {
+                        database: db,
+                        table,
+                        before,
+                        kind: kind.to_string(),
+                        statements: vec![sql.to_string()],
+                        file: self.file.clone(),
+                        start,
+                        ts,
+                    });
+                }
+                continue;
+            }
             // The schema after the statement: of the new name for renames, none for drops.
             let after = match (&new_name, kind) {
                 (_, "drop") => None,
@@ -86,6 +135,90 @@ impl Capture {
         }
         Ok(())
     }
+    /// Whether the server has written nothing to its binlog past `end` of the file being read:
+    /// what information_schema said before this was asked is the schema as of `end`.
+    pub(super) async fn caught_up(&mut self, end: u64) -> Result<bool, CaptureError> {
+        let row: Option<mysql_async::Row> =
+            self.schema_conn.query_first("SHOW MASTER STATUS").await?;
+        let at = row.and_then(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)));
+        Ok(at.is_some_and(|(file, pos)| file == self.file && pos == end))
+    }
+
+    /// Publish the DDL of `db.table` read while behind the server, with the schema its next
+    /// rows were written with (`schema`, from their table map; `None`: information_schema's,
+    /// once the capture has caught up).
+    pub(super) async fn publish_pending_ddl(
+        &mut self,
+        db: &str,
+        table: &str,
+        schema: Option<v1::TableSchema>,
+    ) -> Result<(), CaptureError> {
+        let Some(i) = self
+            .ddl_pending
+            .iter()
+            .position(|p| p.database == db && p.table == table)
+        else {
+            return Ok(());
+        };
+        let p = self.ddl_pending.remove(i);
+        let kind = if p.kind == "create" {
+            "create"
+        } else {
+            "alter"
+        };
+        let before = sluice_common::hex::decode(&p.before)
+            .ok()
+            .filter(|b| !b.is_empty())
+            .and_then(|b| v1::TableSchema::decode(b.as_slice()).ok());
+        if let Some(s) = &schema {
+            self.last_schema
+                .insert((db.to_string(), table.to_string()), s.clone());
+        }
+        let last = p.statements.last().cloned().unwrap_or_default();
+        let event = v1::ChangeEvent {
+            contract: CONTRACT_VERSION,
+            source: Some(self.source.clone()),
+            op: Op::Ddl as i32,
+            database: db.to_string(),
+            table: table.to_string(),
+            version: mysql_version(&p.file, p.start, 0)?,
+            position: Some(v1::Position {
+                kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
+                    file: p.file.clone(),
+                    pos: p.start,
+                    ..Default::default()
+                })),
+            }),
+            commit_time_micros: i64::from(p.ts) * 1_000_000,
+            capture_time_micros: now_micros(),
+            schema_id: schema.as_ref().map(|s| s.schema_id).unwrap_or(0),
+            schema: schema.clone(),
+            ddl: Some(v1::Ddl {
+                statement: last,
+                schema,
+                kind: kind.to_string(),
+                statements: if p.statements.len() > 1 {
+                    p.statements.clone()
+                } else {
+                    Vec::new()
+                },
+                before,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let topic = self.topics.topic(db, table)?;
+        self.publisher
+            .send_to_every_partition(&topic, &event_key(db, table, &[]), &event.encode_to_vec())
+            .await?;
+        self.publish_metrics
+            .events
+            .with_label_values(&[db, table, "ddl"])
+            .inc();
+        tracing::info!(database = %db, table = %table, statements = p.statements.len(), "DDL read behind the server published");
+        Ok(())
+    }
+
     /// Publish one DDL (or TRUNCATE) event of `db.table` to every partition of its topic.
     #[allow(clippy::too_many_arguments)]
     async fn publish_ddl_event(
@@ -99,6 +232,14 @@ impl Capture {
         start: u64,
         ts: u32,
     ) -> Result<(), CaptureError> {
+        let here = (db.to_string(), table.to_string());
+        let before = self.last_schema.get(&here).cloned();
+        match &after {
+            Some(s) if matches!(kind, "alter" | "create") => {
+                self.last_schema.insert(here, s.clone());
+            }
+            _ => {}
+        }
         let op = if kind == "truncate" {
             Op::Truncate
         } else {
@@ -131,6 +272,8 @@ impl Capture {
                 new_table: new_name.as_ref().map(|n| n.1.clone()).unwrap_or_default(),
                 kind: kind.to_string(),
                 reason: String::new(),
+                statements: Vec::new(),
+                before,
             }),
             mongo: None,
         };

@@ -101,6 +101,27 @@ impl Capture {
             }
             EventData::HeartbeatEvent if self.tx.is_none() => {
                 self.publish_metrics.lag_seconds.set(0);
+                // Caught up: DDL still waiting for rows can take information_schema's schema,
+                // if the server wrote nothing since it was read.
+                if !self.ddl_pending.is_empty() && self.skip_until.is_none() {
+                    let pending: Vec<(String, String)> = self
+                        .ddl_pending
+                        .iter()
+                        .map(|p| (p.database.clone(), p.table.clone()))
+                        .collect();
+                    let mut schemas = Vec::new();
+                    for (db, table) in pending {
+                        self.schemas.remove(&(db.clone(), table.clone()));
+                        let s = self.schema_of(&db, &table).await?;
+                        schemas.push((db, table, s));
+                    }
+                    if self.caught_up(self.read_to).await? {
+                        for (db, table, s) in schemas {
+                            self.publish_pending_ddl(&db, &table, s).await?;
+                        }
+                        self.mark_now().await?;
+                    }
+                }
             }
             _ => {}
         }
@@ -191,7 +212,7 @@ impl Capture {
                 if self.skip_until.is_none() {
                     let moved = ddl::rows_changed_without_row_events(&sql);
                     let mut refused = tables.clone();
-                    self.apply_ddl(kind, &sql, &default_db, tables, renamed_to, start, ts)
+                    self.apply_ddl(kind, &sql, &default_db, tables, renamed_to, start, end, ts)
                         .await?;
                     if let Some((clause, others)) = moved {
                         let reason = format!(
@@ -268,6 +289,33 @@ impl Capture {
         let schema = match schema::from_table_map(&tme, current.as_ref()) {
             Some(s) => {
                 self.publish_schema(&s).await?;
+                let here = (database.clone(), table.clone());
+                if self
+                    .ddl_pending
+                    .iter()
+                    .any(|p| (&p.database, &p.table) == (&here.0, &here.1))
+                {
+                    self.publish_pending_ddl(&database, &table, Some(s.clone()))
+                        .await?;
+                } else if let Some(published) = self.ddl_schemas.remove(&here) {
+                    // The schema a DDL event carried, against the binlog's own.
+                    if let Some(why) = disagreement(&published, &s) {
+                        let at = self.resume.pos;
+                        self.refuse_table(
+                            &database,
+                            &table,
+                            "(the table's last DDL)",
+                            &format!(
+                                "the schema published with the table's last DDL (read from \
+                                 information_schema) disagrees with the binlog's for the rows \
+                                 after it: {why}. Re-snapshot the table"
+                            ),
+                            at,
+                            0,
+                        )
+                        .await?;
+                    }
+                }
                 s
             }
             None if self.server.has_row_metadata => {
@@ -296,6 +344,8 @@ impl Capture {
                 )
             })?,
         };
+        self.last_schema
+            .insert((database.clone(), table.clone()), schema.clone());
         if let Some(d) = self.decoders.get(&table_id) {
             if d.schema.schema_id == schema.schema_id {
                 return Ok(());
@@ -515,4 +565,25 @@ fn uuid_text(sid: &[u8; 16]) -> String {
         &h[16..20],
         &h[20..32]
     )
+}
+
+/// How a DDL event's schema and the table map's after it differ (names, types, signedness,
+/// order), if they do.
+fn disagreement(published: &v1::TableSchema, binlog: &v1::TableSchema) -> Option<String> {
+    let cols = |s: &v1::TableSchema| -> Vec<(String, i32, bool)> {
+        s.columns
+            .iter()
+            .map(|c| (c.name.clone(), c.r#type, c.unsigned))
+            .collect()
+    };
+    let (a, b) = (cols(published), cols(binlog));
+    if a == b {
+        return None;
+    }
+    let names = |v: &[(String, i32, bool)]| v.iter().map(|c| c.0.clone()).collect::<Vec<_>>();
+    Some(format!(
+        "published columns {:?}, binlog columns {:?}",
+        names(&a),
+        names(&b)
+    ))
 }

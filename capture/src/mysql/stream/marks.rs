@@ -70,6 +70,7 @@ impl Capture {
             snapshot,
             snapshots_done: self.snapshots_done.clone(),
             snapshots_pending: self.snapshots_pending.clone(),
+            ddl_pending: self.ddl_pending.clone(),
         };
         self.publisher.mark(checkpoint).await?;
         Ok(())

@@ -96,6 +96,9 @@ impl Capture {
             snapshot: None,
             snapshots_done: Vec::new(),
             snapshots_pending: Vec::new(),
+            ddl_pending: Vec::new(),
+            ddl_schemas: HashMap::new(),
+            last_schema: HashMap::new(),
             snapshot_metrics,
         };
         Ok((capture, checkpoint))
@@ -107,13 +110,14 @@ impl Capture {
         checkpoint: Option<Checkpoint>,
     ) -> Result<(), CaptureError> {
         let fresh = checkpoint.is_none();
-        let (progress, done, pending) = checkpoint
+        let (progress, done, pending, ddl_pending) = checkpoint
             .as_ref()
             .map(|c| {
                 (
                     c.snapshot.clone(),
                     c.snapshots_done.clone(),
                     c.snapshots_pending.clone(),
+                    c.ddl_pending.clone(),
                 )
             })
             .unwrap_or_default();
@@ -122,6 +126,7 @@ impl Capture {
         self.read_to = self.resume.pos;
         self.snapshots_done = done;
         self.snapshots_pending = pending;
+        self.ddl_pending = ddl_pending;
         self.next_snapshot(progress.map(|p| (*p).clone())).await?;
         if fresh && !self.resume.file.is_empty() && self.skip_until.is_none() {
             // A new capture stores where it starts before anything else: killed before its
