@@ -155,7 +155,10 @@ async fn random_schema_changes_under_restarts_leave_every_mirror_exact_or_stoppe
     // RENAME COLUMN needs ClickHouse 20.4+; on older servers a rename stops its table (tested
     // on its own), which would leave little to compare here.
     let version = ch("SELECT version()").await;
-    let mut parts = version.trim().split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let mut parts = version
+        .trim()
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0));
     let can_rename = (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (20, 4);
     let db = unique("sluice_t_ch_random");
     let ch_db = format!("{db}_m");
@@ -446,7 +449,10 @@ async fn random_schema_changes_under_restarts_leave_every_mirror_exact_or_stoppe
             assert_eq!(code, Some(0), "seed {seed}: {out}");
         }
     } else {
-        println!("the stages' logs: {}", keep_logs(&mut capture, &mut apply, seed));
+        println!(
+            "the stages' logs: {}",
+            keep_logs(&mut capture, &mut apply, seed)
+        );
     }
     ch(&format!("DROP DATABASE {ch_db}")).await;
     my.query_drop(format!("DROP DATABASE `{db}`"))

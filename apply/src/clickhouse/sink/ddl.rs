@@ -261,9 +261,8 @@ impl Sink {
         })
         .await?
         .map_err(|e| refused(format_args!("{create}: {e}")))?;
-        let select = format!(
-            "SELECT target, version, renamed, dropped FROM {t} ORDER BY target, version"
-        );
+        let select =
+            format!("SELECT target, version, renamed, dropped FROM {t} ORDER BY target, version");
         let rows = self
             .answered("reading the applied DDL", || {
                 self.client

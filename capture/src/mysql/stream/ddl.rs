@@ -102,6 +102,8 @@ impl Capture {
                     self.publish_ddl_event(&db, &table, kind, sql, after, None, start, ts)
                         .await?;
                 } else {
+                    // (an earlier DDL's schema is not the next rows' to check against)
+                    self.ddl_schemas.remove(&here);
                     tracing::info!(database = %db, table = %table, kind, "DDL read behind the server: published with the table's next rows");
                     let before = self
                         .last_schema
