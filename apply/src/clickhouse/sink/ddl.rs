@@ -1,19 +1,23 @@
 //! Source DDL applied to the target, in order with the rows of its partition (the batch before
 //! it is written first, see [`Sink::apply_event`]).
 //!
-//! - ALTER: worked out from the source schemas before and after it ([`ColumnChanges`]):
-//!   target columns the source had and no longer has are dropped, columns whose new type the
-//!   target cannot hold are widened (`MODIFY COLUMN`, only where no value changes), added
-//!   columns are added when the first row that has them arrives ([`super::target`]). Target
-//!   columns no source schema had (the bookkeeping columns, columns the user added) are never
-//!   touched, and a statement that changes no column (an index) changes nothing. What cannot
-//!   be applied exactly (a rename, a narrowing) stops the table, the statement named.
-//! - DROP, TRUNCATE and RENAME of the source table are logged and not applied: the data in
-//!   ClickHouse is the operator's to keep or drop.
-//! - A statement ClickHouse refuses stops that table: its later events are dead-lettered with
-//!   the statement named, while other tables go on. An unreachable ClickHouse is waited for.
-//!   The stop lives in memory only: after a restart the table's events are tried again (and
-//!   the DDL itself, if its offset was not committed yet).
+//! - ALTER: worked out from the source schemas before (carried by the event) and after it, and
+//!   the statements' text ([`ColumnChanges`], [`super::statement`]): columns the source had and
+//!   no longer has are dropped, renamed columns renamed (`RENAME COLUMN`, 20.4+), columns whose
+//!   new type the target cannot hold widened (`MODIFY COLUMN`, only where no value changes),
+//!   added columns added with the default the rows already there took. Target columns no
+//!   source schema had (the bookkeeping columns, columns the user added) are never touched, and
+//!   a statement that changes no column (an index) changes nothing. What cannot be applied
+//!   exactly stops the table, the statement named. Each ALTER is applied once: the copies from
+//!   other partitions and replays are known by its version, kept in `tables.ddl_table` with
+//!   what it renamed and dropped.
+//! - TRUNCATE, DROP and RENAME of the source table follow `tables.truncate` and `tables.drop`
+//!   (rows older than the statement deleted, kept, or the table stopped); the new name of a
+//!   renamed table loses the rows older than the rename ("renamed", before its snapshot).
+//! - A table stopped (a statement ClickHouse refuses, one that cannot be applied exactly, a
+//!   table the source refused) has its later events dead-lettered with the reason, while other
+//!   tables go on; it is kept in `tables.stopped_table` and stays stopped after a restart. An
+//!   unreachable ClickHouse is waited for.
 
 use std::collections::{BTreeMap, HashSet};
 
