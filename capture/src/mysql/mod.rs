@@ -68,6 +68,12 @@ pub struct MysqlConfig {
     /// The heartbeat period asked of the server, in milliseconds; three missed heartbeats
     /// mean a dead connection, which is re-opened. Default 5000.
     pub heartbeat_ms: u64,
+    /// Accept a server that has no `binlog_row_metadata` at all (MySQL 5.7, MariaDB 10.4 and
+    /// older), whose binlog does not say which columns its rows were written with: a capture
+    /// behind a rename, a reorder of columns of one type, a change of signedness, charset or
+    /// ENUM members would decode those rows with today's columns. Refused unless set. Default
+    /// false.
+    pub accept_rows_without_metadata: bool,
 }
 
 impl Default for MysqlConfig {
@@ -77,6 +83,7 @@ impl Default for MysqlConfig {
             server_id: 5400,
             start: "end".into(),
             heartbeat_ms: 5000,
+            accept_rows_without_metadata: false,
         }
     }
 }
@@ -113,7 +120,7 @@ impl Validate for Config {
 sluice_common::app_config!(Config);
 
 /// The binlog settings checks, from `SHOW GLOBAL VARIABLES` rows.
-pub fn binlog_checks(vars: &[(String, String)]) -> Vec<Check> {
+pub fn binlog_checks(vars: &[(String, String)], accept_without_metadata: bool) -> Vec<Check> {
     let mut checks = Vec::new();
     for (name, want) in [
         ("log_bin", "ON"),
@@ -157,14 +164,25 @@ pub fn binlog_checks(vars: &[(String, String)]) -> Vec<Check> {
                  it in the server's configuration)"
             ),
         )),
-        None => checks.push(Check::warn(
+        None if accept_without_metadata => checks.push(Check::warn(
             "binlog_row_metadata",
-            "the server has no binlog_row_metadata (MySQL < 8.0, MariaDB < 10.5): schemas come \
-             from information_schema when the capture reads a table's DDL. Keep the capture \
-             caught up when changing a table: a capture behind a schema change stops when the \
-             rows' column count or storage types disagree with the table's, but a rename, a \
-             reorder of columns of one type, a change of signedness, charset or ENUM members \
-             cannot be seen (docs/capture-mysql.md, Schemas)",
+            "the server has no binlog_row_metadata (MySQL < 8.0, MariaDB < 10.5), accepted \
+             (mysql.accept_rows_without_metadata): schemas come from information_schema when \
+             the capture reads a table's DDL. Keep the capture caught up when changing a table: \
+             a capture behind a schema change stops when the rows' column count or storage \
+             types disagree with the table's, but a rename, a reorder of columns of one type, a \
+             change of signedness, charset or ENUM members cannot be seen \
+             (docs/capture-mysql.md, Schemas)",
+        )),
+        None => checks.push(Check::fail(
+            "binlog_row_metadata",
+            "the server has no binlog_row_metadata (MySQL < 8.0, MariaDB < 10.5): its binlog \
+             does not say which columns its rows were written with, and a capture behind a \
+             rename, a reorder of columns of one type, a change of signedness, charset or ENUM \
+             members would decode them with today's. Upgrade the server (MySQL 8.0, MariaDB \
+             10.5, with binlog_row_metadata = FULL), or accept that risk with \
+             mysql.accept_rows_without_metadata = true and keep the capture caught up when \
+             changing tables",
         )),
     }
     if let Some(v) = var("binlog_row_value_options") {
@@ -190,7 +208,13 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
             return checks;
         }
     };
-    match server_checks(&mut conn, config.mysql.server_id).await {
+    match server_checks(
+        &mut conn,
+        config.mysql.server_id,
+        config.mysql.accept_rows_without_metadata,
+    )
+    .await
+    {
         Ok(mut c) => checks.append(&mut c),
         Err(e) => checks.push(Check::fail("mysql", format!("query failed: {e}"))),
     }
@@ -201,6 +225,7 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
 async fn server_checks(
     conn: &mut mysql_async::Conn,
     own_server_id: u32,
+    accept_without_metadata: bool,
 ) -> Result<Vec<Check>, mysql_async::Error> {
     let mut checks = Vec::new();
     let (version, server_id): (String, u32) = conn
@@ -228,7 +253,7 @@ async fn server_checks(
              'binlog_row_value_options')",
         )
         .await?;
-    checks.extend(binlog_checks(&vars));
+    checks.extend(binlog_checks(&vars, accept_without_metadata));
     let grants: Vec<String> = conn.query("SHOW GRANTS FOR CURRENT_USER()").await?;
     let all = grants.join(" ").to_uppercase();
     let has_all = all.contains("ALL PRIVILEGES ON *.*");
@@ -273,23 +298,29 @@ mod tests {
 
     #[test]
     fn a_good_server_passes() {
-        let c = binlog_checks(&vars(&[
-            ("log_bin", "ON"),
-            ("binlog_format", "ROW"),
-            ("binlog_row_image", "FULL"),
-            ("binlog_row_metadata", "FULL"),
-        ]));
+        let c = binlog_checks(
+            &vars(&[
+                ("log_bin", "ON"),
+                ("binlog_format", "ROW"),
+                ("binlog_row_image", "FULL"),
+                ("binlog_row_metadata", "FULL"),
+            ]),
+            false,
+        );
         assert!(failed(&c).is_empty(), "{c:?}");
     }
 
     #[test]
     fn binlog_off_and_statement_format_are_named() {
-        let c = binlog_checks(&vars(&[
-            ("log_bin", "OFF"),
-            ("binlog_format", "STATEMENT"),
-            ("binlog_row_image", "MINIMAL"),
-            ("binlog_row_value_options", "PARTIAL_JSON"),
-        ]));
+        let c = binlog_checks(
+            &vars(&[
+                ("log_bin", "OFF"),
+                ("binlog_format", "STATEMENT"),
+                ("binlog_row_image", "MINIMAL"),
+                ("binlog_row_value_options", "PARTIAL_JSON"),
+            ]),
+            true,
+        );
         let f = failed(&c);
         assert_eq!(f.len(), 4, "{f:?}");
         assert!(f[0].contains("log_bin is \"OFF\", must be ON"), "{f:?}");
@@ -299,19 +330,27 @@ mod tests {
         );
         assert!(f[2].contains("binlog_row_image"), "{f:?}");
         assert!(f[3].contains("PARTIAL_JSON"), "{f:?}");
-        // A server without the setting at all: a warning, not a failure.
+        // (accepted: a warning)
         assert!(c.iter().any(|c| c.name == "binlog_row_metadata"
             && matches!(c.outcome, sluice_common::preflight::Outcome::Warn(_))));
+        let c = binlog_checks(&vars(&[("log_bin", "ON")]), false);
+        // A server without the setting at all: refused, unless accepted.
+        assert!(c.iter().any(|c| c.name == "binlog_row_metadata"
+            && matches!(&c.outcome, sluice_common::preflight::Outcome::Fail(why)
+                if why.contains("mysql.accept_rows_without_metadata = true"))));
     }
 
     #[test]
     fn row_metadata_other_than_full_is_refused_where_the_server_has_it() {
-        let c = binlog_checks(&vars(&[
-            ("log_bin", "ON"),
-            ("binlog_format", "ROW"),
-            ("binlog_row_image", "FULL"),
-            ("binlog_row_metadata", "MINIMAL"),
-        ]));
+        let c = binlog_checks(
+            &vars(&[
+                ("log_bin", "ON"),
+                ("binlog_format", "ROW"),
+                ("binlog_row_image", "FULL"),
+                ("binlog_row_metadata", "MINIMAL"),
+            ]),
+            false,
+        );
         let f = failed(&c);
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(
