@@ -98,6 +98,8 @@ struct Applied {
     version: u64,
     renamed: std::collections::BTreeMap<String, String>,
     dropped: std::collections::HashSet<String>,
+    /// Another instance applied an ALTER since this one read the target: read it again.
+    seen_elsewhere: bool,
 }
 
 /// Why an event was not taken.

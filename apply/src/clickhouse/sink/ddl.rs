@@ -96,10 +96,25 @@ impl Sink {
             match ddl.kind.as_str() {
                 "alter" => {
                     let Some(new) = &ddl.schema else { return Ok(()) };
+                    if self.applied.get(&name).is_none_or(|s| s.version < event.version) {
+                        // Another instance may have applied it (from its own partitions'
+                        // copy): what ClickHouse holds of the table decides, not this cache.
+                        self.read_applied(&name).await?;
+                        if self.applied.get(&name).is_some_and(|s| s.version >= event.version) {
+                            self.targets.remove(&name);
+                        }
+                    }
                     if self.applied.get(&name).is_some_and(|s| s.version >= event.version) {
                         // Applied from another partition's copy, or before a restart.
                         self.schemas.remember(new);
                         return Ok(());
+                    }
+                    // Changed by another instance since it was read: read it again.
+                    if self.applied.get(&name).is_some_and(|s| s.seen_elsewhere) {
+                        self.targets.remove(&name);
+                        if let Some(s) = self.applied.get_mut(&name) {
+                            s.seen_elsewhere = false;
+                        }
                     }
                     // The target as the server has it (read now if not since start; made from
                     // this schema if missing, with nothing then left to change).
@@ -265,8 +280,34 @@ impl Sink {
         })
         .await?
         .map_err(|e| refused(format_args!("{create}: {e}")))?;
-        let select =
-            format!("SELECT target, version, renamed, dropped FROM {t} ORDER BY target, version");
+        self.read_applied_where("1").await
+    }
+
+    /// What `tables.ddl_table` says of target `name` now (another instance may have applied
+    /// ALTERs to it since this one started).
+    async fn read_applied(&mut self, name: &str) -> Result<(), ApplyError> {
+        let before = self.applied.get(name).map_or(0, |s| s.version);
+        let quoted = format!("'{}'", name.replace('\\', "\\\\").replace('\'', "\\'"));
+        self.read_applied_where(&format!("target = {quoted}"))
+            .await?;
+        if let Some(s) = self.applied.get_mut(name) {
+            if s.version > before {
+                s.seen_elsewhere = true;
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_applied_where(&mut self, filter: &str) -> Result<(), ApplyError> {
+        let t = format!(
+            "{}.{}",
+            quote(&self.config.clickhouse.database),
+            quote(&self.config.tables.ddl_table)
+        );
+        let select = format!(
+            "SELECT target, version, renamed, dropped FROM {t} WHERE {filter} \
+             ORDER BY target, version"
+        );
         let rows = self
             .answered("reading the applied DDL", || {
                 self.client
@@ -486,8 +527,9 @@ fn column_changes(
         .filter(|c| !names.contains(*c))
         .collect();
     // Renames the statement names, of a column that went to one that came.
+    let chain = super::statement::renames_in(statements);
     let mut renamed = Vec::new();
-    for (from, to) in super::statement::renames_in(statements) {
+    for (from, to) in chain.clone() {
         if let (Some(d), Some(a)) = (
             dropped.iter().position(|c| *c == from),
             added.iter().position(|c| *c == to),
@@ -498,9 +540,16 @@ fn column_changes(
         }
     }
     // A column the statements drop by name is dropped, whatever else they add.
+    // (or renamed, then dropped under its new name)
     let unexplained: Vec<&String> = dropped
         .iter()
-        .filter(|d| !super::statement::drops_in(statements, d))
+        .filter(|d| {
+            let now = chain
+                .iter()
+                .find(|(a, _)| a == *d)
+                .map_or(d.as_str(), |(_, b)| b.as_str());
+            !super::statement::drops_in(statements, now)
+        })
         .collect();
     if !unexplained.is_empty() && !added.is_empty() {
         return Err(format!(
@@ -814,6 +863,21 @@ mod tests {
             e.contains("adds column ts with the default CURRENT_TIMESTAMP"),
             "{e}"
         );
+        // Several statements as one event (read behind the server): renamed, then dropped
+        // under the new name, while another column is added.
+        let merged: Vec<String> = [
+            "ALTER TABLE t RENAME COLUMN n TO r8",
+            "ALTER TABLE t ADD COLUMN email VARCHAR(50) DEFAULT 'x'",
+            "ALTER TABLE t DROP COLUMN r8",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let after = schema(vec![id.clone(), price.clone(), email.clone()]);
+        let change = column_changes(&target, &before, &after, &merged, f, true).unwrap();
+        assert_eq!(change.dropped, vec!["n".to_string()]);
+        assert_eq!(change.added, vec![(email.clone(), Some("'x'".to_string()))]);
+        assert!(change.renamed.is_empty());
         // tables.create off: nothing is added.
         let change = changes(
             &target,
