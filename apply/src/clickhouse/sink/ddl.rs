@@ -627,7 +627,7 @@ fn column_changes(
                 .iter()
                 .find(|c| c.name == name)
                 .expect("added: a column of the new schema");
-            with_defaults.push((c.clone(), existing_rows_value(c, statements, features)?));
+            with_defaults.push((c.clone(), existing_rows_value(c, statements)?));
         }
     }
     Ok(ColumnChanges {
@@ -641,11 +641,7 @@ fn column_changes(
 /// The ClickHouse DEFAULT that gives the rows already in the target the value MySQL gave the
 /// rows already in the source when `statement` added column `c` (none: the target type's own
 /// default, which is the same).
-fn existing_rows_value(
-    c: &Column,
-    statements: &[String],
-    features: Features,
-) -> Result<Option<String>, String> {
+fn existing_rows_value(c: &Column, statements: &[String]) -> Result<Option<String>, String> {
     use super::statement::Added;
     use sluice_proto::v1::ColumnType as T;
     let refuse = |what: &str| {
@@ -661,11 +657,8 @@ fn existing_rows_value(
         None => refuse("without an ADD clause this stage can read"),
         Some(Added::Expression(e)) => refuse(&format!("with the default {e}")),
         Some(Added::Null) => Ok(None),
-        Some(Added::Constant(v)) => {
-            // The value as ClickHouse will cast it to the column's type: text, or a number.
-            let _ = features;
-            Ok(Some(literal(&v)))
-        }
+        // The value as text: ClickHouse casts a DEFAULT to the column's type.
+        Some(Added::Constant(v)) => Ok(Some(literal(&v))),
         Some(Added::NoDefault) if c.nullable => Ok(None),
         Some(Added::NoDefault) => match c.r#type() {
             // MySQL's implicit default of a NOT NULL ENUM is its first member.

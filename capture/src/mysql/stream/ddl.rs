@@ -209,14 +209,7 @@ impl Capture {
             }),
             ..Default::default()
         };
-        let topic = self.topics.topic(db, table)?;
-        self.publisher
-            .send_to_every_partition(&topic, &event_key(db, table, &[]), &event.encode_to_vec())
-            .await?;
-        self.publish_metrics
-            .events
-            .with_label_values(&[db, table, "ddl"])
-            .inc();
+        self.send_to_table(&event, "ddl").await?;
         tracing::info!(database = %db, table = %table, statements = p.statements.len(), "DDL read behind the server published");
         Ok(())
     }
@@ -279,16 +272,7 @@ impl Capture {
             }),
             mongo: None,
         };
-        let topic = self.topics.topic(db, table)?;
-        let payload = event.encode_to_vec();
-        let key = event_key(db, table, &[]);
-        self.publisher
-            .send_to_every_partition(&topic, &key, &payload)
-            .await?;
-        self.publish_metrics
-            .events
-            .with_label_values(&[db, table, op_label(op)])
-            .inc();
+        self.send_to_table(&event, op_label(op)).await?;
         tracing::info!(database = %db, table = %table, kind, "DDL published");
         Ok(())
     }
@@ -333,13 +317,27 @@ impl Capture {
             }),
             ..Default::default()
         };
+        self.send_to_table(&event, "refused").await?;
+        Ok(())
+    }
+}
+
+impl Capture {
+    /// Send a table-wide event (DDL, TRUNCATE, refusal) to every partition of its table's
+    /// topic, counted under `label`.
+    async fn send_to_table(
+        &mut self,
+        event: &v1::ChangeEvent,
+        label: &str,
+    ) -> Result<(), CaptureError> {
+        let (db, table) = (event.database.as_str(), event.table.as_str());
         let topic = self.topics.topic(db, table)?;
         self.publisher
             .send_to_every_partition(&topic, &event_key(db, table, &[]), &event.encode_to_vec())
             .await?;
         self.publish_metrics
             .events
-            .with_label_values(&[db, table, "refused"])
+            .with_label_values(&[db, table, label])
             .inc();
         Ok(())
     }

@@ -286,36 +286,10 @@ impl Capture {
         let current = self.schema_of(&database, &table).await?;
         // With binlog_row_metadata=FULL the table map says what the columns were when the rows
         // were written; information_schema says what they are now.
+        let from_binlog = self.server.has_row_metadata;
         let schema = match schema::from_table_map(&tme, current.as_ref()) {
             Some(s) => {
                 self.publish_schema(&s).await?;
-                let here = (database.clone(), table.clone());
-                if self
-                    .ddl_pending
-                    .iter()
-                    .any(|p| (&p.database, &p.table) == (&here.0, &here.1))
-                {
-                    self.publish_pending_ddl(&database, &table, Some(s.clone()))
-                        .await?;
-                } else if let Some(published) = self.ddl_schemas.remove(&here) {
-                    // The schema a DDL event carried, against the binlog's own.
-                    if let Some(why) = disagreement(&published, &s) {
-                        let at = self.resume.pos;
-                        self.refuse_table(
-                            &database,
-                            &table,
-                            "(the table's last DDL)",
-                            &format!(
-                                "the schema published with the table's last DDL (read from \
-                                 information_schema) disagrees with the binlog's for the rows \
-                                 after it: {why}. Re-snapshot the table"
-                            ),
-                            at,
-                            0,
-                        )
-                        .await?;
-                    }
-                }
                 s
             }
             None if self.server.has_row_metadata => {
@@ -344,13 +318,43 @@ impl Capture {
                 )
             })?,
         };
-        self.last_schema
-            .insert((database.clone(), table.clone()), schema.clone());
         if let Some(d) = self.decoders.get(&table_id) {
             if d.schema.schema_id == schema.schema_id {
                 return Ok(());
             }
         }
+        // A new decoder: the table's first rows since start or since a DDL (which drops its
+        // decoders), so what waits for them is done here, off the path of every other table map.
+        let here = (database.clone(), table.clone());
+        if from_binlog {
+            if self
+                .ddl_pending
+                .iter()
+                .any(|p| (&p.database, &p.table) == (&here.0, &here.1))
+            {
+                self.publish_pending_ddl(&database, &table, Some(schema.clone()))
+                    .await?;
+            } else if let Some(published) = self.ddl_schemas.remove(&here) {
+                // The schema a DDL event carried, against the binlog's own.
+                if let Some(why) = disagreement(&published, &schema) {
+                    let at = self.resume.pos;
+                    self.refuse_table(
+                        &database,
+                        &table,
+                        "(the table's last DDL)",
+                        &format!(
+                            "the schema published with the table's last DDL (read from \
+                             information_schema) disagrees with the binlog's for the rows \
+                             after it: {why}. Re-snapshot the table"
+                        ),
+                        at,
+                        0,
+                    )
+                    .await?;
+                }
+            }
+        }
+        self.last_schema.insert(here, schema.clone());
         let decoder = TableDecoder::new(&tme, &schema).map_err(|e| {
             CaptureError::decode(
                 &format!("{database}.{table}"),
