@@ -140,20 +140,32 @@ async fn a_widened_column_is_widened_and_a_column_of_the_targets_own_is_kept() {
     .execute()
     .await
     .unwrap();
+    // A column added with a default (rows 1 and 2 read it from the ALTER on), widened once the
+    // target has it: rows 1 and 2 still read the default.
+    p.sql(&[format!("ALTER TABLE {t} ADD COLUMN d INT NOT NULL DEFAULT 7")])
+        .await;
+    let has_d = format!(
+        "SELECT count() FROM system.columns WHERE database = '{}' AND table = 't' AND name = 'd'",
+        p.ch_db
+    );
+    assert_eq!(until(&has_d, "1").await, "1", "column d added");
     p.sql(&[
         format!("CREATE INDEX iv ON {t} (v)"),
         format!("ALTER TABLE {t} MODIFY COLUMN n BIGINT NOT NULL"),
-        format!("INSERT INTO {t} VALUES (3, 5000000000, 'c')"),
+        format!("ALTER TABLE {t} MODIFY COLUMN d BIGINT NOT NULL DEFAULT 7"),
+        format!("INSERT INTO {t} (id, n, v) VALUES (3, 5000000000, 'c')"),
         format!("ALTER TABLE {t} DROP COLUMN v"),
-        format!("INSERT INTO {t} VALUES (4, -5000000000)"),
+        format!("INSERT INTO {t} VALUES (4, -5000000000, 8000000000)"),
     ])
     .await;
     let q = format!("SELECT count() FROM {m} FINAL");
     assert_eq!(until(&q, "4").await, "4", "every row in the mirror");
-    let rows = text(&format!("SELECT id, n FROM {m} FINAL ORDER BY id")).await;
+    let rows = text(&format!("SELECT id, n, d FROM {m} FINAL ORDER BY id")).await;
     assert_eq!(
-        rows, "1\t2147483647\n2\t-5\n3\t5000000000\n4\t-5000000000\n",
-        "the widened column holds the old and the new values"
+        rows,
+        "1\t2147483647\t7\n2\t-5\t7\n3\t5000000000\t7\n4\t-5000000000\t8000000000\n",
+        "the widened columns hold the old and the new values, and the rows from before the \
+         ADD COLUMN keep its default"
     );
     let columns = text(&format!(
         "SELECT name, type FROM system.columns WHERE database = '{}' AND table = 't' ORDER BY name",
@@ -161,6 +173,7 @@ async fn a_widened_column_is_widened_and_a_column_of_the_targets_own_is_kept() {
     ))
     .await;
     assert!(columns.contains("n\tInt64\n"), "{columns}");
+    assert!(columns.contains("d\tInt64\n"), "{columns}");
     assert!(
         columns.contains("ingested_at\tDateTime"),
         "the target's own column stays: {columns}"

@@ -400,14 +400,44 @@ impl Sink {
     }
 
     /// Change target column `col` of `table` to type `t` (a widening: no value changes).
+    ///
+    /// The column's default (`DEFAULT`, `MATERIALIZED`) is stated again: a server before 21.x
+    /// drops it on a `MODIFY COLUMN` that gives only the type, and the rows of parts written
+    /// before the column was added (which read that default) would then read NULL or zero.
     pub(super) async fn modify_column(
         &self,
         table: &str,
         col: &str,
         t: &ChType,
     ) -> Result<(), Refusal> {
+        #[derive(clickhouse::Row, serde::Deserialize)]
+        struct Default {
+            default_kind: String,
+            default_expression: String,
+        }
+        let what = format!("reading the default of column {col} of {table}");
+        let default = self
+            .answered(&what, || {
+                self.client
+                    .query(
+                        "SELECT default_kind, default_expression FROM system.columns \
+                         WHERE database = ? AND table = ? AND name = ?",
+                    )
+                    .bind(&self.config.clickhouse.database)
+                    .bind(table)
+                    .bind(col)
+                    .fetch_all::<Default>()
+            })
+            .await?
+            .map_err(|e| refused(format_args!("{what}: {e}")))?;
+        let default = match default.first() {
+            Some(d) if matches!(d.default_kind.as_str(), "DEFAULT" | "MATERIALIZED") => {
+                format!(" {} {}", d.default_kind, d.default_expression)
+            }
+            _ => String::new(),
+        };
         let sql = format!(
-            "ALTER TABLE {}.{} MODIFY COLUMN {} {}",
+            "ALTER TABLE {}.{} MODIFY COLUMN {} {}{default}",
             quote(&self.config.clickhouse.database),
             quote(table),
             quote(col),
