@@ -142,8 +142,10 @@ async fn a_widened_column_is_widened_and_a_column_of_the_targets_own_is_kept() {
     .unwrap();
     // A column added with a default (rows 1 and 2 read it from the ALTER on), widened once the
     // target has it: rows 1 and 2 still read the default.
-    p.sql(&[format!("ALTER TABLE {t} ADD COLUMN d INT NOT NULL DEFAULT 7")])
-        .await;
+    p.sql(&[format!(
+        "ALTER TABLE {t} ADD COLUMN d INT NOT NULL DEFAULT 7"
+    )])
+    .await;
     let has_d = format!(
         "SELECT count() FROM system.columns WHERE database = '{}' AND table = 't' AND name = 'd'",
         p.ch_db
@@ -162,8 +164,7 @@ async fn a_widened_column_is_widened_and_a_column_of_the_targets_own_is_kept() {
     assert_eq!(until(&q, "4").await, "4", "every row in the mirror");
     let rows = text(&format!("SELECT id, n, d FROM {m} FINAL ORDER BY id")).await;
     assert_eq!(
-        rows,
-        "1\t2147483647\t7\n2\t-5\t7\n3\t5000000000\t7\n4\t-5000000000\t8000000000\n",
+        rows, "1\t2147483647\t7\n2\t-5\t7\n3\t5000000000\t7\n4\t-5000000000\t8000000000\n",
         "the widened columns hold the old and the new values, and the rows from before the \
          ADD COLUMN keep its default"
     );

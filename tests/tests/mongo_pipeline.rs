@@ -757,7 +757,7 @@ async fn ddl_is_applied_filtered_and_ordered_by_version() {
         ..Default::default()
     };
     let topic = |coll: &str| format!("{prefix}.{db}.{coll}");
-    for coll in ["a", "b", "c"] {
+    for coll in ["a", "b", "c", "d"] {
         kafka
             .ensure_topic("test", &topic(coll), 1, 1, false, None)
             .await
@@ -833,6 +833,42 @@ async fn ddl_is_applied_filtered_and_ordered_by_version() {
         ),
         // Read after the rename but older than it: its effect went with the rename.
         ("a", row("a", 13, doc! { "_id": 3, "late": true })),
+        // A TTL index, then collMod: a TTL change only (nothing the target keeps: ddl.ttl),
+        // then a validator the documents already there fail (the apply bypasses it).
+        ("d", row("d", 30, doc! { "_id": 1 })),
+        (
+            "d",
+            ddl(
+                "d",
+                31,
+                "create_indexes",
+                doc! { "createIndexes": "d", "indexes": [
+                    { "v": 2, "key": { "at": 1 }, "name": "at_1", "expireAfterSeconds": 1 },
+                ] },
+                ("", ""),
+            ),
+        ),
+        (
+            "d",
+            ddl(
+                "d",
+                32,
+                "modify",
+                doc! { "collMod": "d", "index": { "name": "at_1", "expireAfterSeconds": 5 } },
+                ("", ""),
+            ),
+        ),
+        (
+            "d",
+            ddl(
+                "d",
+                33,
+                "modify",
+                doc! { "collMod": "d", "validator": { "never": { "$exists": true } }, "validationAction": "error" },
+                ("", ""),
+            ),
+        ),
+        ("d", row("d", 34, doc! { "_id": 2, "after": "validator" })),
         ("c", row("c", 15, doc! { "_id": 1 })),
         ("c", ddl("c", 20, "drop", doc! { "drop": "c" }, ("", ""))),
         ("c", row("c", 19, doc! { "_id": 2, "before": "drop" })),
@@ -860,22 +896,41 @@ async fn ddl_is_applied_filtered_and_ordered_by_version() {
             .await
             .unwrap();
     }
+    let dlq = unique("mddl_dead");
     let mut app = apply(
         &prefix,
         &unique("g"),
-        "[ddl]\napply = [\"create\", \"drop\", \"createIndexes\", \"dropIndexes\", \"renameCollection\"]\n",
+        &format!(
+            "[errors]\ndead_letter_topic = \"{dlq}\"\n\
+             [ddl]\napply = [\"create\", \"drop\", \"createIndexes\", \"dropIndexes\", \"collMod\", \
+             \"renameCollection\"]\n"
+        ),
     );
+    // Whether this target knows collMod (a MongoDB server does; mongo-java-server does not).
+    let probe = dst.database(&unique("sluice_m_probe"));
+    probe.create_collection("p").await.unwrap();
+    let has_coll_mod = probe
+        .run_command(doc! { "collMod": "p", "validationLevel": "moderate" })
+        .await
+        .is_ok();
+    probe.drop().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let target = dst.database(&db);
     loop {
         let b = documents(&dst, &db, "b").await;
         let c = documents(&dst, &db, "c").await;
-        if b.len() == 2 && c.len() == 1 {
+        let d = documents(&dst, &db, "d").await;
+        if b.len() == 2 && c.len() == 1 && d.len() == 2 {
             break;
         }
         if Instant::now() > deadline {
             let (_, log) = app.stop();
-            panic!("target: b {:?}, c {:?}\n{log}", decoded(&b), decoded(&c));
+            panic!(
+                "target: b {:?}, c {:?}, d {:?}\n{log}",
+                decoded(&b),
+                decoded(&c),
+                decoded(&d)
+            );
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -898,6 +953,56 @@ async fn ddl_is_applied_filtered_and_ordered_by_version() {
         .unwrap();
     assert!(indexes.contains(&"k_1".to_string()), "{indexes:?}");
     assert!(!indexes.contains(&"m_-1".to_string()), "{indexes:?}");
+    // The TTL index is there, without an expiry of its own (ddl.ttl = "without_expiry").
+    let mut specs = target
+        .collection::<Document>("d")
+        .list_indexes()
+        .await
+        .unwrap();
+    let mut ttl = None;
+    while let Some(i) = specs.next().await {
+        let i = i.unwrap();
+        if i.options.as_ref().and_then(|o| o.name.as_deref()) == Some("at_1") {
+            ttl = Some(i);
+        }
+    }
+    let ttl = ttl.expect("index at_1 on the target");
+    assert_eq!(
+        ttl.options.and_then(|o| o.expire_after),
+        None,
+        "the target's copy of a TTL index expires nothing"
+    );
+    // The validator: applied where the target knows collMod (and the document written after
+    // it arrived all the same); elsewhere dead-lettered, named, and the rest flowed.
+    let letters = tokio::task::spawn_blocking({
+        let dlq = dlq.clone();
+        move || sluice_tests::capture::dead_letters(&dlq, 1)
+    })
+    .await
+    .unwrap();
+    if has_coll_mod {
+        assert!(letters.is_empty(), "{letters:?}");
+        let spec = target
+            .run_command(doc! { "listCollections": 1, "filter": { "name": "d" } })
+            .await
+            .unwrap();
+        let text = format!("{spec:?}");
+        assert!(
+            text.contains("never"),
+            "the validator on the target: {text}"
+        );
+    } else {
+        let reasons: Vec<&str> = letters.iter().map(|(_, r)| r.as_str()).collect();
+        assert_eq!(letters.len(), 1, "{reasons:?}");
+        assert!(
+            reasons[0].contains("modify on") && reasons[0].contains("failed"),
+            "{reasons:?}"
+        );
+        // The first dead letter is the validator's (version 33): the TTL-only collMod before
+        // it was not sent to the target at all.
+        let first = ChangeEvent::decode(&letters[0].0[..]).unwrap();
+        assert_eq!(first.version, 33, "{reasons:?}");
+    }
     // dropDatabase is not in the filter: the database is still there.
     let (code, log) = app.stop();
     assert_eq!(code, Some(0), "{log}");

@@ -67,6 +67,12 @@ pub struct MongoTargetConfig {
     /// Where apply keeps its own records (versions of applied drops and renames, so a replay
     /// never applies an older write after them). Default `_sluice`.
     pub meta_database: String,
+    /// Write with `bypassDocumentValidation`, so that a validator on the target (copied from
+    /// the source by `create` or `collMod`, or the target's own) never refuses a document the
+    /// source took. The user needs the `bypassDocumentValidation` action (roles `dbAdmin` or
+    /// `restore`). Off: a document the target's validator refuses is dead-lettered, named.
+    /// Default true.
+    pub bypass_validation: bool,
 }
 
 impl Default for MongoTargetConfig {
@@ -77,6 +83,7 @@ impl Default for MongoTargetConfig {
             journal: true,
             wtimeout_ms: 0,
             meta_database: "_sluice".into(),
+            bypass_validation: true,
         }
     }
 }
@@ -104,11 +111,12 @@ impl Default for BatchConfig {
 }
 
 /// The commands `[ddl] apply` may name.
-pub const DDL_KINDS: [&str; 6] = [
+pub const DDL_KINDS: [&str; 7] = [
     "create",
     "drop",
     "createIndexes",
     "dropIndexes",
+    "collMod",
     "renameCollection",
     "dropDatabase",
 ];
@@ -117,15 +125,34 @@ pub const DDL_KINDS: [&str; 6] = [
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DdlConfig {
-    /// Any of `create`, `drop`, `createIndexes`, `dropIndexes`, `renameCollection`,
-    /// `dropDatabase`, or `*` for all of them. Default `["*"]`.
+    /// Any of `create`, `drop`, `createIndexes`, `dropIndexes`, `collMod`,
+    /// `renameCollection`, `dropDatabase`, or `*` for all of them. Default `["*"]`.
     pub apply: Vec<String>,
+    /// What the target's copy of a TTL index (or of a collection's `expireAfterSeconds`)
+    /// does. Default `without_expiry`.
+    pub ttl: TtlPolicy,
+}
+
+/// `ddl.ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlPolicy {
+    /// The index is made on the same keys without `expireAfterSeconds`: the target never
+    /// deletes a document by its own clock. The source's TTL deletions arrive as deletes, so
+    /// the target stays equal to the source, and a document whose newer version is still on
+    /// its way (the apply behind) is never deleted under it.
+    #[default]
+    WithoutExpiry,
+    /// The target expires documents itself, as the source does (a target that is not a
+    /// replica: it may delete a document before the change that would have kept it arrives).
+    AsSource,
 }
 
 impl Default for DdlConfig {
     fn default() -> Self {
         Self {
             apply: vec!["*".into()],
+            ttl: TtlPolicy::WithoutExpiry,
         }
     }
 }
@@ -138,6 +165,7 @@ impl DdlConfig {
             "drop" => "drop",
             "create_indexes" => "createIndexes",
             "drop_indexes" => "dropIndexes",
+            "modify" => "collMod",
             "rename" => "renameCollection",
             "drop_database" => "dropDatabase",
             _ => return false,

@@ -223,10 +223,15 @@ pub struct Command {
 ///
 /// The BSON is written straight into each command's buffer: every key and document is copied
 /// once, where building `RawDocumentBuf`s statement by statement copied each three more times.
+///
+/// With `bypass_validation`, inserts and updates carry `bypassDocumentValidation: true`: a
+/// validator on the target (copied from the source, or its own) never refuses a document the
+/// source took.
 pub fn commands<'w>(
     collection: &str,
     writes: impl Iterator<Item = &'w Write> + Clone,
     write_concern: &Document,
+    bypass_validation: bool,
 ) -> Vec<Command> {
     let wc = RawDocumentBuf::from_document(write_concern).expect("write concern encodes");
     let mut out = Vec::new();
@@ -243,13 +248,13 @@ pub fn commands<'w>(
             if let Some(c) = cmd.take_if(|c| {
                 c.statements.len() >= MAX_STATEMENTS || c.bytes + w.size() > MAX_COMMAND_BYTES
             }) {
-                out.push(c.finish(&wc));
+                out.push(c.finish(&wc, bypass_validation));
             }
             cmd.get_or_insert_with(|| CommandBuf::new(collection, kind))
                 .push(i, w);
         }
         if let Some(c) = cmd {
-            out.push(c.finish(&wc));
+            out.push(c.finish(&wc, bypass_validation));
         }
     }
     out
@@ -284,6 +289,7 @@ impl CommandKind {
 /// One command being written: `{update: <coll>, updates: [<statement>...]` (or `insert` and
 /// `documents`, `delete` and `deletes`), closed by [`CommandBuf::finish`].
 struct CommandBuf {
+    kind: CommandKind,
     buf: Vec<u8>,
     /// Where the statements' array starts (its length is written there).
     array_at: usize,
@@ -330,6 +336,7 @@ impl CommandBuf {
         element(&mut buf, BSON_ARRAY, array);
         let array_at = open(&mut buf);
         CommandBuf {
+            kind,
             buf,
             array_at,
             statements: Vec::new(),
@@ -386,11 +393,15 @@ impl CommandBuf {
         self.statements.push(i);
     }
 
-    fn finish(mut self, write_concern: &RawDocumentBuf) -> Command {
+    fn finish(mut self, write_concern: &RawDocumentBuf, bypass_validation: bool) -> Command {
         let b = &mut self.buf;
         close(b, self.array_at);
         element(b, BSON_BOOL, "ordered");
         b.push(0);
+        if bypass_validation && self.kind != CommandKind::Delete {
+            element(b, BSON_BOOL, "bypassDocumentValidation");
+            b.push(1);
+        }
         element(b, BSON_DOCUMENT, "writeConcern");
         b.extend_from_slice(write_concern.as_bytes());
         close(b, 0);

@@ -259,6 +259,16 @@ pub fn from_change_stream(
                     None,
                 )
             }
+            // collMod (6.0+ with expanded events): operationDescription holds its fields.
+            "modify" => {
+                let mut cmd = doc! { "collMod": &collection };
+                if let Some(d) = desc {
+                    for (k, v) in raw_to_document(d)? {
+                        cmd.insert(k, v);
+                    }
+                }
+                ("modify", cmd, None)
+            }
             _ => {
                 let mut cmd = doc! { "operationType": op_type };
                 if let Some(d) = desc {

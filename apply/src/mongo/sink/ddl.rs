@@ -26,6 +26,7 @@ use sluice_proto::ChangeEvent;
 
 use super::Sink;
 use crate::error::{ApplyError, BadEvent, Reason};
+use crate::mongo::TtlPolicy;
 
 /// The versions of the drops and renames applied to the target, as recorded in
 /// `<meta_database>.applied_ddl`.
@@ -228,43 +229,6 @@ impl Sink {
         let result = match kind {
             "drop" => run(doc! { "drop": &coll }, database).await,
             "drop_database" => run(doc! { "dropDatabase": 1 }, database).await,
-            "create" => {
-                let mut cmd = command.clone();
-                cmd.insert("create", &coll);
-                run(cmd, database).await
-            }
-            "create_indexes" => {
-                let indexes = match command.get_array("indexes") {
-                    Ok(i) => i,
-                    Err(e) => {
-                        return Ok(Err(failed(format!("createIndexes without indexes: {e}"))))
-                    }
-                };
-                let indexes: Vec<Bson> = indexes
-                    .iter()
-                    .map(|i| match i {
-                        Bson::Document(d) => {
-                            let mut d = d.clone();
-                            d.remove("ns");
-                            d.remove("v");
-                            Bson::Document(d)
-                        }
-                        other => other.clone(),
-                    })
-                    .collect();
-                run(
-                    doc! { "createIndexes": &coll, "indexes": indexes },
-                    database,
-                )
-                .await
-            }
-            "drop_indexes" => {
-                let index = command
-                    .get("index")
-                    .cloned()
-                    .unwrap_or(Bson::String("*".into()));
-                run(doc! { "dropIndexes": &coll, "index": index }, database).await
-            }
             "rename" => {
                 let (tdb, tcoll) = self.config.target(&ddl.new_database, &ddl.new_table);
                 run(
@@ -273,7 +237,22 @@ impl Sink {
                 )
                 .await
             }
-            _ => Ok(Ok(())),
+            _ => match target_command(kind, &command, &coll, self.config.ddl.ttl) {
+                Err(e) => return Ok(Err(failed(e))),
+                Ok(None) => {
+                    self.metrics
+                        .ddl
+                        .with_label_values(&[kind, "nothing_to_apply"])
+                        .inc();
+                    tracing::info!(
+                        kind,
+                        statement = %ddl.statement,
+                        "source command changes nothing the target keeps (ddl.ttl)"
+                    );
+                    return Ok(Ok(()));
+                }
+                Ok(Some(cmd)) => run(cmd, database).await,
+            },
         }?;
         match result {
             Ok(()) => {
@@ -289,5 +268,146 @@ impl Sink {
                 Ok(Err(failed(format!("{kind} on {db}.{coll} failed: {e}"))))
             }
         }
+    }
+}
+
+/// The command that repeats a source `create`, `createIndexes`, `dropIndexes` or `collMod`
+/// (`modify`) on target collection `coll`, as `ttl` says: `None` when nothing of it is left to
+/// apply (a collMod that only changed a TTL the target does not keep). `Err`: the command
+/// cannot be read.
+pub(super) fn target_command(
+    kind: &str,
+    command: &Document,
+    coll: &str,
+    ttl: TtlPolicy,
+) -> Result<Option<Document>, String> {
+    let strip = ttl == TtlPolicy::WithoutExpiry;
+    match kind {
+        "create" => {
+            let mut cmd = doc! { "create": coll };
+            for (k, v) in command {
+                // A clustered collection's expiry: not kept (ddl.ttl).
+                if k == "create" || (strip && k == "expireAfterSeconds") {
+                    continue;
+                }
+                cmd.insert(k, v.clone());
+            }
+            Ok(Some(cmd))
+        }
+        "create_indexes" => {
+            let indexes = command
+                .get_array("indexes")
+                .map_err(|e| format!("createIndexes without indexes: {e}"))?;
+            let indexes: Vec<Bson> = indexes
+                .iter()
+                .map(|i| match i {
+                    Bson::Document(d) => {
+                        let mut d = d.clone();
+                        d.remove("ns");
+                        d.remove("v");
+                        if strip {
+                            d.remove("expireAfterSeconds");
+                        }
+                        Bson::Document(d)
+                    }
+                    other => other.clone(),
+                })
+                .collect();
+            Ok(Some(doc! { "createIndexes": coll, "indexes": indexes }))
+        }
+        "drop_indexes" => {
+            let index = command
+                .get("index")
+                .cloned()
+                .unwrap_or(Bson::String("*".into()));
+            Ok(Some(doc! { "dropIndexes": coll, "index": index }))
+        }
+        "modify" => {
+            let mut cmd = doc! { "collMod": coll };
+            for (k, v) in command {
+                match (k.as_str(), v) {
+                    ("collMod", _) => {}
+                    ("expireAfterSeconds", _) if strip => {}
+                    ("index", Bson::Document(index)) if strip => {
+                        let mut index = index.clone();
+                        index.remove("expireAfterSeconds");
+                        // Only the index's name or keys left: nothing to change on it.
+                        if index.keys().any(|k| k != "name" && k != "keyPattern") {
+                            cmd.insert("index", index);
+                        }
+                    }
+                    _ => {
+                        cmd.insert(k, v.clone());
+                    }
+                }
+            }
+            Ok((cmd.len() > 1).then_some(cmd))
+        }
+        other => Err(format!("no command of kind {other:?} is known")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_indexes_lose_their_expiry_unless_kept() {
+        let w = TtlPolicy::WithoutExpiry;
+        let ttl = doc! { "createIndexes": "src", "indexes": [
+            { "v": 2, "key": { "at": 1 }, "name": "at_1", "expireAfterSeconds": 3600 },
+            { "v": 2, "key": { "k": 1 }, "name": "k_1", "unique": true },
+        ] };
+        assert_eq!(
+            target_command("create_indexes", &ttl, "dst", w).unwrap(),
+            Some(doc! { "createIndexes": "dst", "indexes": [
+                { "key": { "at": 1 }, "name": "at_1" },
+                { "key": { "k": 1 }, "name": "k_1", "unique": true },
+            ] })
+        );
+        assert_eq!(
+            target_command("create_indexes", &ttl, "dst", TtlPolicy::AsSource).unwrap(),
+            Some(doc! { "createIndexes": "dst", "indexes": [
+                { "key": { "at": 1 }, "name": "at_1", "expireAfterSeconds": 3600 },
+                { "key": { "k": 1 }, "name": "k_1", "unique": true },
+            ] })
+        );
+        let create = doc! { "create": "src", "clusteredIndex": { "key": { "_id": 1 }, "unique": true }, "expireAfterSeconds": 60 };
+        assert_eq!(
+            target_command("create", &create, "dst", w).unwrap(),
+            Some(
+                doc! { "create": "dst", "clusteredIndex": { "key": { "_id": 1 }, "unique": true } }
+            )
+        );
+        assert!(target_command("create_indexes", &doc! {}, "dst", w)
+            .unwrap_err()
+            .contains("without indexes"));
+    }
+
+    #[test]
+    fn coll_mod_is_repeated_on_the_target_collection_without_a_ttl_it_does_not_keep() {
+        let w = TtlPolicy::WithoutExpiry;
+        // Only a TTL changed: nothing to do.
+        let only_ttl =
+            doc! { "collMod": "src", "index": { "name": "at_1", "expireAfterSeconds": 60 } };
+        assert_eq!(target_command("modify", &only_ttl, "dst", w).unwrap(), None);
+        assert_eq!(
+            target_command("modify", &only_ttl, "dst", TtlPolicy::AsSource).unwrap(),
+            Some(doc! { "collMod": "dst", "index": { "name": "at_1", "expireAfterSeconds": 60 } })
+        );
+        // A hidden index and a validator: applied, on the target's name.
+        let hidden = doc! { "collMod": "src", "index": { "keyPattern": { "k": 1 }, "hidden": true, "expireAfterSeconds": 5 } };
+        assert_eq!(
+            target_command("modify", &hidden, "dst", w).unwrap(),
+            Some(doc! { "collMod": "dst", "index": { "keyPattern": { "k": 1 }, "hidden": true } })
+        );
+        let validator = doc! { "collMod": "src", "validator": { "k": { "$gt": 0 } }, "validationLevel": "moderate" };
+        assert_eq!(
+            target_command("modify", &validator, "dst", w).unwrap(),
+            Some(
+                doc! { "collMod": "dst", "validator": { "k": { "$gt": 0 } }, "validationLevel": "moderate" }
+            )
+        );
+        assert!(target_command("other", &validator, "dst", w).is_err());
     }
 }

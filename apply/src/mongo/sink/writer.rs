@@ -36,6 +36,8 @@ const DUPLICATE_KEY: i32 = 11000;
 pub(super) struct Writer {
     client: mongodb::Client,
     write_concern: Document,
+    /// `mongodb.bypass_validation`.
+    bypass_validation: bool,
     dead: DeadLetters,
     on_bad_event: OnBadEvent,
     metrics: Metrics,
@@ -54,6 +56,11 @@ pub(super) struct Outcome {
     refused: Vec<Refusal>,
     /// (namespace, kind) -> writes acknowledged.
     writes: HashMap<(String, &'static str), u64>,
+}
+
+/// The server refused the command for the user's rights (Unauthorized, 13).
+fn unauthorized(e: &mongodb::error::Error) -> bool {
+    matches!(&*e.kind, mongodb::error::ErrorKind::Command(c) if c.code == 13)
 }
 
 /// The write concern of every command: `mongodb.write_concern` (a number of members or a
@@ -85,6 +92,7 @@ impl Writer {
         Writer {
             client,
             write_concern: write_concern(config),
+            bypass_validation: config.bypass_validation,
             dead,
             on_bad_event,
             metrics,
@@ -142,9 +150,14 @@ impl Writer {
         }
         // A command's statements are positions in its collection's writes.
         let commands = by_ns.iter().flat_map(|((db, coll), writes)| {
-            commands(coll, writes.iter().map(|(_, w)| *w), &self.write_concern)
-                .into_iter()
-                .map(move |c| (*db, *coll, writes, c))
+            commands(
+                coll,
+                writes.iter().map(|(_, w)| *w),
+                &self.write_concern,
+                self.bypass_validation,
+            )
+            .into_iter()
+            .map(move |c| (*db, *coll, writes, c))
         });
         let replies = futures::stream::iter(commands.map(|(db, coll, writes, cmd)| async move {
             let reply = self.client.database(db).run_raw_command(cmd.body).await;
@@ -155,7 +168,19 @@ impl Writer {
         .await;
         let mut held = Vec::new();
         for (db, coll, writes, statements, reply) in replies {
-            let reply = reply?;
+            let reply = match reply {
+                Ok(r) => r,
+                Err(e) if self.bypass_validation && unauthorized(&e) => {
+                    return Err(ApplyError::from(e).context(format!(
+                        "writing to {db}.{coll} with bypassDocumentValidation \
+                         (mongodb.bypass_validation): the user needs the \
+                         bypassDocumentValidation action (the dbAdmin or restore role, or a \
+                         role of its own), or set mongodb.bypass_validation = false (a document \
+                         the target's validator refuses is then dead-lettered)"
+                    )))
+                }
+                Err(e) => return Err(e.into()),
+            };
             let ns = format!("{db}.{coll}");
             let mut done = vec![true; statements.len()];
             for e in reply_errors(&reply)? {

@@ -187,7 +187,7 @@ fn commands_split_updates_and_deletes_and_cut_to_size() {
             key: rawdoc! { "_id": -1 },
         }])
         .collect();
-    let cmds = commands("c", writes.iter(), &doc! { "w": "majority" });
+    let cmds = commands("c", writes.iter(), &doc! { "w": "majority" }, false);
     assert_eq!(cmds.len(), 3);
     assert_eq!(cmds[0].statements.len(), MAX_STATEMENTS);
     assert_eq!(
@@ -234,7 +234,7 @@ fn commands_are_the_bson_of_their_documents() {
         })
         .collect();
     let wc = doc! { "w": "majority", "wtimeout": 5000 };
-    let cmds = commands("coll", writes.iter(), &wc);
+    let cmds = commands("coll", writes.iter(), &wc, false);
     assert_eq!(cmds.len(), 3);
     let statement = |w: &Write| -> Document {
         match w {
@@ -266,6 +266,21 @@ fn commands_are_the_bson_of_their_documents() {
     assert_eq!(cmds[0].statements, vec![3, 7, 11, 15]);
     assert_eq!(cmds[1].statements, vec![0, 1, 4, 5, 8, 9, 12, 13]);
     assert_eq!(cmds[2].statements, vec![2, 6, 10, 14]);
+    // mongodb.bypass_validation: inserts and updates skip the target's validator (a delete
+    // takes no such option).
+    let bypass = commands("coll", writes.iter(), &wc, true);
+    for (c, e) in bypass.iter().zip(&expected) {
+        let mut e = e.clone();
+        if !e.contains_key("delete") {
+            let wc = e.remove("writeConcern").unwrap();
+            e.insert("bypassDocumentValidation", true);
+            e.insert("writeConcern", wc);
+        }
+        assert_eq!(
+            c.body.as_bytes(),
+            RawDocumentBuf::from_document(&e).unwrap().as_bytes()
+        );
+    }
 }
 
 #[test]

@@ -288,6 +288,15 @@ fn command(
                 doc! { "dropIndexes": coll, "index": index },
             ));
         }
+        // {collMod: coll, validator: ..., index: {name, expireAfterSeconds, hidden}, ...}
+        "collMod" => push(Change::ddl(
+            "modify",
+            "modify",
+            db,
+            coll,
+            ts,
+            raw_to_document(o)?,
+        )),
         // Transaction control and index build bookkeeping carry no change of their own.
         "commitTransaction" | "abortTransaction" | "startIndexBuild" | "abortIndexBuild" => {}
         other => {

@@ -137,6 +137,21 @@ fn change_stream_ddl_events() {
         .ddl
         .unwrap();
     assert_eq!(d.command, doc! { "dropIndexes": "x", "index": ["k_1"] });
+    // collMod, as MongoDB 6.0+ reports it: the fields of the command, and the state before.
+    let ev = raw(doc! {
+        "operationType": "modify", "clusterTime": ts(3),
+        "ns": { "db": "a", "coll": "x" },
+        "operationDescription": { "index": { "name": "t_1", "expireAfterSeconds": 60 } },
+        "stateBeforeChange": { "indexOptions": { "expireAfterSeconds": 3600 } },
+    });
+    let d = change(from_change_stream(&ev, (None, None)).unwrap())
+        .ddl
+        .unwrap();
+    assert_eq!(d.kind, "modify");
+    assert_eq!(
+        d.command,
+        doc! { "collMod": "x", "index": { "name": "t_1", "expireAfterSeconds": 60 } }
+    );
     let ev = raw(doc! { "operationType": "invalidate", "clusterTime": ts(4) });
     assert_eq!(
         from_change_stream(&ev, (None, None)).unwrap(),

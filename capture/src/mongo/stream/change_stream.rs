@@ -3,8 +3,8 @@
 //!
 //! The stream is opened on the configured scope (a collection, a database or the cluster) with
 //! `startAfter` the resume token, or `startAtOperationTime` when only a time is known, and with
-//! MongoDB 6.0+'s expanded events (create, createIndexes, dropIndexes) where the server has
-//! them. An `invalidate` (the watched collection or database dropped or renamed) reopens it
+//! MongoDB 6.0+'s expanded events (create, createIndexes, dropIndexes, modify) where the server
+//! has them. An `invalidate` (the watched collection or database dropped or renamed) reopens it
 //! after the invalidating event. An empty batch moves the position to the server's post-batch
 //! resume token.
 //!
@@ -82,10 +82,10 @@ impl Capture {
         Ok(stream.with_type::<RawDocumentBuf>())
     }
 
-    /// MongoDB 6.0+ (wire version 17) reports create, createIndexes and dropIndexes events when
-    /// asked. The first answer is kept: a reopen asks for the same events. No answer is the
-    /// stream's failure (a transient one reopens it): a stream opened without them would leave
-    /// those events out unsaid.
+    /// MongoDB 6.0+ (wire version 17) reports create, createIndexes, dropIndexes and modify
+    /// (collMod) events when asked. The first answer is kept: a reopen asks for the same events.
+    /// No answer is the stream's failure (a transient one reopens it): a stream opened without
+    /// them would leave those events out unsaid.
     async fn expanded_events(&mut self) -> Result<bool, CaptureError> {
         if let Some(known) = self.expanded {
             return Ok(known);

@@ -114,6 +114,15 @@ fn oplog_transactions_and_commands() {
         c[0].ddl.clone().unwrap().command,
         doc! { "createIndexes": "a", "indexes": [{ "v": 2, "key": { "k": -1 }, "name": "k_-1" }] }
     );
+    let c = cmd(
+        doc! { "collMod": "a", "validator": { "k": { "$gt": 0 } }, "validationAction": "warn" },
+    );
+    let d = c[0].ddl.clone().unwrap();
+    assert_eq!((c[0].collection.as_str(), d.kind), ("a", "modify"));
+    assert_eq!(
+        d.command,
+        doc! { "collMod": "a", "validator": { "k": { "$gt": 0 } }, "validationAction": "warn" }
+    );
     let c = cmd(doc! { "dropIndexes": "a", "index": "k_-1" });
     assert_eq!(
         c[0].ddl.clone().unwrap().command,
