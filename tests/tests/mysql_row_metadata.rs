@@ -1,8 +1,9 @@
+//! Global binlog settings the capture cannot follow, changed under a running capture:
 //! `binlog_row_metadata` other than FULL on a server that has the setting (MariaDB 10.5+, MySQL
-//! 8.0+): the capture refuses to start, and a capture that is running when someone changes it
-//! stops at the first table map without column names, before decoding a row with today's
-//! columns. The setting is global, so this binary holds this one test alone (cargo runs test
-//! binaries one after another), and sets it back whatever happens.
+//! 8.0+), and MariaDB's `log_bin_compress`. The capture refuses to start with either, and a
+//! capture that is running when someone changes it stops before decoding a row it cannot read
+//! exactly. The settings are global, so this binary holds these tests alone (cargo runs test
+//! binaries one after another), runs them one at a time, and sets them back whatever happens.
 
 use std::time::Duration;
 
@@ -16,7 +17,11 @@ async fn conn() -> mysql_async::Conn {
         .unwrap()
 }
 
-/// Sets `binlog_row_metadata` back to FULL when dropped, even after a failed assertion.
+/// One test at a time: each changes the server's global settings.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Sets `binlog_row_metadata` back to FULL and `log_bin_compress` off when dropped, even after a
+/// failed assertion.
 struct Restore;
 
 impl Drop for Restore {
@@ -31,9 +36,12 @@ impl Drop for Restore {
                 let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&url).unwrap())
                     .await
                     .unwrap();
-                c.query_drop("SET GLOBAL binlog_row_metadata = 'FULL'")
-                    .await
-                    .unwrap();
+                c.query_drop(
+                    "SET GLOBAL binlog_row_metadata = 'FULL'; SET GLOBAL log_bin_compress = OFF; \
+                     SET GLOBAL log_bin_compress_min_len = DEFAULT",
+                )
+                .await
+                .unwrap();
             })
         })
         .join()
@@ -43,6 +51,7 @@ impl Drop for Restore {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn row_metadata_other_than_full_is_refused_at_start_and_while_running() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let db = unique("sluice_t_rowmeta");
     let mut c = conn().await;
     c.query_drop(format!(
@@ -88,7 +97,18 @@ async fn row_metadata_other_than_full_is_refused_at_start_and_while_running() {
     assert_eq!(sluice_tests::capture::count_rows(&events), 1);
 
     // And a capture does not start on such a server.
-    let config = CaptureProcess::config(&db, "end", "");
+    let (code, text) = check(&CaptureProcess::config(&db, "end", ""));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("binlog_row_metadata is MINIMAL, must be FULL"),
+        "{text}"
+    );
+    drop(_restore);
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
+
+/// `capture-mysql --check` with the configuration `config`: its exit code and output.
+fn check(config: &(String, String, String)) -> (Option<i32>, String) {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &config.0).unwrap();
     let out = std::process::Command::new(bin("capture-mysql"))
@@ -100,9 +120,77 @@ async fn row_metadata_other_than_full_is_refused_at_start_and_while_running() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    (out.status.code(), text)
+}
+
+/// MariaDB's `log_bin_compress`: refused at start, and a running capture stops at the first
+/// compressed event, naming the setting, with nothing of it published.
+#[tokio::test(flavor = "multi_thread")]
+async fn compressed_binlog_events_are_refused_at_start_and_while_running() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut c = conn().await;
+    let has: Vec<(String, String)> = c
+        .query("SHOW GLOBAL VARIABLES LIKE 'log_bin_compress'")
+        .await
+        .unwrap();
+    if has.is_empty() {
+        eprintln!("the server has no log_bin_compress (not MariaDB): nothing to test");
+        return;
+    }
+    let db = unique("sluice_t_compress");
+    c.query_drop(format!(
+        "CREATE DATABASE `{db}`; CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(200))"
+    ))
+    .await
+    .unwrap();
+    let mut capture = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    c.query_drop(format!("INSERT INTO `{db}`.t VALUES (1, 'plain')"))
+        .await
+        .unwrap();
+    let topic = capture.topic(&db, "t");
+    let first = tokio::task::spawn_blocking(move || {
+        sluice_tests::capture::read_events(&topic, Duration::from_secs(60), |m| {
+            sluice_tests::capture::count_rows(m) >= 1
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(sluice_tests::capture::count_rows(&first), 1);
+
+    let _restore = Restore;
+    // Events of 10 bytes and more are compressed (the server's smallest threshold).
+    c.query_drop("SET GLOBAL log_bin_compress_min_len = 10; SET GLOBAL log_bin_compress = ON")
+        .await
+        .unwrap();
+    // A new session: the setting is read when a session starts writing.
+    let mut w = conn().await;
+    w.query_drop(format!(
+        "INSERT INTO `{db}`.t VALUES (2, '{}')",
+        "compressible ".repeat(10)
+    ))
+    .await
+    .unwrap();
+    let (code, log) = capture.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "the capture stops: {log}");
     assert!(
-        text.contains("binlog_row_metadata is MINIMAL, must be FULL"),
+        log.contains("compressed MariaDB binlog event") && log.contains("log_bin_compress=OFF"),
+        "{log}"
+    );
+    let topic = capture.topic(&db, "t");
+    let events = tokio::task::spawn_blocking(move || {
+        sluice_tests::capture::read_events(&topic, Duration::from_secs(3), |_| false)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        sluice_tests::capture::count_rows(&events),
+        1,
+        "nothing of the compressed transaction is published"
+    );
+    let (code, text) = check(&CaptureProcess::config(&db, "end", ""));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("log_bin_compress is ON") && text.contains("set log_bin_compress=OFF"),
         "{text}"
     );
     drop(_restore);

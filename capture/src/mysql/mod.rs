@@ -185,6 +185,31 @@ pub fn binlog_checks(vars: &[(String, String)], accept_without_metadata: bool) -
              changing tables",
         )),
     }
+    // Compressed binlogs: MariaDB's compressed query and rows events, MySQL 8.0.20+'s
+    // TRANSACTION_PAYLOAD (its inner events carry no position of their own). Neither is
+    // decoded: refused here, and stopped at if a session turns it on.
+    for (name, what) in [
+        (
+            "log_bin_compress",
+            "MariaDB writes compressed query and rows events, which the capture does not \
+             decode: set log_bin_compress=OFF",
+        ),
+        (
+            "binlog_transaction_compression",
+            "MySQL wraps each transaction in a compressed TRANSACTION_PAYLOAD event, which the \
+             capture does not decode: set binlog_transaction_compression=OFF (globally and in \
+             the configuration; a session that turns it on stops the capture at its first \
+             transaction)",
+        ),
+    ] {
+        match var(name) {
+            Some(v) if v == "ON" || v == "1" => {
+                checks.push(Check::fail(name, format!("{name} is ON: {what}")))
+            }
+            Some(_) => checks.push(Check::pass(name, format!("{name} = OFF"))),
+            None => {}
+        }
+    }
     if let Some(v) = var("binlog_row_value_options") {
         if v.contains("PARTIAL_JSON") {
             checks.push(Check::fail(
@@ -250,7 +275,7 @@ async fn server_checks(
         .query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
              ('log_bin', 'binlog_format', 'binlog_row_image', 'binlog_row_metadata', \
-             'binlog_row_value_options')",
+             'binlog_row_value_options', 'log_bin_compress', 'binlog_transaction_compression')",
         )
         .await?;
     checks.extend(binlog_checks(&vars, accept_without_metadata));
@@ -338,6 +363,35 @@ mod tests {
         assert!(c.iter().any(|c| c.name == "binlog_row_metadata"
             && matches!(&c.outcome, sluice_common::preflight::Outcome::Fail(why)
                 if why.contains("mysql.accept_rows_without_metadata = true"))));
+    }
+
+    #[test]
+    fn compressed_binlogs_are_refused() {
+        let good = [
+            ("log_bin", "ON"),
+            ("binlog_format", "ROW"),
+            ("binlog_row_image", "FULL"),
+            ("binlog_row_metadata", "FULL"),
+        ];
+        let with = |extra: (&'static str, &'static str)| {
+            let mut v = good.to_vec();
+            v.push(extra);
+            failed(&binlog_checks(&vars(&v), false))
+        };
+        assert!(with(("log_bin_compress", "OFF")).is_empty());
+        assert!(with(("binlog_transaction_compression", "OFF")).is_empty());
+        let f = with(("log_bin_compress", "ON"));
+        assert!(
+            f.len() == 1 && f[0].contains("set log_bin_compress=OFF"),
+            "{f:?}"
+        );
+        let f = with(("binlog_transaction_compression", "ON"));
+        assert!(
+            f.len() == 1
+                && f[0].contains("TRANSACTION_PAYLOAD")
+                && f[0].contains("set binlog_transaction_compression=OFF"),
+            "{f:?}"
+        );
     }
 
     #[test]

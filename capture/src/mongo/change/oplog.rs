@@ -3,7 +3,8 @@
 //! An entry is one operation (`op` `i`, `u`, `d`, `c`, `n`) or, for a transaction, an
 //! `applyOps` command holding several; a transaction too large for one entry is split over
 //! several with `partialTxn: true`, the last without it ([`OplogEntry::partial`]: the reader
-//! holds them until then). Updates come in three forms ([`UpdateForm`]): a replacement
+//! holds them until then). A prepared transaction's `applyOps` (`prepare: true`) counts only at
+//! its `commitTransaction` and is dropped at `abortTransaction` ([`OplogEntry::prepared`]). Updates come in three forms ([`UpdateForm`]): a replacement
 //! document, MongoDB 5.0+'s `$v: 2` diff and 4.x's `$set`/`$unset`, all described as a change
 //! stream would; other operators (only wire-compatible servers log them) leave the effect
 //! unknown, and the reader looks the document up. Commands become DDL changes of the same kinds
@@ -25,6 +26,17 @@ pub struct OplogEntry {
     /// Part of a transaction whose commit comes in a later entry (`partialTxn`): hold the
     /// changes until then.
     pub partial: bool,
+    /// A prepared transaction (`applyOps` with `prepare: true`, a sharded cluster's
+    /// distributed transaction): its changes (with those of the `partialTxn` entries before
+    /// it) happen only if a later `commitTransaction` of the same session and transaction
+    /// number commits it, and not at all if `abortTransaction` ends it.
+    pub prepared: bool,
+    /// `commitTransaction` (true) or `abortTransaction` (false) of a prepared transaction.
+    pub ends_prepared: Option<bool>,
+    /// The session and transaction number of the entry, if any (which prepared transaction a
+    /// commit or abort ends).
+    pub lsid: Option<RawDocumentBuf>,
+    pub txn_number: Option<i64>,
 }
 
 /// Read an oplog entry.
@@ -49,6 +61,10 @@ pub fn from_oplog(entry: &RawDocument) -> Result<OplogEntry, String> {
         ts,
         changes: Vec::new(),
         partial: false,
+        prepared: false,
+        ends_prepared: None,
+        lsid: lsid.clone(),
+        txn_number: txn,
     };
     op_of(entry, &f, ts, &mut out, 0).map_err(|e| at(&e))?;
     for c in &mut out.changes {
@@ -76,6 +92,7 @@ struct Fields<'a> {
     ns: Option<RawBsonRef<'a>>,
     o: Option<RawBsonRef<'a>>,
     o2: Option<RawBsonRef<'a>>,
+    from_migrate: Option<RawBsonRef<'a>>,
 }
 
 impl<'a> Fields<'a> {
@@ -92,6 +109,7 @@ impl<'a> Fields<'a> {
                 "ns" => &mut f.ns,
                 "o" => &mut f.o,
                 "o2" => &mut f.o2,
+                "fromMigrate" => &mut f.from_migrate,
                 _ => continue,
             };
             slot.get_or_insert(value);
@@ -119,6 +137,13 @@ fn op_of(
     };
     let (db, coll) = split_ns(ns);
     let o = || doc_field("o", f.o)?.ok_or_else(|| format!("op {op:?} without o"));
+    // A shard's side of a chunk migration (the recipient's copies, the donor's range deletes,
+    // the collection made for them): the documents move between shards, and in the cluster
+    // nothing changed. Published, they would be inserts of documents that exist already and
+    // deletes of documents that still exist.
+    if matches!(f.from_migrate, Some(RawBsonRef::Boolean(true))) {
+        return Ok(());
+    }
     match op {
         "n" => Ok(()), // no-op (heartbeat): advances the position only
         "i" => {
@@ -200,6 +225,7 @@ fn command(
                 oplog_op(op, ts, out, depth + 1)?;
             }
             out.partial = matches!(o.get("partialTxn"), Ok(Some(RawBsonRef::Boolean(true))));
+            out.prepared = matches!(o.get("prepare"), Ok(Some(RawBsonRef::Boolean(true))));
         }
         "create" => {
             let mut cmd = raw_to_document(o)?;
@@ -297,8 +323,11 @@ fn command(
             ts,
             raw_to_document(o)?,
         )),
-        // Transaction control and index build bookkeeping carry no change of their own.
-        "commitTransaction" | "abortTransaction" | "startIndexBuild" | "abortIndexBuild" => {}
+        // The end of a prepared transaction: its changes count from here, or not at all.
+        "commitTransaction" => out.ends_prepared = Some(true),
+        "abortTransaction" => out.ends_prepared = Some(false),
+        // Index build bookkeeping carries no change of its own.
+        "startIndexBuild" | "abortIndexBuild" => {}
         other => {
             let mut c = Change::ddl("other", other, db, coll, ts, raw_to_document(o)?);
             c.collection = coll.to_string();

@@ -98,6 +98,11 @@ impl Capture {
         // Changes of a transaction whose last entry has not come yet. Dropped with a failure:
         // the reopen reads them again, from before the transaction's first entry.
         let mut partial_txn: Vec<Change> = Vec::new();
+        // The oplog time before the first entry of the transaction in `partial_txn`.
+        let mut partial_before: Option<Timestamp> = None;
+        // Prepared transactions not committed or aborted yet, by session and transaction
+        // number. Dropped with a failure too: the position stays before the first of them.
+        let mut prepared = Prepared::default();
         loop {
             let filter = if inclusive {
                 doc! { "ts": { "$gte": from } }
@@ -130,21 +135,59 @@ impl Capture {
                             tracing::info!(end = %self.config.mongodb.end, "reached the end time");
                             return Ok(());
                         }
+                        let before = from;
                         from = parsed.ts;
                         inclusive = false;
                         if parsed.partial {
+                            partial_before.get_or_insert(before);
                             partial_txn.extend(parsed.changes);
                             continue;
                         }
                         let mut changes = std::mem::take(&mut partial_txn);
+                        let first = partial_before.take().unwrap_or(before);
                         changes.extend(parsed.changes);
+                        let key = (parsed.lsid.clone(), parsed.txn_number);
+                        if parsed.prepared {
+                            tracing::debug!(at = %ts_string(parsed.ts), "prepared transaction held until its commit");
+                            prepared.hold(key, first, changes);
+                            continue;
+                        }
+                        match parsed.ends_prepared {
+                            Some(true) => {
+                                // Its changes happen at the commit.
+                                changes = prepared.take(&key);
+                                if changes.is_empty() {
+                                    tracing::warn!(
+                                        at = %ts_string(parsed.ts),
+                                        "commit of a prepared transaction whose prepare was not \
+                                         read (before the capture's start): its changes are not \
+                                         published; re-copy the collections it wrote \
+                                         (snapshot.request_id) if they are captured"
+                                    );
+                                }
+                                for c in &mut changes {
+                                    c.ts = parsed.ts;
+                                }
+                            }
+                            Some(false) => {
+                                let dropped = prepared.take(&key);
+                                tracing::info!(
+                                    at = %ts_string(parsed.ts),
+                                    changes = dropped.len(),
+                                    "prepared transaction aborted: its changes are not published"
+                                );
+                                changes.clear();
+                            }
+                            None => {}
+                        }
                         if changes.iter().any(|c| c.lookup) {
                             self.look_up(&mut changes).await?;
                         }
                         for c in changes {
                             self.publish(c, None).await?;
                         }
-                        self.advance(parsed.ts);
+                        // Not past a prepared transaction still open: a restart reads it again.
+                        self.advance(prepared.before().unwrap_or(parsed.ts));
                         if self.since_mark >= MARK_EVERY {
                             self.mark().await?;
                         }
@@ -154,13 +197,19 @@ impl Capture {
                     Ok(Ok(false)) => break,
                     // Nothing new for a while.
                     Err(_) => {
-                        if self.idle(!partial_txn.is_empty()).await? {
+                        if self
+                            .idle(!partial_txn.is_empty() || !prepared.is_empty())
+                            .await?
+                        {
                             return Ok(());
                         }
                     }
                 }
             }
-            if self.idle(!partial_txn.is_empty()).await? {
+            if self
+                .idle(!partial_txn.is_empty() || !prepared.is_empty())
+                .await?
+            {
                 return Ok(());
             }
             tokio::select! {
@@ -192,5 +241,102 @@ impl Capture {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// A session (`lsid`) and transaction number: which transaction a commit or abort ends.
+type TxnKey = (Option<RawDocumentBuf>, Option<i64>);
+
+/// Prepared transactions read and not ended yet, each with the oplog time before its first
+/// entry (where a restart must read from to see it whole).
+#[derive(Default)]
+pub(super) struct Prepared {
+    held: Vec<(TxnKey, Timestamp, Vec<Change>)>,
+}
+
+impl Prepared {
+    pub(super) fn hold(&mut self, key: TxnKey, before: Timestamp, changes: Vec<Change>) {
+        self.held.push((key, before, changes));
+    }
+
+    /// The changes of the prepared transaction `key` (none: not read, e.g. prepared before
+    /// the start), no longer held.
+    pub(super) fn take(&mut self, key: &TxnKey) -> Vec<Change> {
+        match self.held.iter().position(|(k, _, _)| k == key) {
+            Some(i) => self.held.remove(i).2,
+            None => Vec::new(),
+        }
+    }
+
+    /// The oplog time before the first entry of the oldest held transaction.
+    pub(super) fn before(&self) -> Option<Timestamp> {
+        self.held
+            .iter()
+            .map(|(_, b, _)| *b)
+            .min_by_key(|t| (t.time, t.increment))
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mongo::change::from_oplog;
+    use mongodb::bson::{rawdoc, Document};
+
+    fn ts(i: u32) -> Timestamp {
+        Timestamp {
+            time: 100,
+            increment: i,
+        }
+    }
+
+    fn entry(d: Document) -> change::OplogEntry {
+        from_oplog(&RawDocumentBuf::from_document(&d).unwrap()).unwrap()
+    }
+
+    /// A prepared transaction as a shard logs it (MongoDB's oplog format): the prepare's
+    /// applyOps, then commitTransaction or abortTransaction with the same lsid and txnNumber.
+    #[test]
+    fn prepared_transactions_count_at_their_commit_and_not_at_all_when_aborted() {
+        let lsid = doc! { "id": mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] } };
+        let prepare = |t: u32, n: i64, id: i32| {
+            entry(doc! {
+                "ts": ts(t), "op": "c", "ns": "admin.$cmd", "lsid": lsid.clone(), "txnNumber": n,
+                "o": { "applyOps": [{ "op": "i", "ns": "d.a", "o": { "_id": id } }], "prepare": true },
+            })
+        };
+        let end = |t: u32, n: i64, what: &str| {
+            entry(doc! {
+                "ts": ts(t), "op": "c", "ns": "admin.$cmd", "lsid": lsid.clone(), "txnNumber": n,
+                "o": { what: 1, "commitTimestamp": ts(t) },
+            })
+        };
+        let p1 = prepare(1, 1, 10);
+        assert!(p1.prepared && p1.ends_prepared.is_none());
+        let p2 = prepare(2, 2, 20);
+        let mut held = Prepared::default();
+        held.hold((p1.lsid.clone(), p1.txn_number), ts(0), p1.changes);
+        held.hold((p2.lsid.clone(), p2.txn_number), ts(1), p2.changes);
+        assert_eq!(held.before(), Some(ts(0)));
+        let abort = end(3, 1, "abortTransaction");
+        assert_eq!(abort.ends_prepared, Some(false));
+        assert!(abort.changes.is_empty());
+        let dropped = held.take(&(abort.lsid.clone(), abort.txn_number));
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].full_document, Some(rawdoc! { "_id": 10 }));
+        // The position may now move up to just before the second.
+        assert_eq!(held.before(), Some(ts(1)));
+        let commit = end(4, 2, "commitTransaction");
+        assert_eq!(commit.ends_prepared, Some(true));
+        let committed = held.take(&(commit.lsid.clone(), commit.txn_number));
+        assert_eq!(committed.len(), 1);
+        assert_eq!(committed[0].full_document, Some(rawdoc! { "_id": 20 }));
+        assert!(held.is_empty() && held.before().is_none());
+        // A commit of a transaction not held (prepared before the capture started): nothing.
+        assert!(held.take(&(commit.lsid, Some(9))).is_empty());
     }
 }

@@ -188,3 +188,34 @@ fn oplog_entries_read_in_one_pass_keep_the_lookup_rules() {
     .unwrap();
     assert_eq!(e.changes[0].lsid, None);
 }
+
+#[test]
+fn chunk_migrations_are_not_changes() {
+    // A recipient shard's copy and a donor's range delete, as the shards log them.
+    let e = oplog(doc! {
+        "ts": ts(1), "op": "i", "ns": "d.a", "fromMigrate": true, "o": { "_id": 1, "k": 1 },
+    });
+    assert!(e.changes.is_empty(), "{e:?}");
+    let e = oplog(doc! {
+        "ts": ts(2), "op": "d", "ns": "d.a", "fromMigrate": true, "o": { "_id": 1 },
+    });
+    assert!(e.changes.is_empty(), "{e:?}");
+    let e = oplog(doc! {
+        "ts": ts(3), "op": "c", "ns": "d.$cmd", "fromMigrate": true, "o": { "create": "a" },
+    });
+    assert!(e.changes.is_empty(), "{e:?}");
+    // Inside applyOps too; the operations of the same entry that are not migrations count.
+    let e = oplog(doc! {
+        "ts": ts(4), "op": "c", "ns": "admin.$cmd", "o": { "applyOps": [
+            { "op": "i", "ns": "d.a", "fromMigrate": true, "o": { "_id": 2 } },
+            { "op": "i", "ns": "d.a", "o": { "_id": 3 } },
+        ] },
+    });
+    assert_eq!(e.changes.len(), 1, "{e:?}");
+    assert_eq!(e.changes[0].id(), Some(RawBsonRef::Int32(3)));
+    // fromMigrate: false is an ordinary write.
+    let e = oplog(doc! {
+        "ts": ts(5), "op": "i", "ns": "d.a", "fromMigrate": false, "o": { "_id": 4 },
+    });
+    assert_eq!(e.changes.len(), 1);
+}
