@@ -990,3 +990,83 @@ async fn a_keyless_table_snapshot_under_a_writer_has_every_row_once() {
     assert_eq!(code, Some(0), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+/// XA transactions, whose rows the server logs at XA PREPARE: a prepared one arrives at its XA
+/// COMMIT (also across a capture killed while it waits), a rolled-back one never, a one-phase
+/// commit at once; ordinary transactions in between flow meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn xa_transactions_arrive_at_their_commit_and_never_after_a_rollback() {
+    let db = unique("sluice_t_cap_xa");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY, n INT) ENGINE=InnoDB"),
+    ])
+    .await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let conn = || async {
+        mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+            .await
+            .unwrap()
+    };
+    let (ga, gb, gc) = (unique("xa"), unique("xb"), unique("xc"));
+    let t = format!("`{db}`.t");
+    let mut a = conn().await;
+    for s in [
+        format!("XA START '{ga}'"),
+        format!("INSERT INTO {t} VALUES (1, 1)"),
+        format!("XA END '{ga}'"),
+        format!("XA PREPARE '{ga}'"),
+    ] {
+        a.query_drop(&s)
+            .await
+            .unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    sql(&[
+        format!("INSERT INTO {t} VALUES (10, 10)"),
+        format!("XA START '{gb}'"),
+        format!("INSERT INTO {t} VALUES (2, 2)"),
+        format!("XA END '{gb}'"),
+        format!("XA PREPARE '{gb}'"),
+        format!("XA ROLLBACK '{gb}'"),
+        format!("XA START '{gc}'"),
+        format!("INSERT INTO {t} VALUES (3, 3)"),
+        format!("XA END '{gc}'"),
+        format!("XA COMMIT '{gc}' ONE PHASE"),
+        format!("INSERT INTO {t} VALUES (12, 12)"),
+    ])
+    .await;
+    let keys = |m: &BTreeMap<i32, Vec<ChangeEvent>>| -> std::collections::BTreeSet<i64> {
+        row_events(m).iter().map(int_key).collect()
+    };
+    let topic = cap.topic(&db, "t");
+    let seen = events_of(topic.clone(), move |m| {
+        let k: Vec<i64> = row_events(m).iter().map(int_key).collect();
+        [3, 10, 12].iter().all(|x| k.contains(x))
+    })
+    .await;
+    assert_eq!(
+        keys(&seen),
+        [3, 10, 12].into_iter().collect(),
+        "the prepared transaction waits, the rolled-back one never comes"
+    );
+    // Killed while the prepared transaction waits: its checkpoint is before it.
+    cap.kill();
+    cap.restart();
+    a.query_drop(format!("XA COMMIT '{ga}'")).await.unwrap();
+    drop(a);
+    sql(&[format!("INSERT INTO {t} VALUES (11, 11)")]).await;
+    let seen = events_of(topic, move |m| {
+        let k: Vec<i64> = row_events(m).iter().map(int_key).collect();
+        [1, 11].iter().all(|x| k.contains(x))
+    })
+    .await;
+    assert_eq!(
+        keys(&seen),
+        [1, 3, 10, 11, 12].into_iter().collect(),
+        "the committed XA transaction arrives, after a restart too"
+    );
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("XA transaction committed"), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

@@ -32,6 +32,7 @@ mod marks;
 mod schemas;
 mod snapshot;
 mod start;
+mod xa;
 
 use std::time::Duration;
 

@@ -64,6 +64,9 @@ pub struct Capture {
     /// "before" of its next DDL event.
     pub(super) last_schema: HashMap<(String, String), TableSchema>,
     pub(super) snapshot_metrics: Arc<SnapshotMetrics>,
+    /// XA transactions (see `xa`): the rows of the one being read, and those prepared and not
+    /// committed or rolled back yet.
+    pub(super) xa: super::xa::XaState,
 }
 
 /// The capture's own metrics (the publisher has the event counters).

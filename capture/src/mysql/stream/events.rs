@@ -27,6 +27,9 @@ use crate::mysql::decode::{DecodeError, Image, TableDecoder};
 use crate::mysql::position::BinlogPos;
 use crate::mysql::schema;
 
+/// XA_PREPARE_LOG_EVENT (MySQL 5.7+, MariaDB 10.5+).
+const XA_PREPARE_EVENT: u8 = 38;
+
 /// MySQL 8.0.20+'s TRANSACTION_PAYLOAD_EVENT (`binlog_transaction_compression`).
 pub(super) const TRANSACTION_PAYLOAD_EVENT: u8 = 40;
 
@@ -70,6 +73,28 @@ impl Capture {
                      and re-snapshot the tables it wrote",
                     self.file
                 )))
+            }
+            // XA PREPARE: the rows read since XA START wait for the outcome (see `xa`).
+            XA_PREPARE_EVENT => {
+                match super::xa::prepare_event(event.data()) {
+                    Some((true, _)) => {
+                        let rows = self.xa.finish_reading();
+                        self.send_held(rows).await?;
+                    }
+                    Some((false, xid)) => {
+                        tracing::info!(xid = %xid, at = %format!("{}:{start}", self.file), "XA transaction prepared: its rows wait for its XA COMMIT");
+                        self.xa.prepare(xid);
+                    }
+                    None if self.xa.reading.is_some() => {
+                        return Err(CaptureError::source(format!(
+                            "{}:{start}: an XA_prepare event that cannot be read",
+                            self.file
+                        )))
+                    }
+                    None => {}
+                }
+                self.commit(end).await?;
+                return Ok(());
             }
             // MariaDB's compressed query and rows events: never skip rows silently.
             0xa4..=0xa9 => {
@@ -144,6 +169,62 @@ impl Capture {
         Ok(())
     }
 
+    /// `XA START` (MySQL's), `XA COMMIT`, `XA ROLLBACK`: see `xa`. The outcome is a group of
+    /// its own, which ends here.
+    async fn on_xa(
+        &mut self,
+        x: super::xa::XaStatement,
+        start: u64,
+        end: u64,
+    ) -> Result<(), CaptureError> {
+        use super::xa::XaStatement;
+        let at = format!("{}:{start}", self.file);
+        match x {
+            XaStatement::Start => {
+                if self.skip_until.is_none() {
+                    self.xa.start(self.resume.clone());
+                }
+                return Ok(());
+            }
+            XaStatement::Commit {
+                one_phase: true, ..
+            } => {
+                let rows = self.xa.finish_reading();
+                self.send_held(rows).await?;
+            }
+            XaStatement::Commit { xid, .. } => match self.xa.take(&xid) {
+                Some(rows) => {
+                    tracing::info!(xid = %xid, at = %at, rows = rows.len(), "XA transaction committed: its rows are published");
+                    self.send_held(rows).await?;
+                }
+                None if self.skip_until.is_none() => tracing::warn!(
+                    xid = %xid,
+                    at = %at,
+                    "XA COMMIT of a transaction prepared before the capture's start position: \
+                     its rows are not published; re-snapshot the tables it wrote"
+                ),
+                None => {}
+            },
+            XaStatement::Rollback { xid } => {
+                // Rolled back before its prepare: nothing of it was logged.
+                if let Some(rows) = self.xa.take(&xid) {
+                    tracing::info!(xid = %xid, at = %at, rows = rows.len(), "XA transaction rolled back: its rows are dropped");
+                }
+            }
+        }
+        self.commit(end).await
+    }
+
+    /// Publish rows held for an XA transaction's outcome.
+    async fn send_held(&mut self, rows: Vec<super::xa::HeldRow>) -> Result<(), CaptureError> {
+        for r in rows {
+            self.publisher
+                .send(&r.topic, &r.key, &r.payload, None)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// A new binlog file (or, first in a dump, the file the dump starts in).
     fn on_rotate(&mut self, r: &RotateEvent<'_>) {
         let mut name = r.name().to_string();
@@ -180,6 +261,10 @@ impl Capture {
             let domain = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
             let gtid = format!("{domain}-{server_id}-{seq}");
             self.begin(gtid.clone(), gtid, i64::from(ts) * 1_000_000);
+            // FL_PREPARED_XA: the group is an XA transaction up to its XA PREPARE.
+            if d[12] & 0x40 != 0 {
+                self.xa.start(self.resume.clone());
+            }
         }
     }
 
@@ -206,6 +291,9 @@ impl Capture {
     ) -> Result<(), CaptureError> {
         let sql = q.query().to_string();
         let default_db = q.schema().to_string();
+        if let Some(x) = super::xa::statement(&sql) {
+            return self.on_xa(x, start, end).await;
+        }
         match ddl::classify(&sql) {
             Statement::Transaction(TxControl::Begin) => {
                 if self.tx.is_none() {
@@ -550,9 +638,17 @@ impl Capture {
                 }]
                 .inc();
                 bytes.inc_by(payload.len() as u64);
-                self.publisher
-                    .send(&topic, &key_bytes, &payload, None)
-                    .await?;
+                if self.xa.reading.is_some() {
+                    self.xa.hold(super::xa::HeldRow {
+                        topic: topic.clone(),
+                        key: key_bytes.clone(),
+                        payload: payload.clone(),
+                    });
+                } else {
+                    self.publisher
+                        .send(&topic, &key_bytes, &payload, None)
+                        .await?;
+                }
             }
             row += 1;
         }

@@ -61,8 +61,13 @@ impl Capture {
         &mut self,
         snapshot: Option<std::sync::Arc<SnapshotProgress>>,
     ) -> Result<(), CaptureError> {
+        // Not past a prepared XA transaction still open: a restart reads it again.
+        let next = match self.xa.before() {
+            Some(b) if self.before_pos(b, &self.resume) => b.clone(),
+            _ => self.resume.clone(),
+        };
         let checkpoint = Checkpoint {
-            next: self.resume.clone(),
+            next,
             last_gtid: self.last_gtid.clone(),
             server_id: self.server.server_id,
             server_uuid: self.server.server_uuid.clone(),

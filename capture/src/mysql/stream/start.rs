@@ -100,6 +100,7 @@ impl Capture {
             ddl_schemas: HashMap::new(),
             last_schema: HashMap::new(),
             snapshot_metrics,
+            xa: Default::default(),
         };
         Ok((capture, checkpoint))
     }
@@ -299,6 +300,8 @@ impl Capture {
             }
         }
         self.tx = None;
+        // An XA transaction cut off before its prepare is read again whole.
+        self.xa.reading = None;
         let file = self.resume.file.clone();
         let mut request = BinlogStreamRequest::new(self.config.mysql.server_id)
             .with_filename(file.as_bytes())
