@@ -105,6 +105,23 @@ impl Target {
         }
         None
     }
+
+    /// Whether source column `name` was dropped by an ALTER applied since (itself, or under
+    /// the name a rename gave it: `a` renamed to `b`, then `b` dropped). A row of an older
+    /// schema, read late from another partition or replayed, must not add it back.
+    pub(super) fn gone(&self, name: &str) -> bool {
+        let mut n = name;
+        for _ in 0..=self.renamed.len() {
+            if self.dropped.contains(n) {
+                return true;
+            }
+            match self.renamed.get(n) {
+                Some(next) => n = next,
+                None => break,
+            }
+        }
+        false
+    }
 }
 
 /// How the rows of one schema are written: worked out once per schema id.
@@ -469,7 +486,7 @@ impl Sink {
         let missing: Vec<&Column> = schema
             .columns
             .iter()
-            .filter(|c| target.column_of(&c.name).is_none() && !target.dropped.contains(&c.name))
+            .filter(|c| target.column_of(&c.name).is_none() && !target.gone(&c.name))
             .collect();
         if !missing.is_empty() && self.config.tables.create {
             self.flush_table(&target.name).await?;
@@ -538,6 +555,35 @@ impl Sink {
 mod tests {
     use super::*;
     use clickhouse::error::Error;
+
+    #[test]
+    fn a_column_renamed_and_then_dropped_is_gone_under_its_first_name_too() {
+        let mut t = Target {
+            name: "t".into(),
+            mode: Mode::Mirror,
+            columns: BTreeMap::new(),
+            source: None,
+            renamed: BTreeMap::new(),
+            dropped: Default::default(),
+        };
+        t.columns
+            .insert("id".into(), ChType::parse("Int32").unwrap());
+        t.columns
+            .insert("c".into(), ChType::parse("Int32").unwrap());
+        // a -> r8, r8 dropped; b -> c (still there); x dropped.
+        t.renamed.insert("a".into(), "r8".into());
+        t.renamed.insert("b".into(), "c".into());
+        t.dropped.insert("r8".into());
+        t.dropped.insert("x".into());
+        assert!(t.gone("a") && t.gone("r8") && t.gone("x"));
+        assert!(!t.gone("b") && !t.gone("c") && !t.gone("new"));
+        assert_eq!(t.column_of("b"), Some("c"));
+        assert_eq!(t.column_of("a"), None);
+        // A cycle of renames ends the walk.
+        t.renamed.insert("p".into(), "q".into());
+        t.renamed.insert("q".into(), "p".into());
+        assert!(!t.gone("p"));
+    }
 
     #[test]
     fn an_engine_hides_deleted_rows_only_with_the_deleted_column_as_is_deleted() {
