@@ -44,9 +44,17 @@ pub async fn binlog_end() -> String {
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
         .await
         .unwrap();
-    let row: mysql_async::Row = c.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
-    let (file, pos): (String, u64) = (row.get(0).unwrap(), row.get(1).unwrap());
+    let (file, pos) = binlog_status(&mut c).await;
     format!("{file}:{pos}")
+}
+
+/// The server's binlog file and position now, asked for as the server names it (`SHOW MASTER
+/// STATUS`, or MySQL 8.2+'s `SHOW BINARY LOG STATUS`).
+pub async fn binlog_status(c: &mut mysql_async::Conn) -> (String, u64) {
+    let version: String = c.query_first("SELECT @@version").await.unwrap().unwrap();
+    let sql = sluice_capture::mysql::binlog_status_sql(&version);
+    let row: mysql_async::Row = c.query_first(sql).await.unwrap().expect("binlog enabled");
+    (row.get(0).unwrap(), row.get(1).unwrap())
 }
 
 impl CaptureProcess {

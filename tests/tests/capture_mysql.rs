@@ -506,12 +506,7 @@ async fn starts_from_a_gtid_or_a_time() {
     // A new binlog file created before the start time: `time:` starts reading there (or in
     // a newer file, should the server rotate meanwhile), not at the oldest file.
     c.query_drop("FLUSH BINARY LOGS").await.unwrap();
-    let (flushed, _): (String, u64) = c
-        .query_first("SHOW MASTER STATUS")
-        .await
-        .unwrap()
-        .map(|r: mysql_async::Row| (r.get(0).unwrap(), r.get(1).unwrap()))
-        .unwrap();
+    let (flushed, _) = sluice_tests::capture::binlog_status(&mut c).await;
     // The next whole second: rows from then on are "after the time".
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1057,7 +1052,7 @@ async fn xa_transactions_arrive_at_their_commit_and_never_after_a_rollback() {
     sql(&[format!("INSERT INTO {t} VALUES (11, 11)")]).await;
     let seen = events_of(topic, move |m| {
         let k: Vec<i64> = row_events(m).iter().map(int_key).collect();
-        [1, 11].iter().all(|x| k.contains(x))
+        [1, 3, 10, 11, 12].iter().all(|x| k.contains(x))
     })
     .await;
     assert_eq!(
@@ -1068,5 +1063,66 @@ async fn xa_transactions_arrive_at_their_commit_and_never_after_a_rollback() {
     let (code, log) = cap.stop();
     assert_eq!(code, Some(0), "{log}");
     assert!(log.contains("XA transaction committed"), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+/// A row too large to publish (over `publish.max_message_bytes`): its table is refused with
+/// the row's key named, the other tables flow, and a restart reads past it again instead of
+/// stopping at it every time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_too_large_to_publish_refuses_its_table_and_the_rest_flows() {
+    let db = unique("sluice_t_cap_big");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.big (id INT PRIMARY KEY, b LONGBLOB)"),
+        format!("CREATE TABLE `{db}`.small (id INT PRIMARY KEY)"),
+    ])
+    .await;
+    let mut config = CaptureProcess::config(&db, &binlog_end().await, "");
+    config.0 = config.0.replace(
+        "checkpoint_interval_ms = 100\n",
+        "checkpoint_interval_ms = 100\nmax_message_bytes = 1048576\n",
+    );
+    let mut cap = CaptureProcess::spawn(config);
+    sql(&[
+        format!("INSERT INTO `{db}`.big VALUES (1, 'small enough')"),
+        format!("INSERT INTO `{db}`.big VALUES (2, REPEAT('x', 1500000))"),
+        format!("INSERT INTO `{db}`.small VALUES (1)"),
+    ])
+    .await;
+    let small = cap.topic(&db, "small");
+    let seen = events_of(small.clone(), |m| count_rows(m) >= 1).await;
+    assert_eq!(count_rows(&seen), 1, "the other table flows");
+    let big = cap.topic(&db, "big");
+    let refused = |m: &BTreeMap<i32, Vec<ChangeEvent>>| {
+        m.values()
+            .flatten()
+            .filter_map(|e| e.ddl.as_ref())
+            .find(|d| d.kind == "refused")
+            .map(|d| d.reason.clone())
+    };
+    let seen = events_of(big.clone(), move |m| {
+        refused(m).is_some() && row_events(m).iter().any(|e| int_key(e) == 1)
+    })
+    .await;
+    let reason = refused(&seen).expect("a refused event on the big table's topic");
+    assert!(
+        reason.contains("id = Int(2)") && reason.contains("publish.max_message_bytes (1048576)"),
+        "{reason}"
+    );
+    let keys: Vec<i64> = row_events(&seen).iter().map(int_key).collect();
+    assert_eq!(
+        keys,
+        vec![1],
+        "the row before it arrives, the large one does not"
+    );
+    // Restarted from a checkpoint before the large row: it goes on past it again.
+    cap.kill();
+    cap.restart();
+    sql(&[format!("INSERT INTO `{db}`.small VALUES (2)")]).await;
+    let seen = events_of(small, |m| row_events(m).iter().any(|e| int_key(e) == 2)).await;
+    assert!(row_events(&seen).iter().any(|e| int_key(e) == 2));
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "the capture runs on: {log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }

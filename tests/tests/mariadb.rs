@@ -58,13 +58,7 @@ async fn a_written_row_comes_back_from_the_binlog() {
     .await
     .unwrap();
     // Where the binlog ends now: the stream starts there.
-    let status: mysql_async::Row = conn
-        .query_first("SHOW MASTER STATUS")
-        .await
-        .unwrap()
-        .expect("binlog enabled");
-    let file: String = status.get(0).unwrap();
-    let pos: u64 = status.get(1).unwrap();
+    let (file, pos) = sluice_tests::capture::binlog_status(&mut conn).await;
     conn.query_drop(format!(
         "INSERT INTO `{db}`.t VALUES (18446744073709551615, 'emoji 😀')"
     ))

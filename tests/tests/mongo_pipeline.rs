@@ -32,6 +32,11 @@ async fn client(url: String) -> Client {
 /// capture-mongo reading `db` (`mongodb` holds the `[mongodb]` keys beyond the URI, `filter`
 /// more `[filter]` keys).
 fn capture(db: &str, mongodb: &str, filter: &str) -> CaptureProcess {
+    capture_at(&mongo_source_url(), db, mongodb, filter)
+}
+
+/// [`capture`] reading the source at `uri`.
+fn capture_at(uri: &str, db: &str, mongodb: &str, filter: &str) -> CaptureProcess {
     let connector = unique("mconn");
     let prefix = unique("mcdc");
     let text = format!(
@@ -41,10 +46,88 @@ fn capture(db: &str, mongodb: &str, filter: &str) -> CaptureProcess {
          [topics]\nprefix = \"{prefix}\"\n\
          [publish]\npartitions = 3\nreplication_factor = 1\ncheckpoint_interval_ms = 100\n\
          [kafka]\nbrokers = \"{}\"\n",
-        mongo_source_url(),
+        uri,
         kafka_brokers()
     );
     CaptureProcess::spawn_binary("capture-mongo", (text, connector, prefix))
+}
+
+/// A TCP relay to the first host of `url`, whose connections can be cut (every socket closed,
+/// new ones refused) and restored: a network failure between a stage and its server.
+struct Relay {
+    port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Relay {
+    async fn to(url: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+        let rest = rest.rsplit_once('@').map(|(_, r)| r).unwrap_or(rest);
+        let upstream = rest
+            .split(['/', '?', ','])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, k) = (cut.clone(), conns.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut down, _)) = listener.accept().await else {
+                    return;
+                };
+                if c.load(Ordering::SeqCst) {
+                    continue; // dropped: refused
+                }
+                let up = upstream.clone();
+                let h = tokio::spawn(async move {
+                    if let Ok(mut u) = tokio::net::TcpStream::connect(&up).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut u).await;
+                    }
+                });
+                k.lock().unwrap().push(h);
+            }
+        });
+        Relay { port, cut, conns }
+    }
+
+    /// The URL of `url`'s server through the relay (one host, connected to directly).
+    fn url(&self, url: &str) -> String {
+        let (scheme, rest) = url.split_once("://").unwrap_or(("mongodb", url));
+        let (auth, rest) = match rest.rsplit_once('@') {
+            Some((a, r)) => (format!("{a}@"), r),
+            None => (String::new(), rest),
+        };
+        let tail = rest.find(['/', '?']).map(|i| &rest[i..]).unwrap_or("/");
+        let tail = if tail.starts_with('?') {
+            format!("/{tail}")
+        } else {
+            tail.to_string()
+        };
+        let direct = if tail.to_ascii_lowercase().contains("directconnection=") {
+            ""
+        } else if tail.contains('?') {
+            "&directConnection=true"
+        } else {
+            "?directConnection=true"
+        };
+        format!("{scheme}://{auth}127.0.0.1:{}{tail}{direct}", self.port)
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// apply-mongo reading the topics of `prefix` into the target server.
@@ -536,6 +619,75 @@ async fn kill_nine_of_both_stages_under_load_loses_nothing() {
         )
         .await;
     }
+    stop_all(&mut [&mut cap, &mut app]).await;
+    src.database(&db).drop().await.unwrap();
+    dst.database(&db).drop().await.unwrap();
+}
+
+/// The capture's connection to the source cut under a writer (every socket closed, new ones
+/// refused for 3 s), twice: it reopens after the last change it published, without exiting,
+/// and the target ends equal to the source.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_source_connection_is_reopened_and_nothing_is_lost() {
+    let db = unique("sluice_m_net");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let relay = Relay::to(&mongo_source_url()).await;
+    let mut cap = capture_at(
+        &format!(
+            "{}&serverSelectionTimeoutMS=2000",
+            relay.url(&mongo_source_url())
+        ),
+        &db,
+        "mode = \"oplog\"",
+        "",
+    );
+    let mut app = apply(&cap.prefix, &unique("g"), "");
+    started(&cap, true).await;
+    let writer = {
+        let src = src.clone();
+        let db = db.clone();
+        tokio::spawn(async move {
+            let c = src.database(&db).collection::<Document>("c");
+            for round in 0..60 {
+                let docs: Vec<Document> = (0..20)
+                    .map(|k| doc! { "_id": round * 20 + k, "v": k })
+                    .collect();
+                c.insert_many(docs).await.unwrap();
+                c.update_many(
+                    doc! { "_id": { "$mod": [5, round % 5] } },
+                    doc! { "$set": { "u": round } },
+                )
+                .await
+                .unwrap();
+                c.delete_one(doc! { "_id": round * 20 + 7 }).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        relay.cut();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        relay.restore();
+    }
+    writer.await.unwrap();
+    converge(
+        &src,
+        &dst,
+        &db,
+        "c",
+        Duration::from_secs(120),
+        &mut [&mut cap, &mut app],
+    )
+    .await;
+    let reconnects = metric_at(cap.metrics_port, "sluice_capture_reconnects_total");
+    assert!(
+        reconnects.is_some_and(|n| n >= 1.0),
+        "the capture reopened its reading: {reconnects:?}"
+    );
     stop_all(&mut [&mut cap, &mut app]).await;
     src.database(&db).drop().await.unwrap();
     dst.database(&db).drop().await.unwrap();

@@ -31,12 +31,7 @@ async fn write_and_read(
     Option<Vec<sluice_proto::Value>>,
 )> {
     let mut conn = connect().await;
-    let status: mysql_async::Row = conn
-        .query_first("SHOW MASTER STATUS")
-        .await
-        .unwrap()
-        .unwrap();
-    let (file, pos): (String, u64) = (status.get(0).unwrap(), status.get(1).unwrap());
+    let (file, pos) = sluice_tests::capture::binlog_status(&mut conn).await;
     conn.query_drop(edge::SESSION).await.unwrap();
     for s in sql {
         conn.query_drop(s).await.unwrap();

@@ -95,6 +95,11 @@ impl Image {
         &self.bytes[self.values[i].clone()]
     }
 
+    /// Column `i`'s value, decoded (for messages; the hot path copies the bytes instead).
+    pub fn value_of(&self, i: u32) -> sluice_proto::v1::Value {
+        prost::Message::decode(self.value(i as usize)).unwrap_or_default()
+    }
+
     /// The `Row` message of the `key` columns' values, into `out` (cleared first).
     pub fn key_row(&self, key: &[u32], out: &mut Vec<u8>) {
         out.clear();

@@ -119,6 +119,25 @@ impl Validate for Config {
 
 sluice_common::app_config!(Config);
 
+/// The statement that shows the server's current binlog file and position (columns `File`,
+/// `Position`, ...), by its `@@version`: MySQL 8.2+ has `SHOW BINARY LOG STATUS` (8.4 removed
+/// `SHOW MASTER STATUS`); MySQL before 8.2 and every MariaDB (10.5.2+ also knows `SHOW BINLOG
+/// STATUS`, 11.x still `SHOW MASTER STATUS`) take `SHOW MASTER STATUS`.
+pub fn binlog_status_sql(version: &str) -> &'static str {
+    if version.to_ascii_lowercase().contains("mariadb") {
+        return "SHOW MASTER STATUS";
+    }
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) >= (8, 2) {
+        "SHOW BINARY LOG STATUS"
+    } else {
+        "SHOW MASTER STATUS"
+    }
+}
+
 /// The binlog settings checks, from `SHOW GLOBAL VARIABLES` rows.
 pub fn binlog_checks(vars: &[(String, String)], accept_without_metadata: bool) -> Vec<Check> {
     let mut checks = Vec::new();
@@ -363,6 +382,22 @@ mod tests {
         assert!(c.iter().any(|c| c.name == "binlog_row_metadata"
             && matches!(&c.outcome, sluice_common::preflight::Outcome::Fail(why)
                 if why.contains("mysql.accept_rows_without_metadata = true"))));
+    }
+
+    #[test]
+    fn the_binlog_position_is_asked_for_as_each_server_names_it() {
+        for (version, sql) in [
+            ("10.11.6-MariaDB-0+deb12u1-log", "SHOW MASTER STATUS"),
+            ("11.4.2-MariaDB", "SHOW MASTER STATUS"),
+            ("5.7.44-log", "SHOW MASTER STATUS"),
+            ("8.0.36", "SHOW MASTER STATUS"),
+            ("8.1.0", "SHOW MASTER STATUS"),
+            ("8.2.0", "SHOW BINARY LOG STATUS"),
+            ("8.4.3", "SHOW BINARY LOG STATUS"),
+            ("9.1.0-commercial", "SHOW BINARY LOG STATUS"),
+        ] {
+            assert_eq!(binlog_status_sql(version), sql, "{version}");
+        }
     }
 
     #[test]

@@ -23,8 +23,8 @@
 //!
 //! Tables without a primary key cannot be reconciled key by key. They are read whole in one
 //! consistent snapshot, and the stream is held at its position P while the rows are published:
-//! exact on MariaDB, whose snapshot reports P; on MySQL P is read with `SHOW MASTER STATUS`
-//! right after the snapshot begins (see docs/capture-mysql.md).
+//! exact on MariaDB, whose snapshot reports P; on MySQL P is read with `SHOW MASTER STATUS` (or
+//! `SHOW BINARY LOG STATUS`) right after the snapshot begins (see docs/capture-mysql.md).
 //!
 //! This module holds a run's state (its tables, the chunk of each in flight, the progress the
 //! checkpoints carry) and the keys kept in the checkpoint; `reader` the reader tasks (the

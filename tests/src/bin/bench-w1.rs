@@ -61,7 +61,11 @@ async fn main() -> anyhow::Result<()> {
     let ddl = sluice_tests::w1_create_table(&db);
     c.query_drop(format!("CREATE DATABASE `{db}`")).await?;
     c.query_drop(ddl).await?;
-    let status: mysql_async::Row = c.query_first("SHOW MASTER STATUS").await?.unwrap();
+    let version: String = c.query_first("SELECT @@version").await?.unwrap_or_default();
+    let status: mysql_async::Row = c
+        .query_first(sluice_capture::mysql::binlog_status_sql(&version))
+        .await?
+        .unwrap();
     let (file, pos): (String, u64) = (status.get(0).unwrap(), status.get(1).unwrap());
 
     eprintln!("1/4 writing {rows} rows of the W1 table into {db} ...");

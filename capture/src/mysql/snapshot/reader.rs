@@ -240,7 +240,9 @@ async fn begin_snapshot(
 async fn master_position(
     conn: &mut mysql_async::Conn,
 ) -> Result<Option<BinlogPos>, mysql_async::Error> {
-    let row: Option<mysql_async::Row> = conn.query_first("SHOW MASTER STATUS").await?;
+    let version: Option<String> = conn.query_first("SELECT @@version").await?;
+    let sql = crate::mysql::binlog_status_sql(&version.unwrap_or_default());
+    let row: Option<mysql_async::Row> = conn.query_first(sql).await?;
     Ok(row.map(|r| BinlogPos {
         file: r.get(0).unwrap_or_default(),
         pos: r.get(1).unwrap_or(4),

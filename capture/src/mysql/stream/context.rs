@@ -133,4 +133,7 @@ pub(super) struct ServerInfo {
     /// Whether the server has `binlog_row_metadata` (MySQL 8.0+, MariaDB 10.5+): the start
     /// requires it to be FULL, so a table map without column names means it was changed since.
     pub(super) has_row_metadata: bool,
+    /// The statement giving the binlog's current file and position on this server
+    /// ([`crate::mysql::binlog_status_sql`]).
+    pub(super) status_sql: &'static str,
 }

@@ -141,7 +141,7 @@ impl Capture {
     /// what information_schema said before this was asked is the schema as of `end`.
     pub(super) async fn caught_up(&mut self, end: u64) -> Result<bool, CaptureError> {
         let row: Option<mysql_async::Row> =
-            self.schema_conn.query_first("SHOW MASTER STATUS").await?;
+            self.schema_conn.query_first(self.server.status_sql).await?;
         let at = row.and_then(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)));
         Ok(at.is_some_and(|(file, pos)| file == self.file && pos == end))
     }
@@ -323,6 +323,62 @@ impl Capture {
 }
 
 impl Capture {
+    /// A row event of `db.table` larger than `publish.max_message_bytes` (`size` bytes, the
+    /// row `key`, or its place when the table has no key): refused with the key named, rather
+    /// than handed to the producer, whose failure would stop the capture at the same row after
+    /// every restart. Returns whether it was too large (and not sent).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn oversized(
+        &mut self,
+        db: &str,
+        table: &str,
+        size: usize,
+        key: &[v1::Value],
+        key_columns: &[String],
+        start: u64,
+        ts: u32,
+    ) -> Result<bool, CaptureError> {
+        let max = self.config.publish.max_message_bytes;
+        if size <= max {
+            return Ok(false);
+        }
+        let row = if key.is_empty() {
+            format!(
+                "a row of the event at {}:{start} (the table has no key)",
+                self.file
+            )
+        } else {
+            let parts: Vec<String> = key_columns
+                .iter()
+                .zip(key)
+                .map(|(c, v)| match &v.kind {
+                    Some(k) => format!("{c} = {k:?}"),
+                    None => format!("{c} = NULL"),
+                })
+                .collect();
+            format!(
+                "the row with key {} (at {}:{start})",
+                parts.join(", "),
+                self.file
+            )
+        };
+        let reason = format!(
+            "{row} makes an event of {size} bytes, more than publish.max_message_bytes \
+             ({max}). Raise publish.max_message_bytes (up to the broker's message.max.bytes \
+             and the topic's max.message.bytes), restart the capture and re-snapshot the table"
+        );
+        self.refuse_table(
+            db,
+            table,
+            "(a row too large to publish)",
+            &reason,
+            start,
+            ts,
+        )
+        .await?;
+        Ok(true)
+    }
+
     /// Send a table-wide event (DDL, TRUNCATE, refusal) to every partition of its table's
     /// topic, counted under `label`.
     async fn send_to_table(

@@ -631,6 +631,18 @@ impl Capture {
                     a.map(Image::bytes),
                     &mut payload,
                 );
+                if payload.len() + key_bytes.len() > self.config.publish.max_message_bytes {
+                    let key: Vec<v1::Value> = pk.iter().map(|&i| keyed.value_of(i)).collect();
+                    let names: Vec<String> = pk
+                        .iter()
+                        .map(|&i| schema.columns[i as usize].name.clone())
+                        .collect();
+                    let size = payload.len() + key_bytes.len();
+                    let (db, table) = (schema.database.clone(), schema.table.clone());
+                    self.oversized(&db, &table, size, &key, &names, start, ts)
+                        .await?;
+                    return Ok(());
+                }
                 counters[match op {
                     Op::Insert => 0,
                     Op::Update => 1,

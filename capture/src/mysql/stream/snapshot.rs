@@ -465,6 +465,18 @@ impl Capture {
             event.after = Some(row);
             payload.clear();
             event.encode(&mut payload).expect("a Vec grows as needed");
+            let size = payload.len() + key_bytes.len();
+            if size > self.config.publish.max_message_bytes {
+                let key = event.key.take().map(|k| k.values).unwrap_or_default();
+                let names: Vec<String> = schema
+                    .primary_key
+                    .iter()
+                    .map(|&i| schema.columns[i as usize].name.clone())
+                    .collect();
+                self.oversized(&t.database, &t.table, size, &key, &names, at, 0)
+                    .await?;
+                break;
+            }
             self.publisher
                 .send(&topic, &key_bytes, &payload, None)
                 .await?;

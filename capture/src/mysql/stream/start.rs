@@ -167,10 +167,10 @@ impl Capture {
             .map_err(|e| CaptureError::definite(Origin::Config, e))?;
         let pos = match start {
             Start::End => {
-                let row: Option<mysql_async::Row> =
-                    self.schema_conn.query_first("SHOW MASTER STATUS").await?;
+                let sql = self.server.status_sql;
+                let row: Option<mysql_async::Row> = self.schema_conn.query_first(sql).await?;
                 let row = row.ok_or_else(|| {
-                    CaptureError::source("SHOW MASTER STATUS is empty: binary logging is off")
+                    CaptureError::source(format!("{sql} is empty: binary logging is off"))
                 })?;
                 BinlogPos {
                     file: row.get(0).unwrap_or_default(),
@@ -284,9 +284,12 @@ impl Capture {
         heartbeat: Duration,
     ) -> Result<BinlogStream, CaptureError> {
         let mut conn = Conn::new(self.opts.clone()).await?;
+        // Both names: MySQL 8.0.26+ reads the `source_` ones first, older servers and MariaDB
+        // the `master_` ones (which the driver sets for the checksum).
         conn.query_drop(format!(
-            "SET @master_heartbeat_period = {}",
-            heartbeat.as_nanos()
+            "SET @master_heartbeat_period = {n}, @source_heartbeat_period = {n}, \
+             @source_binlog_checksum = 'ALL'",
+            n = heartbeat.as_nanos()
         ))
         .await?;
         let gtid_start = self.resume.file.is_empty();
@@ -340,6 +343,7 @@ async fn server_info(conn: &mut Conn) -> Result<ServerInfo, CaptureError> {
         .filter_map(|r| r.get::<String, _>(0))
         .collect();
     Ok(ServerInfo {
+        status_sql: crate::mysql::binlog_status_sql(&version),
         server_id,
         server_uuid,
         mariadb,
