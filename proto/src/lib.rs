@@ -311,23 +311,38 @@ pub fn binlog_file_seq(file: &str) -> Result<u64, ContractError> {
         .map_err(|_| ContractError::BadBinlogFile(file.to_string()))
 }
 
-/// The version of row `row` of the rows event that starts at `pos` in binlog `file`:
-/// `file_seq << 32 | (pos + row)`.
+/// The version of row `row` of the rows event that starts at `pos` in binlog `file`, in
+/// binlog generation 0: see [`mysql_version_in`].
+pub fn mysql_version(file: &str, pos: u64, row: u32) -> Result<u64, ContractError> {
+    mysql_version_in(0, file, pos, row)
+}
+
+/// The version of row `row` of the rows event that starts at `pos` in binlog `file`, in binlog
+/// generation `generation`: `generation << 56 | file_seq << 32 | (pos + row)`.
 ///
 /// Every row takes at least one byte of its rows event, so `pos + row` is below the next
 /// event's start: versions grow strictly with the binlog order, within and across files.
-/// Binlog offsets are 32-bit in the v4 event header, so `pos + row` always fits.
-pub fn mysql_version(file: &str, pos: u64, row: u32) -> Result<u64, ContractError> {
+/// Binlog offsets are 32-bit in the v4 event header, so `pos + row` fits (a file grown past
+/// 4 GiB by one large transaction does not, and is refused). A server's binlog history that
+/// starts over (RESET MASTER, a restored server, a fail-over to a replica with its own file
+/// numbers) would make later versions lower than earlier ones; the capture is started again
+/// in the next generation (`mysql.generation`), whose versions are all higher.
+pub fn mysql_version_in(
+    generation: u8,
+    file: &str,
+    pos: u64,
+    row: u32,
+) -> Result<u64, ContractError> {
     let seq = binlog_file_seq(file)?;
     let offset = pos + u64::from(row);
-    if seq >= 1 << 32 || offset >= 1 << 32 {
+    if seq >= 1 << 24 || offset >= 1 << 32 {
         return Err(ContractError::VersionOverflow {
             file: file.to_string(),
             pos,
             row,
         });
     }
-    Ok(seq << 32 | offset)
+    Ok(u64::from(generation) << 56 | seq << 32 | offset)
 }
 
 /// The version of a MongoDB oplog entry: its timestamp, `seconds << 32 | increment`. Events of

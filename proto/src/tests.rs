@@ -317,6 +317,25 @@ fn mysql_versions_grow_with_the_binlog() {
         mysql_version("bin.4294967296", 4, 0),
         Err(ContractError::VersionOverflow { .. })
     ));
+    // File numbers above 2^24 would reach into the generation's bits.
+    assert!(matches!(
+        mysql_version("bin.16777216", 4, 0),
+        Err(ContractError::VersionOverflow { .. })
+    ));
+    assert!(mysql_version("bin.16777215", 4, 0).is_ok());
+}
+
+#[test]
+fn a_later_binlog_generation_is_above_every_version_of_an_earlier_one() {
+    let v = |g: u8, f: &str, p: u64| mysql_version_in(g, f, p, 0).unwrap();
+    // RESET MASTER: the files start again at 1, in the next generation.
+    assert!(v(0, "bin.999999", u32::MAX as u64 - 1) < v(1, "bin.000001", 4));
+    assert_eq!(
+        v(0, "bin.000007", 4),
+        mysql_version("bin.000007", 4, 0).unwrap()
+    );
+    assert_eq!(v(2, "bin.000001", 4), 2 << 56 | 1 << 32 | 4);
+    assert!(v(254, "bin.16777215", 4) < v(255, "bin.000001", 4));
 }
 
 #[test]

@@ -119,6 +119,13 @@ impl CaptureProcess {
         std::fs::write(self.config.path(), text).unwrap();
     }
 
+    /// Replace `from` by `to` in the config, for the next [`CaptureProcess::restart`].
+    pub fn edit_config(&mut self, from: &str, to: &str) {
+        let text = std::fs::read_to_string(self.config.path()).unwrap();
+        assert!(text.contains(from), "{from:?} is not in the config");
+        std::fs::write(self.config.path(), text.replace(from, to)).unwrap();
+    }
+
     /// The same capture (connector, prefix, config) started again, after the last one exited
     /// or was killed.
     pub fn restart(&mut self) {

@@ -461,9 +461,27 @@ async fn a_purged_checkpoint_stops_with_what_to_do() {
     let mut cap = CaptureProcess::spawn(config);
     let (code, log) = cap.wait(Duration::from_secs(60));
     assert_eq!(code, Some(1), "{log}");
+    // A file above every one the server has: its binlog began again.
     assert!(log.contains("mysql-bin.999999"), "{log}");
+    assert!(log.contains("binlog began again"), "{log}");
+    assert!(log.contains("mysql.generation = 1"), "{log}");
+    assert!(log.contains("re-snapshot"), "{log}");
+
+    // A file below every one the server has: purged.
+    let config = CaptureProcess::config(&db, "end", "");
+    write_checkpoint(
+        &config.1,
+        format!(
+            r#"{{"next":{{"file":"mysql-bin.000000","pos":4}},"server_id":{server_id},"written_at":0,"generation":4}}"#
+        ),
+    )
+    .await;
+    let mut cap = CaptureProcess::spawn(config);
+    let (code, log) = cap.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("no longer has"), "{log}");
     assert!(log.contains("re-snapshot"), "{log}");
+    assert!(log.contains("mysql.generation = 4"), "{log}");
 
     // A checkpoint of another server is refused too.
     let config = CaptureProcess::config(&db, "end", "");
@@ -1124,5 +1142,46 @@ async fn a_row_too_large_to_publish_refuses_its_table_and_the_rest_flows() {
     assert!(row_events(&seen).iter().any(|e| int_key(e) == 2));
     let (code, log) = cap.stop();
     assert_eq!(code, Some(0), "the capture runs on: {log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+/// `mysql.generation`: versions carry it in their top 8 bits (above every version of an
+/// earlier generation, whatever the binlog file), and the checkpoint keeps it over a
+/// configuration that forgets it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_generation_keeps_versions_above_every_earlier_one() {
+    let db = unique("sluice_t_cap_gen");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY)"),
+    ])
+    .await;
+    let mut config = CaptureProcess::config(&db, &binlog_end().await, "");
+    config.0 = config.0.replace(
+        "heartbeat_ms = 1000\n",
+        "heartbeat_ms = 1000\ngeneration = 3\n",
+    );
+    let mut cap = CaptureProcess::spawn(config);
+    sql(&[format!("INSERT INTO `{db}`.t VALUES (1)")]).await;
+    let topic = cap.topic(&db, "t");
+    let seen = events_of(topic.clone(), |m| count_rows(m) >= 1).await;
+    let v1 = row_events(&seen)[0].version;
+    assert_eq!(v1 >> 56, 3, "version {v1:#x}");
+    // Restarted with generation 0 in its configuration: the checkpoint's 3 holds.
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    cap.edit_config("generation = 3\n", "");
+    cap.restart();
+    sql(&[format!("INSERT INTO `{db}`.t VALUES (2)")]).await;
+    let seen = events_of(topic, |m| row_events(m).iter().any(|e| int_key(e) == 2)).await;
+    let v2 = row_events(&seen)
+        .iter()
+        .find(|e| int_key(e) == 2)
+        .unwrap()
+        .version;
+    assert_eq!(v2 >> 56, 3, "version {v2:#x}");
+    assert!(v2 > v1);
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }

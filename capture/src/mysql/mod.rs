@@ -74,6 +74,13 @@ pub struct MysqlConfig {
     /// ENUM members would decode those rows with today's columns. Refused unless set. Default
     /// false.
     pub accept_rows_without_metadata: bool,
+    /// The binlog generation: the top 8 bits of every version this capture publishes
+    /// (`sluice_proto::mysql_version_in`). Raise it by one when starting a new connector on a
+    /// binlog history that began again (RESET MASTER, a restored server, a fail-over to a
+    /// server with its own file numbers), so that its versions stay above every version
+    /// published before; the capture's error messages say when, and to what. A checkpoint's
+    /// generation wins over a lower one here. Default 0.
+    pub generation: u8,
 }
 
 impl Default for MysqlConfig {
@@ -84,6 +91,7 @@ impl Default for MysqlConfig {
             start: "end".into(),
             heartbeat_ms: 5000,
             accept_rows_without_metadata: false,
+            generation: 0,
         }
     }
 }

@@ -97,6 +97,13 @@ pub struct Checkpoint {
     /// table's next rows, with the schema the binlog gives them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ddl_pending: Vec<PendingDdl>,
+    /// The binlog generation of the versions published (`mysql.generation`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u8,
+}
+
+fn is_zero(g: &u8) -> bool {
+    *g == 0
 }
 
 /// DDL of one table read while behind the server: the server's schema then may be that of a
@@ -172,11 +179,23 @@ mod tests {
             snapshots_done: vec![],
             snapshots_pending: vec![],
             ddl_pending: vec![],
+            generation: 0,
         };
         let text = serde_json::to_string(&c).unwrap();
         assert!(!text.contains("server_uuid"));
         assert!(!text.contains("snapshot"));
+        assert!(
+            !text.contains("generation"),
+            "generation 0 is left out: {text}"
+        );
         assert_eq!(serde_json::from_str::<Checkpoint>(&text).unwrap(), c);
+        let g = Checkpoint {
+            generation: 3,
+            ..c.clone()
+        };
+        let text = serde_json::to_string(&g).unwrap();
+        assert!(text.contains("\"generation\":3"), "{text}");
+        assert_eq!(serde_json::from_str::<Checkpoint>(&text).unwrap(), g);
         // With a snapshot under way.
         let mut tables = std::collections::BTreeMap::new();
         tables.insert(

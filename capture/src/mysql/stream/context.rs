@@ -67,6 +67,9 @@ pub struct Capture {
     /// XA transactions (see `xa`): the rows of the one being read, and those prepared and not
     /// committed or rolled back yet.
     pub(super) xa: super::xa::XaState,
+    /// The binlog generation of every version published (`mysql.generation`, or the
+    /// checkpoint's if higher).
+    pub(super) generation: u8,
 }
 
 /// The capture's own metrics (the publisher has the event counters).

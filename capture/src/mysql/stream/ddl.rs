@@ -10,7 +10,7 @@
 use prost::Message;
 use sluice_common::clock::now_micros;
 use sluice_proto::v1::{self, Op};
-use sluice_proto::{event_key, mysql_version, CONTRACT_VERSION};
+use sluice_proto::{event_key, CONTRACT_VERSION};
 
 use super::context::Capture;
 use crate::error::CaptureError;
@@ -183,7 +183,7 @@ impl Capture {
             op: Op::Ddl as i32,
             database: db.to_string(),
             table: table.to_string(),
-            version: mysql_version(&p.file, p.start, 0)?,
+            version: self.version_at(&p.file, p.start, 0)?,
             position: Some(v1::Position {
                 kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
                     file: p.file.clone(),
@@ -246,7 +246,7 @@ impl Capture {
             op: op as i32,
             database: db.to_string(),
             table: table.to_string(),
-            version: mysql_version(&self.file, start, 0)?,
+            version: self.version_at(&self.file, start, 0)?,
             position: Some(self.position(start, 0)),
             commit_time_micros: i64::from(ts) * 1_000_000,
             capture_time_micros: now_micros(),
@@ -305,7 +305,7 @@ impl Capture {
             op: Op::Ddl as i32,
             database: db.to_string(),
             table: table.to_string(),
-            version: mysql_version(&self.file, start, 0)?,
+            version: self.version_at(&self.file, start, 0)?,
             position: Some(self.position(start, 0)),
             commit_time_micros: i64::from(ts) * 1_000_000,
             capture_time_micros: now_micros(),

@@ -18,7 +18,7 @@ use mysql_async::binlog::events::{
 };
 use sluice_common::clock::now_micros;
 use sluice_proto::v1::{self, Op};
-use sluice_proto::{mysql_version, EventHeader, CONTRACT_VERSION};
+use sluice_proto::{EventHeader, CONTRACT_VERSION};
 
 use super::context::{Capture, DecoderEntry};
 use crate::error::{CaptureError, Origin};
@@ -552,7 +552,7 @@ impl Capture {
         };
         let header = EventHeader::new(&event);
         // The first row's version; row `r`'s is `r` more (checked for overflow per row).
-        let base_version = mysql_version(&self.file, start, 0)?;
+        let base_version = self.version_at(&self.file, start, 0)?;
         let pk = &schema.primary_key;
         let mut payload = Vec::with_capacity(1024);
         let mut key_bytes = Vec::with_capacity(64);
@@ -589,7 +589,7 @@ impl Capture {
             let version = if start + u64::from(row) < 1 << 32 {
                 base_version + u64::from(row)
             } else {
-                mysql_version(&self.file, start, row)?
+                self.version_at(&self.file, start, row)?
             };
             // (op, the image the key comes from, before, after)
             let out: [Option<RowOut>; 2] = match images {

@@ -76,6 +76,7 @@ impl Capture {
             snapshots_done: self.snapshots_done.clone(),
             snapshots_pending: self.snapshots_pending.clone(),
             ddl_pending: self.ddl_pending.clone(),
+            generation: self.generation,
         };
         self.publisher.mark(checkpoint).await?;
         Ok(())
@@ -99,7 +100,17 @@ impl Capture {
     /// The stream's position as a version: every event read so far is below it.
     pub(super) fn stream_version(&self) -> u64 {
         let seq = sluice_proto::binlog_file_seq(&self.file).unwrap_or(0);
-        seq << 32 | self.read_to
+        u64::from(self.generation) << 56 | seq << 32 | self.read_to
+    }
+
+    /// The version of row `row` of the event at `pos` of `file`, in this capture's generation.
+    pub(super) fn version_at(
+        &self,
+        file: &str,
+        pos: u64,
+        row: u32,
+    ) -> Result<u64, sluice_proto::ContractError> {
+        sluice_proto::mysql_version_in(self.generation, file, pos, row)
     }
 
     /// `a` comes before `b` in the binlog.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use prost::Message;
 use sluice_common::clock::now_micros;
 use sluice_proto::v1::{self, Op, TableSchema};
-use sluice_proto::{mysql_version, CONTRACT_VERSION};
+use sluice_proto::CONTRACT_VERSION;
 
 use super::context::Capture;
 use crate::error::CaptureError;
@@ -406,7 +406,7 @@ impl Capture {
         let topic = self.topics.topic(&t.database, &t.table)?;
         self.publisher.ensure_topic(&topic, false).await?;
         let at = self.read_to.max(4) - 1;
-        let version = mysql_version(&self.file, at, 0)?;
+        let version = self.version_at(&self.file, at, 0)?;
         let now = now_micros();
         let mut event = v1::ChangeEvent {
             contract: CONTRACT_VERSION,

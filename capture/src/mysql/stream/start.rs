@@ -101,6 +101,7 @@ impl Capture {
             last_schema: HashMap::new(),
             snapshot_metrics,
             xa: Default::default(),
+            generation: 0,
         };
         Ok((capture, checkpoint))
     }
@@ -111,6 +112,10 @@ impl Capture {
         checkpoint: Option<Checkpoint>,
     ) -> Result<(), CaptureError> {
         let fresh = checkpoint.is_none();
+        self.generation = checkpoint
+            .as_ref()
+            .map_or(0, |c| c.generation)
+            .max(self.config.mysql.generation);
         let (progress, done, pending, ddl_pending) = checkpoint
             .as_ref()
             .map(|c| {
@@ -149,13 +154,15 @@ impl Capture {
                 return Err(CaptureError::source(format!(
                     "the checkpoint of connector {:?} was written reading server_id {} ({}), \
                      but the source is server_id {} ({}): binlog coordinates of another server \
-                     mean nothing here. Use a new connector name (and re-snapshot) for a new \
-                     source.",
+                     mean nothing here. Use a new connector name with mysql.generation = {} \
+                     (its versions then stay above those published so far) and re-snapshot, \
+                     for a new source or a fail-over.",
                     self.config.connector,
                     c.server_id,
                     c.server_uuid,
                     self.server.server_id,
-                    self.server.server_uuid
+                    self.server.server_uuid,
+                    self.next_generation()?
                 )));
             }
             self.check_not_purged(&c.next.file, "the stored checkpoint")?;
@@ -269,12 +276,48 @@ impl Capture {
         if self.server.binlogs.iter().any(|f| f == file) {
             return Ok(());
         }
+        let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
+        let newest = self
+            .server
+            .binlogs
+            .last()
+            .map(String::as_str)
+            .unwrap_or("none");
+        if self
+            .server
+            .binlogs
+            .last()
+            .is_none_or(|n| seq(n) < seq(file))
+        {
+            // Every file the server has is older than the checkpoint's: its history began
+            // again, and its versions would be lower than those published already.
+            return Err(CaptureError::source(format!(
+                "{what} points into binlog file {file}, but the server's newest is {newest}: its \
+                 binlog began again (RESET MASTER, or a restored server). Start a new connector \
+                 name with mysql.generation = {} (so that its versions stay above every one \
+                 published so far; the same generation would write lower versions, which the \
+                 targets would take for older) and re-snapshot the tables.",
+                self.next_generation()?
+            )));
+        }
         Err(CaptureError::source(format!(
             "{what} points into binlog file {file}, which the server no longer has (it was purged; \
              the oldest is {}). Changes since then are lost to the binlog: re-snapshot the tables \
-             and start again from `end`, e.g. with a new connector name.",
-            self.server.binlogs.first().map(String::as_str).unwrap_or("none")
+             and start again from `end`, e.g. with a new connector name (and mysql.generation = \
+             {}).",
+            self.server.binlogs.first().map(String::as_str).unwrap_or("none"),
+            self.generation
         )))
+    }
+
+    /// The generation a capture starting over on this source's new history takes.
+    fn next_generation(&self) -> Result<u8, CaptureError> {
+        self.generation.checked_add(1).ok_or_else(|| {
+            CaptureError::definite(
+                Origin::Config,
+                "mysql.generation is 255 already: no higher generation is left",
+            )
+        })
     }
 
     /// Open the binlog dump at the position after the last commit (or at the GTID set, for a
