@@ -68,6 +68,11 @@ pub struct PublishConfig {
     /// How long a record may wait for its acknowledgement, in milliseconds
     /// (`message.timeout.ms`). Default 120000.
     pub delivery_timeout_ms: u64,
+    /// Publish a heartbeat event (`OP_HEARTBEAT`, with the position reached) to topic
+    /// `<topics.prefix>._heartbeat` at most this often while the source is idle, in
+    /// milliseconds: a consumer tells an idle source from a stuck capture by them. 0: none.
+    /// Default 0.
+    pub heartbeat_interval_ms: u64,
     /// The largest event, in bytes: the producer's `message.max.bytes` and the
     /// `max.message.bytes` of the topics the capture creates (a MongoDB document may be 16 MiB,
     /// an event can carry it twice). Default 67108864 (64 MiB).
@@ -86,6 +91,7 @@ impl Default for PublishConfig {
             max_in_flight_bytes: 16 << 20,
             delivery_timeout_ms: 120_000,
             max_message_bytes: 64 << 20,
+            heartbeat_interval_ms: 0,
         }
     }
 }
@@ -121,11 +127,21 @@ impl PublishConfig {
     }
 }
 
+/// The topic of a capture's heartbeat events (`publish.heartbeat_interval_ms`).
+pub fn heartbeat_topic(prefix: &str) -> String {
+    format!("{prefix}._heartbeat")
+}
+
+/// Seconds from `commit_micros` (a source commit time) to now, never below 0.
+pub fn lag_seconds(commit_micros: i64) -> f64 {
+    (sluice_common::clock::now_micros() - commit_micros).max(0) as f64 / 1e6
+}
+
 /// The metrics every capture serves, whatever its source: events handed to Kafka, their
 /// acknowledgement, checkpoints, the source lag and errors.
 #[derive(Clone)]
 pub struct PublishMetrics {
-    pub lag_seconds: prometheus::IntGauge,
+    pub lag_seconds: prometheus::Gauge,
     pub errors: IntCounterVec,
     pub events: IntCounterVec,
     pub bytes: IntCounterVec,
@@ -165,9 +181,10 @@ impl PublishMetrics {
             ),
             &["outcome"],
         )?;
-        let lag_seconds = prometheus::IntGauge::new(
+        let lag_seconds = prometheus::Gauge::new(
             "sluice_capture_lag_seconds",
-            "Now minus the source timestamp of the last event read (0 when idle and caught up).",
+            "Now minus the source commit time of the last change read, in seconds (0 once the \
+             source has nothing more to send).",
         )?;
         let errors = IntCounterVec::new(
             Opts::new("sluice_capture_errors_total", "Errors by type."),

@@ -1185,3 +1185,48 @@ async fn a_new_generation_keeps_versions_above_every_earlier_one() {
     assert_eq!(code, Some(0), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+/// `publish.heartbeat_interval_ms`: an idle capture publishes heartbeats, with a version at or
+/// above every change before them, and says it is caught up (lag 0).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_capture_publishes_heartbeats() {
+    let db = unique("sluice_t_cap_beat");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY)"),
+    ])
+    .await;
+    let mut config = CaptureProcess::config(&db, &binlog_end().await, "");
+    config.0 = config.0.replace(
+        "checkpoint_interval_ms = 100\n",
+        "checkpoint_interval_ms = 100\nheartbeat_interval_ms = 500\n",
+    );
+    let prefix = config.2.clone();
+    let connector = config.1.clone();
+    let mut cap = CaptureProcess::spawn(config);
+    sql(&[format!("INSERT INTO `{db}`.t VALUES (1)")]).await;
+    let seen = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 1).await;
+    let row_version = row_events(&seen)[0].version;
+    let topic = sluice_capture::publish::heartbeat_topic(&prefix);
+    let beats = events_of(topic, move |m| {
+        m.values()
+            .flatten()
+            .filter(|e| e.version >= row_version)
+            .count()
+            >= 2
+    })
+    .await;
+    let beats: Vec<&ChangeEvent> = beats.values().flatten().collect();
+    assert!(beats.len() >= 2, "{beats:?}");
+    for b in &beats {
+        assert_eq!(b.op(), Op::Heartbeat);
+        assert_eq!(b.source.as_ref().unwrap().connector, connector);
+        assert!(b.position.is_some() && b.key.is_none() && b.after.is_none());
+    }
+    assert!(beats.iter().any(|b| b.version >= row_version));
+    let lag = sluice_tests::capture::metric_at(cap.metrics_port, "sluice_capture_lag_seconds");
+    assert_eq!(lag, Some(0.0), "idle: caught up");
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

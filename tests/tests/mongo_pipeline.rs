@@ -693,6 +693,37 @@ async fn a_lost_source_connection_is_reopened_and_nothing_is_lost() {
     dst.database(&db).drop().await.unwrap();
 }
 
+/// `publish.heartbeat_interval_ms`: an idle capture publishes heartbeats with the oplog time
+/// reached.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_capture_publishes_heartbeats() {
+    let db = unique("sluice_m_beat");
+    let mut cap = capture(&db, "mode = \"oplog\"", "");
+    cap.stop();
+    cap.edit_config(
+        "checkpoint_interval_ms = 100\n",
+        "checkpoint_interval_ms = 100\nheartbeat_interval_ms = 500\n",
+    );
+    cap.restart();
+    let topic = sluice_capture::publish::heartbeat_topic(&cap.prefix);
+    let beats = tokio::task::spawn_blocking(move || {
+        sluice_tests::capture::read_events(&topic, Duration::from_secs(60), |m| {
+            m.values().flatten().count() >= 2
+        })
+    })
+    .await
+    .unwrap();
+    let beats: Vec<_> = beats.values().flatten().collect();
+    assert!(beats.len() >= 2, "{beats:?}");
+    for b in &beats {
+        assert_eq!(b.op(), sluice_proto::v1::Op::Heartbeat);
+        assert_eq!(b.source.as_ref().unwrap().connector, cap.connector);
+        assert!(b.position.is_some());
+    }
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+}
+
 /// A duplicate key on the target's unique index sends that event to the dead-letter topic and
 /// the rest flows on; the DDL filter and the namespace map are obeyed.
 #[tokio::test(flavor = "multi_thread")]

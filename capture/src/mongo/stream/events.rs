@@ -78,8 +78,13 @@ impl Capture {
             return Ok(());
         }
         let now = now_micros();
-        let lag = (now / 1_000_000 - i64::from(c.ts.time)).max(0);
-        self.publish_metrics.lag_seconds.set(lag);
+        let micros = c
+            .wall_millis
+            .map(|w| w * 1000)
+            .unwrap_or(i64::from(c.ts.time) * 1_000_000);
+        self.publish_metrics
+            .lag_seconds
+            .set(crate::publish::lag_seconds(micros));
         let transaction = self.transaction(&c);
         let token_bytes = token
             .and_then(token_document)

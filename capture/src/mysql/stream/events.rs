@@ -48,8 +48,17 @@ impl Capture {
         let start = end.saturating_sub(u64::from(header.event_size()));
         let ts = header.timestamp();
         if ts != 0 {
-            let lag = (now_micros() / 1_000_000 - i64::from(ts)).max(0);
-            self.publish_metrics.lag_seconds.set(lag);
+            // The transaction's commit time where the server gives it (MySQL 8: microseconds,
+            // from the GTID event), else the event's second.
+            let micros = self
+                .tx
+                .as_ref()
+                .map(|t| t.commit_time_micros)
+                .filter(|&m| m > 0)
+                .unwrap_or(i64::from(ts) * 1_000_000);
+            self.publish_metrics
+                .lag_seconds
+                .set(crate::publish::lag_seconds(micros));
         }
         if end != 0 {
             self.metrics.offset.set(end as i64);
@@ -141,7 +150,9 @@ impl Capture {
                 self.on_rows(&rows, start, ts).await?;
             }
             EventData::HeartbeatEvent if self.tx.is_none() => {
-                self.publish_metrics.lag_seconds.set(0);
+                // The server sends heartbeats only when it has nothing more to send.
+                self.publish_metrics.lag_seconds.set(0.0);
+                self.heartbeat().await?;
                 // Caught up: DDL still waiting for rows can take information_schema's schema,
                 // if the server wrote nothing since it was read.
                 if !self.ddl_pending.is_empty() && self.skip_until.is_none() {
