@@ -184,13 +184,86 @@ impl Capture {
                 Err(mysql_async::Error::Driver(mysql_async::DriverError::ConnectionClosed).into())
             }
             Ok(Some(Err(mysql_async::Error::Server(e)))) if e.code == 1236 => {
-                Err(CaptureError::source(format!(
-                    "the server cannot send the binlog from {} (error 1236: {}). If the file \
-                     was purged, re-snapshot and start from `end`.",
-                    self.resume, e.message
+                let files: Vec<mysql_async::Row> = mysql_async::prelude::Queryable::query(
+                    &mut self.schema_conn,
+                    "SHOW BINARY LOGS",
+                )
+                .await
+                .unwrap_or_default();
+                let newest: Option<String> = files.last().and_then(|r| r.get(0));
+                Err(CaptureError::source(unsendable_binlog(
+                    &self.resume,
+                    &e.message,
+                    newest.as_deref(),
+                    self.generation,
                 )))
             }
             Ok(Some(r)) => Ok(Input::Event(r?)),
         }
+    }
+}
+
+/// What to say when the server cannot send the binlog from `resume` (error 1236): its history
+/// began again (every file it has is older: RESET MASTER, a restored server), and a new
+/// connector needs the next generation, or the file was purged.
+fn unsendable_binlog(
+    resume: &crate::mysql::position::BinlogPos,
+    message: &str,
+    newest: Option<&str>,
+    generation: u8,
+) -> String {
+    let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
+    let began_again = newest.is_none_or(|n| seq(n) < seq(&resume.file));
+    if began_again {
+        let next = match generation.checked_add(1) {
+            Some(g) => format!("mysql.generation = {g}"),
+            None => "a higher mysql.generation, but 255 is the last".to_string(),
+        };
+        format!(
+            "the server cannot send the binlog from {resume} (error 1236: {message}): its newest \
+             file is {}, so its binlog began again (RESET MASTER, or a restored server). Start \
+             a new connector name with {next} (so that its versions stay above every one \
+             published so far; the same generation would write lower versions, which the \
+             targets would take for older) and re-snapshot the tables.",
+            newest.unwrap_or("none")
+        )
+    } else {
+        format!(
+            "the server cannot send the binlog from {resume} (error 1236: {message}). If the \
+             file was purged, the changes since are lost to the binlog: re-snapshot and start \
+             from `end` under a new connector name (with mysql.generation = {generation} or \
+             higher)."
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mysql::position::BinlogPos;
+
+    #[test]
+    fn a_binlog_that_began_again_names_the_next_generation() {
+        let at = BinlogPos {
+            file: "mysql-bin.000078".into(),
+            pos: 4,
+        };
+        let m = unsendable_binlog(
+            &at,
+            "Could not find first log file",
+            Some("mysql-bin.000002"),
+            2,
+        );
+        assert!(
+            m.contains("began again") && m.contains("mysql.generation = 3"),
+            "{m}"
+        );
+        let m = unsendable_binlog(&at, "purged", Some("mysql-bin.000090"), 2);
+        assert!(
+            m.contains("purged") && m.contains("mysql.generation = 2 or higher"),
+            "{m}"
+        );
+        let m = unsendable_binlog(&at, "x", None, 255);
+        assert!(m.contains("255 is the last"), "{m}");
     }
 }
