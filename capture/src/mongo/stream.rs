@@ -125,8 +125,6 @@ pub struct Capture {
     snapshot: Option<SnapshotProgress>,
     snapshots_done: Vec<String>,
     snapshot_metrics: SnapshotMetrics,
-    /// When the last heartbeat event was published (`publish.heartbeat_interval_ms`).
-    last_heartbeat: Option<std::time::Instant>,
 }
 
 impl Capture {
@@ -203,7 +201,6 @@ impl Capture {
             snapshot: progress,
             snapshots_done,
             snapshot_metrics,
-            last_heartbeat: None,
             config,
         })
     }

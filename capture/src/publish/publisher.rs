@@ -34,6 +34,8 @@ pub struct Publisher<C> {
     marks: mpsc::Sender<Mark<C>>,
     acker: tokio::task::JoinHandle<Result<Option<C>, PublishError>>,
     timeout: Duration,
+    /// When the last heartbeat event was sent (`publish.heartbeat_interval_ms`).
+    last_heartbeat: Option<Instant>,
 }
 
 /// Hand one record to the producer, waiting while its queue is full; returns its sequence
@@ -121,6 +123,7 @@ where
             marks: tx,
             acker,
             timeout: kafka.request_timeout(),
+            last_heartbeat: None,
         };
         let (schemas, checkpoints) = (config.schema_topic.clone(), config.checkpoint_topic.clone());
         p.ensure_topic(&schemas, true).await?;
@@ -216,6 +219,43 @@ where
         }
         produce(&self.producer, &self.next, topic, key, payload, partition).await?;
         Ok(())
+    }
+
+    /// While the source is idle: a heartbeat event (`OP_HEARTBEAT`) of `source` with the
+    /// `version` and `position` reached, to `heartbeat_topic(prefix)` keyed by the connector
+    /// name, at most every `publish.heartbeat_interval_ms` (never when 0).
+    pub async fn heartbeat(
+        &mut self,
+        prefix: &str,
+        source: &sluice_proto::v1::Source,
+        version: u64,
+        position: sluice_proto::v1::Position,
+    ) -> Result<(), PublishError> {
+        use prost::Message as _;
+        use sluice_proto::v1;
+        let every = Duration::from_millis(self.config.heartbeat_interval_ms);
+        if every.is_zero() || self.last_heartbeat.is_some_and(|t| t.elapsed() < every) {
+            return Ok(());
+        }
+        self.last_heartbeat = Some(Instant::now());
+        let topic = super::heartbeat_topic(prefix);
+        self.ensure_topic(&topic, false).await?;
+        let event = v1::ChangeEvent {
+            contract: sluice_proto::CONTRACT_VERSION,
+            source: Some(source.clone()),
+            op: v1::Op::Heartbeat as i32,
+            version,
+            position: Some(position),
+            capture_time_micros: sluice_common::clock::now_micros(),
+            ..Default::default()
+        };
+        self.send(
+            &topic,
+            source.connector.as_bytes(),
+            &event.encode_to_vec(),
+            None,
+        )
+        .await
     }
 
     /// Send one record to every partition of `topic` (created if need be): a DDL or

@@ -159,48 +159,24 @@ pub(super) fn token_document(t: &ResumeToken) -> Option<Document> {
 }
 
 impl Capture {
-    /// While idle: a heartbeat event with the position reached, at most every
-    /// `publish.heartbeat_interval_ms` (none when 0).
+    /// While idle: a heartbeat event with the oplog time reached
+    /// (`publish.heartbeat_interval_ms`).
     pub(super) async fn heartbeat(&mut self) -> Result<(), CaptureError> {
-        use prost::Message as _;
         use sluice_proto::v1;
-        let every = self.config.publish.heartbeat_interval_ms;
-        if every == 0
-            || self
-                .last_heartbeat
-                .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(every))
-        {
-            return Ok(());
-        }
-        self.last_heartbeat = Some(std::time::Instant::now());
-        let topic = crate::publish::heartbeat_topic(&self.config.topics.prefix);
-        self.publisher.ensure_topic(&topic, false).await?;
         let ts = self.last_ts.unwrap_or(Timestamp {
             time: 0,
             increment: 0,
         });
-        let event = v1::ChangeEvent {
-            contract: sluice_proto::CONTRACT_VERSION,
-            source: Some(self.source.clone()),
-            op: v1::Op::Heartbeat as i32,
-            version: sluice_proto::mongo_version(ts.time, ts.increment),
-            position: Some(v1::Position {
-                kind: Some(v1::position::Kind::Oplog(v1::OplogPosition {
-                    ts_seconds: ts.time,
-                    ts_increment: ts.increment,
-                    resume_token: Vec::new(),
-                })),
-            }),
-            capture_time_micros: sluice_common::clock::now_micros(),
-            ..Default::default()
+        let position = v1::Position {
+            kind: Some(v1::position::Kind::Oplog(v1::OplogPosition {
+                ts_seconds: ts.time,
+                ts_increment: ts.increment,
+                resume_token: Vec::new(),
+            })),
         };
+        let version = sluice_proto::mongo_version(ts.time, ts.increment);
         self.publisher
-            .send(
-                &topic,
-                self.config.connector.as_bytes(),
-                &event.encode_to_vec(),
-                None,
-            )
+            .heartbeat(&self.config.topics.prefix, &self.source, version, position)
             .await?;
         Ok(())
     }

@@ -70,8 +70,6 @@ pub struct Capture {
     /// The binlog generation of every version published (`mysql.generation`, or the
     /// checkpoint's if higher).
     pub(super) generation: u8,
-    /// When the last heartbeat event was published (`publish.heartbeat_interval_ms`).
-    pub(super) last_heartbeat: Option<std::time::Instant>,
 }
 
 /// The capture's own metrics (the publisher has the event counters).

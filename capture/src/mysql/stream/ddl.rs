@@ -326,9 +326,9 @@ impl Capture {
     /// A row event of `db.table` larger than `publish.max_message_bytes` (`size` bytes, the
     /// row `key`, or its place when the table has no key): refused with the key named, rather
     /// than handed to the producer, whose failure would stop the capture at the same row after
-    /// every restart. Returns whether it was too large (and not sent).
+    /// every restart.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn oversized(
+    pub(super) async fn refuse_oversized(
         &mut self,
         db: &str,
         table: &str,
@@ -337,11 +337,8 @@ impl Capture {
         key_columns: &[String],
         start: u64,
         ts: u32,
-    ) -> Result<bool, CaptureError> {
+    ) -> Result<(), CaptureError> {
         let max = self.config.publish.max_message_bytes;
-        if size <= max {
-            return Ok(false);
-        }
         let row = if key.is_empty() {
             format!(
                 "a row of the event at {}:{start} (the table has no key)",
@@ -375,8 +372,7 @@ impl Capture {
             start,
             ts,
         )
-        .await?;
-        Ok(true)
+        .await
     }
 
     /// Send a table-wide event (DDL, TRUNCATE, refusal) to every partition of its table's

@@ -229,6 +229,8 @@ impl Capture {
     /// Publish rows held for an XA transaction's outcome.
     async fn send_held(&mut self, rows: Vec<super::xa::HeldRow>) -> Result<(), CaptureError> {
         for r in rows {
+            r.counters.0.inc();
+            r.counters.1.inc_by(r.payload.len() as u64);
             self.publisher
                 .send(&r.topic, &r.key, &r.payload, None)
                 .await?;
@@ -650,24 +652,26 @@ impl Capture {
                         .collect();
                     let size = payload.len() + key_bytes.len();
                     let (db, table) = (schema.database.clone(), schema.table.clone());
-                    self.oversized(&db, &table, size, &key, &names, start, ts)
+                    self.refuse_oversized(&db, &table, size, &key, &names, start, ts)
                         .await?;
                     return Ok(());
                 }
-                counters[match op {
+                let counter = &counters[match op {
                     Op::Insert => 0,
                     Op::Update => 1,
                     _ => 2,
-                }]
-                .inc();
-                bytes.inc_by(payload.len() as u64);
+                }];
                 if self.xa.reading.is_some() {
+                    // Counted when published, at the XA COMMIT.
                     self.xa.hold(super::xa::HeldRow {
                         topic: topic.clone(),
                         key: key_bytes.clone(),
                         payload: payload.clone(),
+                        counters: (counter.clone(), bytes.clone()),
                     });
                 } else {
+                    counter.inc();
+                    bytes.inc_by(payload.len() as u64);
                     self.publisher
                         .send(&topic, &key_bytes, &payload, None)
                         .await?;

@@ -97,37 +97,12 @@ impl Capture {
         }
     }
 
-    /// While idle (the server sent a heartbeat): a heartbeat event with the position reached,
-    /// at most every `publish.heartbeat_interval_ms` (none when 0).
+    /// While idle (the server sent a heartbeat): a heartbeat event with the position reached
+    /// (`publish.heartbeat_interval_ms`).
     pub(super) async fn heartbeat(&mut self) -> Result<(), CaptureError> {
-        use prost::Message as _;
-        let every = self.config.publish.heartbeat_interval_ms;
-        if every == 0
-            || self
-                .last_heartbeat
-                .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(every))
-        {
-            return Ok(());
-        }
-        self.last_heartbeat = Some(std::time::Instant::now());
-        let topic = crate::publish::heartbeat_topic(&self.config.topics.prefix);
-        self.publisher.ensure_topic(&topic, false).await?;
-        let event = v1::ChangeEvent {
-            contract: sluice_proto::CONTRACT_VERSION,
-            source: Some(self.source.clone()),
-            op: v1::Op::Heartbeat as i32,
-            version: self.stream_version(),
-            position: Some(self.position(self.read_to, 0)),
-            capture_time_micros: sluice_common::clock::now_micros(),
-            ..Default::default()
-        };
+        let (version, position) = (self.stream_version(), self.position(self.read_to, 0));
         self.publisher
-            .send(
-                &topic,
-                self.config.connector.as_bytes(),
-                &event.encode_to_vec(),
-                None,
-            )
+            .heartbeat(&self.config.topics.prefix, &self.source, version, position)
             .await?;
         Ok(())
     }

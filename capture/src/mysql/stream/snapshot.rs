@@ -473,7 +473,7 @@ impl Capture {
                     .iter()
                     .map(|&i| schema.columns[i as usize].name.clone())
                     .collect();
-                self.oversized(&t.database, &t.table, size, &key, &names, at, 0)
+                self.refuse_oversized(&t.database, &t.table, size, &key, &names, at, 0)
                     .await?;
                 break;
             }

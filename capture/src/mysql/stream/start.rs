@@ -102,7 +102,6 @@ impl Capture {
             snapshot_metrics,
             xa: Default::default(),
             generation: 0,
-            last_heartbeat: None,
         };
         Ok((capture, checkpoint))
     }

@@ -20,6 +20,8 @@ pub(crate) struct HeldRow {
     pub(crate) topic: String,
     pub(crate) key: Vec<u8>,
     pub(crate) payload: Vec<u8>,
+    /// The table's event and byte counters, counted when the row is published.
+    pub(crate) counters: (prometheus::IntCounter, prometheus::IntCounter),
 }
 
 struct Prepared {
@@ -42,14 +44,11 @@ impl XaState {
         self.reading = Some((Vec::new(), before));
     }
 
-    /// Hold `row` if an XA transaction is being read; otherwise give it back.
-    pub(crate) fn hold(&mut self, row: HeldRow) -> Option<HeldRow> {
-        match self.reading.as_mut() {
-            Some((rows, _)) => {
-                rows.push(row);
-                None
-            }
-            None => Some(row),
+    /// Hold `row` of the XA transaction being read (the caller checks there is one, so that
+    /// rows outside XA are not copied).
+    pub(crate) fn hold(&mut self, row: HeldRow) {
+        if let Some((rows, _)) = self.reading.as_mut() {
+            rows.push(row);
         }
     }
 
@@ -172,10 +171,12 @@ mod tests {
     }
 
     fn row(n: u8) -> HeldRow {
+        let c = || prometheus::IntCounter::new("c", "c").unwrap();
         HeldRow {
             topic: "t".into(),
             key: vec![n],
             payload: vec![n],
+            counters: (c(), c()),
         }
     }
 
@@ -223,13 +224,19 @@ mod tests {
     #[test]
     fn rows_wait_for_their_outcome_and_the_checkpoint_for_the_oldest() {
         let mut xa = XaState::default();
-        assert!(xa.hold(row(0)).is_some(), "outside XA: published at once");
+        assert!(
+            xa.reading.is_none(),
+            "outside XA: rows are published at once"
+        );
         xa.start(pos(100));
-        assert!(xa.hold(row(1)).is_none());
+        xa.hold(row(1));
         xa.prepare("X'31',X'',1".into());
-        assert!(xa.hold(row(2)).is_some(), "after the prepare: not held");
+        assert!(
+            xa.reading.is_none(),
+            "after the prepare: nothing more is held"
+        );
         xa.start(pos(200));
-        assert!(xa.hold(row(3)).is_none());
+        xa.hold(row(3));
         xa.prepare("X'32',X'',1".into());
         assert_eq!(xa.before(), Some(&pos(100)));
         let rolled_back = xa.take("x'32', x'', 1").unwrap();
