@@ -157,7 +157,11 @@ impl Capture {
                                 // Its changes happen at the commit.
                                 changes = prepared.take(&key);
                                 if changes.is_empty() {
-                                    tracing::warn!(
+                                    self.publish_metrics
+                                        .errors
+                                        .with_label_values(&["source"])
+                                        .inc();
+                                    tracing::error!(
                                         at = %ts_string(parsed.ts),
                                         "commit of a prepared transaction whose prepare was not \
                                          read (before the capture's start): its changes are not \

@@ -208,12 +208,21 @@ impl Capture {
                     tracing::info!(xid = %xid, at = %at, rows = rows.len(), "XA transaction committed: its rows are published");
                     self.send_held(rows).await?;
                 }
-                None if self.skip_until.is_none() => tracing::warn!(
-                    xid = %xid,
-                    at = %at,
-                    "XA COMMIT of a transaction prepared before the capture's start position: \
-                     its rows are not published; re-snapshot the tables it wrote"
-                ),
+                None if self.skip_until.is_none() => {
+                    // Its rows are before the start: which tables it wrote is not known here
+                    // (perhaps none the capture follows), so the stream goes on, loudly.
+                    self.publish_metrics
+                        .errors
+                        .with_label_values(&["source"])
+                        .inc();
+                    tracing::error!(
+                        xid = %xid,
+                        at = %at,
+                        "XA COMMIT of a transaction prepared before the capture's start \
+                         position: its rows are not published; if it wrote captured tables, \
+                         re-snapshot them"
+                    )
+                }
                 None => {}
             },
             XaStatement::Rollback { xid } => {
