@@ -3,6 +3,7 @@
 pub mod charset;
 pub mod ddl;
 pub mod decode;
+pub mod gtid;
 pub mod position;
 pub mod schema;
 pub mod snapshot;

@@ -76,6 +76,11 @@ pub struct Checkpoint {
     /// The GTID of that transaction, if the server writes GTIDs.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub last_gtid: String,
+    /// Every transaction read up to `next` as a GTID set, where the capture knows it
+    /// ([`crate::mysql::gtid::GtidSet`]: MariaDB the last GTID of each domain, MySQL
+    /// `uuid:intervals`): after a fail-over the capture resumes from it on the new server.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gtid_set: String,
     /// The source's server_id and server_uuid (MySQL) when the checkpoint was written: resuming
     /// from another server's binlog coordinates would be wrong.
     pub server_id: u32,
@@ -124,6 +129,11 @@ pub struct PendingDdl {
     pub file: String,
     pub start: u64,
     pub ts: u32,
+    /// The generation of the server the statement was read from (a fail-over since raised
+    /// the capture's): its version is of that generation. Absent in older checkpoints: the
+    /// checkpoint's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u8>,
 }
 
 /// A snapshot the capture asked itself for: its id and the tables (`database.table`).
@@ -172,6 +182,7 @@ mod tests {
                 pos: 4,
             },
             last_gtid: "0-1-5".into(),
+            gtid_set: "0-1-5,1-2-3".into(),
             server_id: 1,
             server_uuid: String::new(),
             written_at: 1,
@@ -225,6 +236,7 @@ mod tests {
                 file: "mysql-bin.000001".into(),
                 start: 400,
                 ts: 1,
+                generation: Some(2),
             }],
             ..c
         };

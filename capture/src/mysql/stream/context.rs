@@ -44,6 +44,10 @@ pub struct Capture {
     pub(super) file: String,
     pub(super) resume: BinlogPos,
     pub(super) last_gtid: String,
+    /// Every transaction read up to `resume`, as GTIDs (`None`: not known, e.g. a MySQL
+    /// capture started mid-file without GTIDs; it becomes known at the next file's
+    /// PREVIOUS_GTIDS event).
+    pub(super) gtid_set: Option<crate::mysql::gtid::GtidSet>,
     pub(super) tx: Option<TxState>,
     /// While starting from a timestamp: skip transactions that began before it.
     pub(super) skip_until: Option<u64>,

@@ -92,6 +92,7 @@ impl Capture {
                 {
                     p.statements.push(sql.to_string());
                     (p.file, p.start, p.ts) = (self.file.clone(), start, ts);
+                    p.generation = Some(self.generation);
                     continue;
                 }
                 let after = self.schema_of(&db, &table).await?;
@@ -119,6 +120,7 @@ impl Capture {
                         file: self.file.clone(),
                         start,
                         ts,
+                        generation: Some(self.generation),
                     });
                 }
                 continue;
@@ -183,7 +185,12 @@ impl Capture {
             op: Op::Ddl as i32,
             database: db.to_string(),
             table: table.to_string(),
-            version: self.version_at(&p.file, p.start, 0)?,
+            version: sluice_proto::mysql_version_in(
+                p.generation.unwrap_or(self.generation),
+                &p.file,
+                p.start,
+                0,
+            )?,
             position: Some(v1::Position {
                 kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
                     file: p.file.clone(),

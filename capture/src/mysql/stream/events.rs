@@ -130,7 +130,20 @@ impl Capture {
         match data {
             EventData::RotateEvent(r) => self.on_rotate(&r),
             EventData::GtidEvent(g) => self.on_gtid(&g, ts),
+            // At the head of a file read from its start (not a copy sent before a position
+            // inside it): every transaction before the file.
+            EventData::PreviousGtidsEvent(p)
+                if self.tx.is_none()
+                    && self.resume.file == self.file
+                    && start >= self.resume.pos =>
+            {
+                self.gtid_set = Some(crate::mysql::gtid::from_previous_gtids(&p));
+            }
             EventData::AnonymousGtidEvent(_) => {
+                // A transaction without a GTID: the set no longer says what was read.
+                if self.gtid_set.take().is_some_and(|s| !s.is_empty()) {
+                    tracing::warn!(at = %format!("{}:{start}", self.file), "a transaction without a GTID (gtid_mode is not ON): a fail-over cannot resume by GTID set from here");
+                }
                 self.begin(
                     format!("{}:{start}", self.file),
                     String::new(),
@@ -193,7 +206,7 @@ impl Capture {
         match x {
             XaStatement::Start => {
                 if self.skip_until.is_none() {
-                    self.xa.start(self.resume.clone());
+                    self.xa.start(self.resume.clone(), self.gtid_text());
                 }
                 return Ok(());
             }
@@ -285,14 +298,14 @@ impl Capture {
             self.begin(gtid.clone(), gtid, i64::from(ts) * 1_000_000);
             // FL_PREPARED_XA: the group is an XA transaction up to its XA PREPARE.
             if d[12] & 0x40 != 0 {
-                self.xa.start(self.resume.clone());
+                self.xa.start(self.resume.clone(), self.gtid_text());
             }
         }
     }
 
     /// MySQL's GTID event; MySQL 8 stamps it with the commit's microseconds.
     fn on_gtid(&mut self, g: &GtidEvent, ts: u32) {
-        let gtid = format!("{}:{}", uuid_text(&g.sid()), g.gno());
+        let gtid = crate::mysql::gtid::mysql_gtid(g.sid(), g.tag().map(|t| t.as_str()), g.gno());
         let commit = g.immediate_commit_timestamp();
         let micros = if commit > 0 {
             commit as i64
@@ -704,19 +717,6 @@ pub(super) fn stream_tables(
         return None;
     };
     stream.get_tme(tme.table_id()).cloned()
-}
-
-/// A server uuid as MySQL writes it: `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-fn uuid_text(sid: &[u8; 16]) -> String {
-    let h = sluice_common::hex::encode(sid);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
 }
 
 /// How a DDL event's schema and the table map's after it differ (names, types, signedness,

@@ -41,6 +41,14 @@ impl Capture {
         if let Some(tx) = &tx {
             if !tx.gtid.is_empty() {
                 self.last_gtid = tx.gtid.clone();
+                if let Some(set) = self.gtid_set.as_mut() {
+                    if let Err(e) = set.add(&tx.gtid) {
+                        // Not resumable by GTID from here on: said once, and a fail-over is
+                        // then refused rather than started from a wrong set.
+                        tracing::warn!(gtid = %tx.gtid, error = %e, "a GTID the capture cannot add to its set: fail-over by GTID is off until the next binlog file");
+                        self.gtid_set = None;
+                    }
+                }
             }
         }
         self.resume = BinlogPos {
@@ -62,13 +70,17 @@ impl Capture {
         snapshot: Option<std::sync::Arc<SnapshotProgress>>,
     ) -> Result<(), CaptureError> {
         // Not past a prepared XA transaction still open: a restart reads it again.
-        let next = match self.xa.before() {
-            Some(b) if self.before_pos(b, &self.resume) => b.clone(),
-            _ => self.resume.clone(),
+        let (next, gtid_set) = match self.xa.before() {
+            Some(b) if self.before_pos(b, &self.resume) => (
+                b.clone(),
+                self.xa.gtid_before().unwrap_or_default().to_string(),
+            ),
+            _ => (self.resume.clone(), self.gtid_text()),
         };
         let checkpoint = Checkpoint {
             next,
             last_gtid: self.last_gtid.clone(),
+            gtid_set,
             server_id: self.server.server_id,
             server_uuid: self.server.server_uuid.clone(),
             written_at: now_secs(),
@@ -80,6 +92,14 @@ impl Capture {
         };
         self.publisher.mark(checkpoint).await?;
         Ok(())
+    }
+
+    /// The GTID set read so far, as text (empty: not known).
+    pub(super) fn gtid_text(&self) -> String {
+        self.gtid_set
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
     }
 
     /// The position of an event (`pos`, the `row`th row) in the file being read, with the

@@ -22,6 +22,7 @@ use super::context::{Capture, ServerInfo, StreamMetrics};
 use super::SYSTEM_DATABASES;
 use crate::error::{CaptureError, Origin};
 use crate::filter::Filter;
+use crate::mysql::gtid::GtidSet;
 use crate::mysql::position::{BinlogPos, Checkpoint, Start};
 use crate::mysql::Config;
 use crate::publish::{read_checkpoint, PublishMetrics, Publisher};
@@ -87,6 +88,7 @@ impl Capture {
                 pos: 4,
             },
             last_gtid: String::new(),
+            gtid_set: None,
             tx: None,
             skip_until: None,
             source,
@@ -116,7 +118,7 @@ impl Capture {
             .as_ref()
             .map_or(0, |c| c.generation)
             .max(self.config.mysql.generation);
-        let (progress, done, pending, ddl_pending) = checkpoint
+        let (progress, done, pending, mut ddl_pending) = checkpoint
             .as_ref()
             .map(|c| {
                 (
@@ -127,7 +129,15 @@ impl Capture {
                 )
             })
             .unwrap_or_default();
+        for p in &mut ddl_pending {
+            // Read from the server (and generation) the checkpoint was written reading.
+            p.generation.get_or_insert(self.generation);
+        }
         self.resume = self.start_position(checkpoint).await?;
+        if self.gtid_set.is_none() && !self.resume.file.is_empty() {
+            let at = self.resume.clone();
+            self.gtid_set = self.gtid_set_at(&at).await?;
+        }
         self.file = self.resume.file.clone();
         self.read_to = self.resume.pos;
         self.snapshots_done = done;
@@ -151,12 +161,17 @@ impl Capture {
             if c.server_id != self.server.server_id
                 || (!c.server_uuid.is_empty() && c.server_uuid != self.server.server_uuid)
             {
+                if !c.gtid_set.is_empty() {
+                    return self.fail_over(c).await;
+                }
                 return Err(CaptureError::source(format!(
                     "the checkpoint of connector {:?} was written reading server_id {} ({}), \
                      but the source is server_id {} ({}): binlog coordinates of another server \
-                     mean nothing here. Use a new connector name with mysql.generation = {} \
-                     (its versions then stay above those published so far) and re-snapshot, \
-                     for a new source or a fail-over.",
+                     mean nothing here, and the checkpoint holds no GTID set to resume from \
+                     (the old server wrote no GTIDs, or the capture started inside a binlog file \
+                     of a MySQL server and has not reached the next). Use a new connector name \
+                     with mysql.generation = {} (its versions then stay above those published \
+                     so far) and re-snapshot, for a new source or a fail-over.",
                     self.config.connector,
                     c.server_id,
                     c.server_uuid,
@@ -168,6 +183,11 @@ impl Capture {
             self.check_not_purged(&c.next.file, "the stored checkpoint")?;
             tracing::info!(resume = %c.next, gtid = %c.last_gtid, "resuming from the checkpoint");
             self.last_gtid = c.last_gtid;
+            if !c.gtid_set.is_empty() {
+                self.gtid_set = Some(GtidSet::parse(&c.gtid_set, self.server.mariadb).map_err(
+                    |e| CaptureError::source(format!("the checkpoint's GTID set: {e}")),
+                )?);
+            }
             return Ok(c.next);
         }
         let start = Start::parse(&self.config.mysql.start)
@@ -179,6 +199,12 @@ impl Capture {
                 let row = row.ok_or_else(|| {
                     CaptureError::source(format!("{sql} is empty: binary logging is off"))
                 })?;
+                if !self.server.mariadb {
+                    // MySQL's status names the executed GTID set at that very position.
+                    if let Some(Ok(text)) = row.get_opt::<String, _>(4) {
+                        self.gtid_set = GtidSet::parse(&text, false).ok();
+                    }
+                }
                 BinlogPos {
                     file: row.get(0).unwrap_or_default(),
                     pos: row.get(1).unwrap_or(4),
@@ -206,6 +232,9 @@ impl Capture {
             }
             Start::Gtid(set) => {
                 // Resolved by the server at dump time; the file comes with the first rotate.
+                self.gtid_set = Some(GtidSet::parse(&set, self.server.mariadb).map_err(|e| {
+                    CaptureError::definite(Origin::Config, format!("mysql.start: {e}"))
+                })?);
                 self.last_gtid = set;
                 BinlogPos {
                     file: String::new(),
@@ -215,6 +244,81 @@ impl Capture {
         };
         tracing::info!(start = %pos, mode = %self.config.mysql.start, "starting without a checkpoint");
         Ok(pos)
+    }
+
+    /// The checkpoint was written reading another server, and holds the GTID set read: resume
+    /// from that set here (a replica promoted after a fail-over has the same GTIDs in its own
+    /// binlog files), in the next generation, as every position on this server is unrelated to
+    /// the old one's. Refused when this server lacks transactions already published.
+    async fn fail_over(&mut self, c: Checkpoint) -> Result<BinlogPos, CaptureError> {
+        let set = GtidSet::parse(&c.gtid_set, self.server.mariadb).map_err(|e| {
+            CaptureError::source(format!(
+                "the checkpoint's GTID set {:?} is not of this server's kind ({}): {e}",
+                c.gtid_set,
+                if self.server.mariadb {
+                    "MariaDB"
+                } else {
+                    "MySQL"
+                }
+            ))
+        })?;
+        let sql = if self.server.mariadb {
+            "SELECT @@GLOBAL.gtid_binlog_pos"
+        } else {
+            "SELECT @@GLOBAL.gtid_executed"
+        };
+        let have: Option<String> = self.schema_conn.query_first(sql).await?;
+        let have = GtidSet::parse(&have.unwrap_or_default(), self.server.mariadb)
+            .map_err(|e| CaptureError::source(format!("{sql}: {e}")))?;
+        let missing = set.missing_from(&have);
+        let old = format!("server_id {} ({})", c.server_id, c.server_uuid);
+        if !missing.is_empty() {
+            return Err(CaptureError::source(format!(
+                "connector {:?} read up to GTID set {set} on {old}; this server (server_id {}) \
+                 has not got {missing} in its binlog ({sql} = {have}). Those transactions were \
+                 published, so the targets hold rows this server does not (a replica promoted \
+                 before it had every transaction, or a replica without log_slave_updates / \
+                 log_replica_updates). Point the capture at a server that has them, or start a \
+                 new connector name with mysql.generation = {} and re-snapshot the tables.",
+                self.config.connector,
+                self.server.server_id,
+                self.next_generation()?
+            )));
+        }
+        self.generation = self.next_generation()?;
+        tracing::warn!(
+            from = %old,
+            to = self.server.server_id,
+            gtid_set = %set,
+            generation = self.generation,
+            "the source is another server than the checkpoint's: resuming from the GTID set \
+             read (a fail-over), with versions of the next generation"
+        );
+        self.last_gtid = set.to_string();
+        self.gtid_set = Some(set);
+        Ok(BinlogPos {
+            file: String::new(),
+            pos: 4,
+        })
+    }
+
+    /// The GTID set of every transaction before `at` (MariaDB's `BINLOG_GTID_POS`), or `None`
+    /// where the server cannot say (MySQL: known from the next PREVIOUS_GTIDS event).
+    async fn gtid_set_at(&mut self, at: &BinlogPos) -> Result<Option<GtidSet>, CaptureError> {
+        if !self.server.mariadb {
+            return Ok(None);
+        }
+        let pos: Option<Option<String>> = self
+            .schema_conn
+            .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (at.file.clone(), at.pos))
+            .await?;
+        match pos.flatten().map(|p| GtidSet::parse(&p, true)) {
+            Some(Ok(set)) => Ok(Some(set)),
+            other => {
+                tracing::warn!(at = %at, answer = ?other, "the server gives no GTID position for this binlog position: a fail-over cannot resume by GTID until it is known");
+                Ok(None)
+            }
+        }
     }
 
     /// The newest binlog file created before `t` (UNIX seconds): every event of the files
@@ -336,11 +440,16 @@ impl Capture {
         ))
         .await?;
         let gtid_start = self.resume.file.is_empty();
+        // The whole set where known (several MariaDB domains, MySQL intervals).
+        let gtids = match &self.gtid_set {
+            Some(s) if !s.is_empty() => s.to_string(),
+            _ => self.last_gtid.clone(),
+        };
         if self.server.mariadb {
             // Without this MariaDB rewrites its GTID events into dummy query events.
             conn.query_drop("SET @mariadb_slave_capability = 4").await?;
             if gtid_start {
-                conn.exec_drop("SET @slave_connect_state = ?", (self.last_gtid.clone(),))
+                conn.exec_drop("SET @slave_connect_state = ?", (gtids.clone(),))
                     .await?;
                 conn.query_drop("SET @slave_gtid_strict_mode = 1").await?;
             }
@@ -353,7 +462,7 @@ impl Capture {
             .with_filename(file.as_bytes())
             .with_pos(self.resume.pos);
         if gtid_start && !self.server.mariadb {
-            let set = parse_mysql_gtid_set(&self.last_gtid)
+            let set = parse_mysql_gtid_set(&gtids)
                 .map_err(|e| CaptureError::definite(Origin::Config, e))?;
             request = request.with_gtid().with_gtid_set(set);
         }

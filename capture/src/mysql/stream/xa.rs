@@ -29,33 +29,41 @@ struct Prepared {
     rows: Vec<HeldRow>,
     /// The resume point before the transaction's first event.
     before: BinlogPos,
+    /// The capture's GTID set there (empty: not known).
+    gtid_before: String,
 }
 
 #[derive(Default)]
 pub(crate) struct XaState {
     /// The XA transaction being read (not prepared yet): its rows, and where it began.
-    pub(crate) reading: Option<(Vec<HeldRow>, BinlogPos)>,
+    pub(crate) reading: Option<(Vec<HeldRow>, BinlogPos, String)>,
     prepared: Vec<Prepared>,
 }
 
 impl XaState {
-    /// An XA transaction begins; `before` is the resume point before it.
-    pub(crate) fn start(&mut self, before: BinlogPos) {
-        self.reading = Some((Vec::new(), before));
+    /// An XA transaction begins; `before` is the resume point before it, `gtid_before` the
+    /// GTID set there.
+    pub(crate) fn start(&mut self, before: BinlogPos, gtid_before: String) {
+        self.reading = Some((Vec::new(), before, gtid_before));
     }
 
     /// Hold `row` of the XA transaction being read (the caller checks there is one, so that
     /// rows outside XA are not copied).
     pub(crate) fn hold(&mut self, row: HeldRow) {
-        if let Some((rows, _)) = self.reading.as_mut() {
+        if let Some((rows, _, _)) = self.reading.as_mut() {
             rows.push(row);
         }
     }
 
     /// The transaction being read is prepared as `xid`.
     pub(crate) fn prepare(&mut self, xid: String) {
-        if let Some((rows, before)) = self.reading.take() {
-            self.prepared.push(Prepared { xid, rows, before });
+        if let Some((rows, before, gtid_before)) = self.reading.take() {
+            self.prepared.push(Prepared {
+                xid,
+                rows,
+                before,
+                gtid_before,
+            });
         }
     }
 
@@ -63,7 +71,7 @@ impl XaState {
     pub(crate) fn finish_reading(&mut self) -> Vec<HeldRow> {
         self.reading
             .take()
-            .map(|(rows, _)| rows)
+            .map(|(rows, _, _)| rows)
             .unwrap_or_default()
     }
 
@@ -76,10 +84,21 @@ impl XaState {
 
     /// The resume point before the oldest prepared transaction still held.
     pub(crate) fn before(&self) -> Option<&BinlogPos> {
-        self.prepared
-            .iter()
-            .map(|p| &p.before)
-            .min_by_key(|b| (sluice_proto::binlog_file_seq(&b.file).unwrap_or(0), b.pos))
+        self.oldest().map(|p| &p.before)
+    }
+
+    /// The GTID set before the oldest prepared transaction still held.
+    pub(crate) fn gtid_before(&self) -> Option<&str> {
+        self.oldest().map(|p| p.gtid_before.as_str())
+    }
+
+    fn oldest(&self) -> Option<&Prepared> {
+        self.prepared.iter().min_by_key(|p| {
+            (
+                sluice_proto::binlog_file_seq(&p.before.file).unwrap_or(0),
+                p.before.pos,
+            )
+        })
     }
 }
 
@@ -228,17 +247,18 @@ mod tests {
             xa.reading.is_none(),
             "outside XA: rows are published at once"
         );
-        xa.start(pos(100));
+        xa.start(pos(100), "0-1-1".into());
         xa.hold(row(1));
         xa.prepare("X'31',X'',1".into());
         assert!(
             xa.reading.is_none(),
             "after the prepare: nothing more is held"
         );
-        xa.start(pos(200));
+        xa.start(pos(200), "0-1-2".into());
         xa.hold(row(3));
         xa.prepare("X'32',X'',1".into());
         assert_eq!(xa.before(), Some(&pos(100)));
+        assert_eq!(xa.gtid_before(), Some("0-1-1"));
         let rolled_back = xa.take("x'32', x'', 1").unwrap();
         assert_eq!(rolled_back[0].key, vec![3]);
         assert_eq!(xa.before(), Some(&pos(100)));
@@ -246,7 +266,7 @@ mod tests {
         assert_eq!(committed[0].key, vec![1]);
         assert_eq!(xa.before(), None);
         assert!(xa.take("X'31',X'',1").is_none());
-        xa.start(pos(300));
+        xa.start(pos(300), String::new());
         xa.hold(row(4));
         assert_eq!(xa.finish_reading().len(), 1);
         assert!(xa.before().is_none() && xa.reading.is_none());
