@@ -1,7 +1,11 @@
-//! A fail-over: the capture, reading a primary, is pointed at its replica, and later the
-//! primary dies and the replica is promoted; the mirror in ClickHouse ends equal to the
-//! promoted server. Two MariaDB servers of the test's own (primary and replica, GTIDs, strict
-//! mode, log_slave_updates), the shared Kafka and ClickHouse, the real binaries.
+//! A source's binlog history changing under the capture, with MariaDB servers of the test's own
+//! (the shared Kafka and ClickHouse, the real binaries):
+//!
+//! - a fail-over: the capture, reading a primary, is pointed at its replica, and later the
+//!   primary dies and the replica is promoted; the mirror in ClickHouse ends equal to the
+//!   promoted server (primary and replica with GTIDs, strict mode, log_slave_updates);
+//! - `RESET MASTER`, while the capture is stopped and while it runs: refused, with the next
+//!   generation named, even though a binlog file of the checkpoint's name exists again.
 //!
 //! The primary's binlog is three files ahead of the replica's, so its positions (and versions
 //! of the same generation) are above every one of the replica's: resuming there without the
@@ -246,4 +250,98 @@ async fn a_capture_follows_a_fail_over_to_the_promoted_replica_by_gtid() {
     assert!(log.contains("resuming from the GTID set"), "{log}");
     let (code, out) = apply.stop();
     assert_eq!(code, Some(0), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_master_is_refused_with_the_next_generation_named() {
+    let Some(server) = PrivateMariaDb::start(21) else {
+        eprintln!("skipped: no mariadbd here (deploy/testbed.sh start mariadb installs it)");
+        return;
+    };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("SLUICE_TEST_SEED={seed}");
+    let mut c = server.conn().await;
+    let db = unique("sluice_t_reset");
+    let ch_db = format!("{db}_ch");
+    clickhouse_tsv(&format!("CREATE DATABASE {ch_db}"))
+        .await
+        .unwrap();
+    let (file, pos) = sluice_tests::capture::binlog_status(&mut c).await;
+    assert_eq!(file, "mysql-bin.000001");
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(40) NOT NULL, n INT NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    let (text, connector, prefix) = CaptureProcess::config(&db, &format!("{file}:{pos}"), "");
+    let text = text.replace(&mysql_url(), &server.url());
+    let mut cap = CaptureProcess::spawn((text.clone(), connector, prefix.clone()));
+    let mut apply = CaptureProcess::apply_clickhouse(&prefix, &ch_db, &unique("dlq"));
+    let mut w = Writer::new(&db, seed);
+    w.run(&mut c, 200).await;
+    converge(&server, &db, &ch_db, Duration::from_secs(90)).await;
+
+    // 1. Stopped, RESET MASTER, written again: mysql-bin.000001 exists again, with other
+    // events at other offsets. The capture must not read it as its own.
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    c.query_drop("RESET MASTER").await.unwrap();
+    let t = format!("`{db}`.t");
+    c.query_drop(format!("UPDATE {t} SET n = n + 100"))
+        .await
+        .unwrap();
+    for k in 0..10 {
+        c.exec_drop(
+            format!("INSERT INTO {t} (id, v, n) VALUES (?, 'after reset', 1)"),
+            (100_000 + k,),
+        )
+        .await
+        .unwrap();
+    }
+    cap.restart();
+    let (code, log) = cap.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("began again"), "{log}");
+    assert!(log.contains("mysql.generation = 1"), "{log}");
+
+    // 2. The remedy: a new connector in generation 1 that snapshots the tables. Its rows are
+    // at positions below the old connector's, so only the generation puts them above.
+    let (text, connector, _) =
+        CaptureProcess::config(&db, "end", "[snapshot]\nmode = \"snapshot+stream\"\n");
+    let text = text
+        .replace(&mysql_url(), &server.url())
+        .replace("[mysql]\n", "[mysql]\ngeneration = 1\n")
+        .replacen(&text_prefix(&text), &prefix, 1);
+    let mut cap = CaptureProcess::spawn((text, connector, prefix.clone()));
+    converge(&server, &db, &ch_db, Duration::from_secs(90)).await;
+    w.run(&mut c, 50).await;
+    converge(&server, &db, &ch_db, Duration::from_secs(90)).await;
+
+    // 3. RESET MASTER under the running capture: it stops at its next (re)connection or
+    // read, naming the generation after its own.
+    c.query_drop("RESET MASTER").await.unwrap();
+    w.run(&mut c, 20).await;
+    let (code, log) = cap.wait(Duration::from_secs(120));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("began again"), "{log}");
+    assert!(log.contains("mysql.generation = 2"), "{log}");
+    let (code, out) = apply.stop();
+    assert_eq!(code, Some(0), "{out}");
+}
+
+/// The topic prefix a capture config names.
+fn text_prefix(text: &str) -> String {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("prefix = "))
+        .expect("a prefix line");
+    line.trim_start_matches("prefix = ")
+        .trim_matches('"')
+        .to_string()
 }

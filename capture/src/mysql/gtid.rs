@@ -164,6 +164,17 @@ impl GtidSet {
     }
 }
 
+impl GtidSet {
+    /// MariaDB: every domain of `self` has the same last GTID in `at` (the server's state at
+    /// a binlog position, which may name more domains). MySQL: `self` is within `at`.
+    pub fn agrees_with(&self, at: &GtidSet) -> bool {
+        match (self, at) {
+            (Self::MariaDb(a), Self::MariaDb(b)) => a.iter().all(|(d, v)| b.get(d) == Some(v)),
+            _ => self.missing_from(at).is_empty(),
+        }
+    }
+}
+
 impl fmt::Display for GtidSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<String> = match self {
@@ -330,6 +341,27 @@ mod tests {
         assert!(GtidSet::parse("0-1", true).is_err());
         assert!(GtidSet::parse("0-1-x", true).is_err());
         assert!(GtidSet::parse("", true).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_position_agrees_only_with_the_same_last_gtids() {
+        let ours = GtidSet::parse("0-1-100,1-2-7", true).unwrap();
+        for (theirs, agrees) in [
+            ("0-1-100,1-2-7", true),
+            ("0-1-100,1-2-7,5-9-1", true),
+            ("0-1-99,1-2-7", false),
+            ("0-1-101,1-2-7", false),
+            ("0-3-100,1-2-7", false),
+            ("0-1-100", false),
+            ("", false),
+        ] {
+            let theirs = GtidSet::parse(theirs, true).unwrap();
+            assert_eq!(ours.agrees_with(&theirs), agrees, "{theirs}");
+        }
+        let ours = GtidSet::parse(&format!("{U}:1-10"), false).unwrap();
+        let wider = GtidSet::parse(&format!("{U}:1-20"), false).unwrap();
+        assert!(ours.agrees_with(&wider));
+        assert!(!wider.agrees_with(&ours));
     }
 
     #[test]

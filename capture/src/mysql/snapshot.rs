@@ -86,7 +86,8 @@ pub enum Msg {
 /// A chunk asked for and not yet published.
 pub struct InFlight {
     pub chunk: u64,
-    /// Stream position (version) when the chunk was asked for.
+    /// Stream position when the chunk was asked for (`file number << 32 | offset`, without
+    /// the generation).
     pub asked_at: u64,
     /// Keys of this table the stream published since then.
     pub touched: HashSet<Vec<u8>>,

@@ -48,6 +48,8 @@ pub struct Capture {
     /// capture started mid-file without GTIDs; it becomes known at the next file's
     /// PREVIOUS_GTIDS event).
     pub(super) gtid_set: Option<crate::mysql::gtid::GtidSet>,
+    /// When an idle capture last checked the server's history (`check_history`).
+    pub(super) history_checked: Option<std::time::Instant>,
     pub(super) tx: Option<TxState>,
     /// While starting from a timestamp: skip transactions that began before it.
     pub(super) skip_until: Option<u64>,

@@ -27,6 +27,9 @@ use crate::mysql::decode::{DecodeError, Image, TableDecoder};
 use crate::mysql::position::BinlogPos;
 use crate::mysql::schema;
 
+/// How often an idle capture checks that the server's binlog history is the one it read.
+const HISTORY_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// XA_PREPARE_LOG_EVENT (MySQL 5.7+, MariaDB 10.5+).
 const XA_PREPARE_EVENT: u8 = 38;
 
@@ -166,6 +169,15 @@ impl Capture {
                 // The server sends heartbeats only when it has nothing more to send.
                 self.publish_metrics.lag_seconds.set(0.0);
                 self.heartbeat().await?;
+                // Idle, or stuck on a binlog deleted under the reader (RESET MASTER): the
+                // server's history at the resume point is still the one read.
+                if self
+                    .history_checked
+                    .is_none_or(|t| t.elapsed() >= HISTORY_CHECK_EVERY)
+                {
+                    self.history_checked = Some(std::time::Instant::now());
+                    self.check_history(true).await?;
+                }
                 // Caught up: DDL still waiting for rows can take information_schema's schema,
                 // if the server wrote nothing since it was read.
                 if !self.ddl_pending.is_empty() && self.skip_until.is_none() {

@@ -129,8 +129,14 @@ impl Capture {
 
     /// The stream's position as a version: every event read so far is below it.
     pub(super) fn stream_version(&self) -> u64 {
+        u64::from(self.generation) << 56 | self.stream_pos()
+    }
+
+    /// The stream's position in this server's binlog (`file number << 32 | offset`, without
+    /// the generation), to compare with positions the server reports.
+    pub(super) fn stream_pos(&self) -> u64 {
         let seq = sluice_proto::binlog_file_seq(&self.file).unwrap_or(0);
-        u64::from(self.generation) << 56 | seq << 32 | self.read_to
+        seq << 32 | self.read_to
     }
 
     /// The version of row `row` of the event at `pos` of `file`, in this capture's generation.

@@ -294,7 +294,7 @@ impl Capture {
             }
             t.in_flight = Some(InFlight {
                 chunk,
-                asked_at: self.stream_version(),
+                asked_at: self.stream_pos(),
                 touched: Default::default(),
                 ready: None,
                 hold: keyless.then_some(None),

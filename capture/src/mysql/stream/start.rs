@@ -89,6 +89,7 @@ impl Capture {
             },
             last_gtid: String::new(),
             gtid_set: None,
+            history_checked: None,
             tx: None,
             skip_until: None,
             source,
@@ -302,6 +303,106 @@ impl Capture {
         })
     }
 
+    /// Before reading from the resume point: the server's binlog there is the history the
+    /// capture read (MariaDB: the GTID state at that position, `BINLOG_GTID_POS`, has the
+    /// capture's last GTID of each domain; MySQL: `gtid_executed` holds every GTID read).
+    /// A `RESET MASTER` or a restored server fails this even where a file of the same name
+    /// exists again, and stops the capture with the next generation named: its positions, and
+    /// the versions made of them, would be lower than those published.
+    ///
+    /// `live`: the capture is connected and idle at the resume point (a server that deletes
+    /// the file under a binlog reader goes on sending heartbeats, and nothing else).
+    pub(super) async fn check_history(&mut self, live: bool) -> Result<(), CaptureError> {
+        let Some(ours) = self.gtid_set.clone().filter(|s| !s.is_empty()) else {
+            return Ok(());
+        };
+        if self.resume.file.is_empty() {
+            return Ok(());
+        }
+        let at = self.resume.clone();
+        if live && self.server.mariadb {
+            // The cheap check first: idle, the reader is where the server's binlog ends.
+            // (BINLOG_GTID_POS reads the file up to the position.)
+            let row: Option<mysql_async::Row> =
+                self.schema_conn.query_first(self.server.status_sql).await?;
+            let end = row.map(|r| {
+                (
+                    r.get::<String, _>(0).unwrap_or_default(),
+                    r.get::<u64, _>(1).unwrap_or(0),
+                )
+            });
+            if end == Some((self.file.clone(), self.read_to)) {
+                return Ok(());
+            }
+        }
+        let why = if self.server.mariadb {
+            let pos: Option<Option<String>> = self
+                .schema_conn
+                .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (at.file.clone(), at.pos))
+                .await?;
+            match pos.flatten() {
+                Some(text) => {
+                    let theirs = GtidSet::parse(&text, true)
+                        .map_err(|e| CaptureError::source(format!("BINLOG_GTID_POS({at}): {e}")))?;
+                    (!ours.agrees_with(&theirs)).then(|| {
+                        format!(
+                            "the server's GTID state at {at} is {:?}, but the capture had read \
+                             up to {ours} there",
+                            theirs.to_string()
+                        )
+                    })
+                }
+                None => {
+                    let files: Vec<mysql_async::Row> =
+                        self.schema_conn.query("SHOW BINARY LOGS").await?;
+                    let has =
+                        |r: &mysql_async::Row| r.get::<String, _>(0).as_ref() == Some(&at.file);
+                    if !files.iter().any(has) {
+                        if !live {
+                            // Purged, or the history began again: the dump's error says which.
+                            return Ok(());
+                        }
+                        let newest = files.last().and_then(|r| r.get::<String, _>(0));
+                        return Err(CaptureError::source(format!(
+                            "the server no longer has binlog file {} (its newest is {}), which \
+                             the capture is reading: its binlog began again (RESET MASTER, or a \
+                             restored server). Start a new connector name with \
+                             mysql.generation = {} and re-snapshot the tables.",
+                            at.file,
+                            newest.as_deref().unwrap_or("none"),
+                            self.next_generation()?
+                        )));
+                    }
+                    Some(format!(
+                        "the server has no event boundary at {at} (BINLOG_GTID_POS is NULL), \
+                         where the capture had read up to {ours}"
+                    ))
+                }
+            }
+        } else {
+            let have: Option<String> = self
+                .schema_conn
+                .query_first("SELECT @@GLOBAL.gtid_executed")
+                .await?;
+            let theirs = GtidSet::parse(&have.unwrap_or_default(), false)
+                .map_err(|e| CaptureError::source(format!("@@gtid_executed: {e}")))?;
+            let missing = ours.missing_from(&theirs);
+            (!missing.is_empty())
+                .then(|| format!("the server has not executed {missing}, which the capture read"))
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(CaptureError::source(format!(
+                "{why}: this is not the binlog history the capture was reading; it began again \
+                 (RESET MASTER, or a restored server). Start a new connector name with \
+                 mysql.generation = {} (so that its versions stay above every one published so \
+                 far; the same generation would write lower versions, which the targets would \
+                 take for older) and re-snapshot the tables.",
+                self.next_generation()?
+            ))),
+        }
+    }
+
     /// The GTID set of every transaction before `at` (MariaDB's `BINLOG_GTID_POS`), or `None`
     /// where the server cannot say (MySQL: known from the next PREVIOUS_GTIDS event).
     async fn gtid_set_at(&mut self, at: &BinlogPos) -> Result<Option<GtidSet>, CaptureError> {
@@ -430,6 +531,7 @@ impl Capture {
         &mut self,
         heartbeat: Duration,
     ) -> Result<BinlogStream, CaptureError> {
+        self.check_history(false).await?;
         let mut conn = Conn::new(self.opts.clone()).await?;
         // Both names: MySQL 8.0.26+ reads the `source_` ones first, older servers and MariaDB
         // the `master_` ones (which the driver sets for the checksum).
