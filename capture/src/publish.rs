@@ -27,7 +27,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use rdkafka::error::KafkaError;
 use serde::{Deserialize, Serialize};
 
-pub use checkpoint::read_checkpoint;
+pub use checkpoint::{read_checkpoint, transactional_id};
 pub use publisher::Publisher;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +40,13 @@ pub enum PublishError {
     Delivery { topic: String, reason: String },
     #[error("checkpoint topic {topic}: {reason}")]
     Checkpoint { topic: String, reason: String },
+    #[error(
+        "connector {connector:?}: another capture was started with the same connector name and \
+         took its checkpoints over (Kafka transactional id {id:?}); this one stops. Two captures \
+         of one connector would both publish and overwrite each other's checkpoints: give each \
+         capture its own `connector`, or stop the other one"
+    )]
+    Fenced { connector: String, id: String },
     #[error("the acknowledgement task stopped")]
     AckerGone,
 }

@@ -265,6 +265,9 @@ pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
         .set("bootstrap.servers", kafka_brokers())
         .set("group.id", unique("checkpoint-reader"))
         .set("enable.auto.commit", "false")
+        // Written in transactions: a commit marker takes a partition's last offset.
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
         .create()
         .unwrap();
     let topic = "_sluice_checkpoints";
@@ -290,7 +293,12 @@ pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done.iter().all(|d| *d) && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+        let polled = consumer.poll(Duration::from_millis(100));
+        if let Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) = polled {
+            done[p as usize] = true;
+            continue;
+        }
+        if let Some(Ok(m)) = polled {
             if m.key() == Some(connector.as_bytes()) {
                 last = m.payload().and_then(|p| serde_json::from_slice(p).ok());
             }

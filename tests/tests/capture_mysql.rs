@@ -1230,3 +1230,75 @@ async fn an_idle_capture_publishes_heartbeats() {
     assert_eq!(code, Some(0), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_capture_of_one_connector_fences_the_first() {
+    let db = unique("sluice_t_cap_fence");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v INT)"),
+    ])
+    .await;
+    let config = CaptureProcess::config(&db, &binlog_end().await, "");
+    let mut first = CaptureProcess::spawn(config.clone());
+    sql(&[format!("INSERT INTO `{db}`.t VALUES (1, 1)")]).await;
+    let topic = first.topic(&db, "t");
+    let t = topic.clone();
+    events_of(t, |m| count_rows(m) >= 1).await;
+
+    // The same connector again (as a second deployment of one configuration would be; its own
+    // replica server_id, so that the server does not cut the first one's binlog connection).
+    let (text, connector, prefix) = config;
+    let text = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("server_id = ") {
+                format!("server_id = {}", sluice_tests::replica_server_id())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut second = CaptureProcess::spawn((text, connector.clone(), prefix));
+    // The first learns at its next checkpoint (an idle one rewrites it every 10 s), and stops.
+    sql(&[format!("INSERT INTO `{db}`.t VALUES (2, 2)")]).await;
+    let (code, log) = first.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("another capture was started with the same connector name"),
+        "{log}"
+    );
+    assert!(log.contains(&connector), "{log}");
+
+    // The second goes on alone: every row arrives, and the checkpoint is its own.
+    sql(&[
+        format!("INSERT INTO `{db}`.t VALUES (3, 3)"),
+        format!("UPDATE `{db}`.t SET v = 10 WHERE id = 1"),
+    ])
+    .await;
+    let seen = events_of(topic, |m| {
+        row_events(m)
+            .iter()
+            .any(|e| e.op() == Op::Update && int_key(e) == 1)
+    })
+    .await;
+    let keys: std::collections::BTreeSet<i64> = row_events(&seen).iter().map(int_key).collect();
+    assert_eq!(keys, [1, 2, 3].into_iter().collect(), "every row published");
+    let (code, log) = second.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("another capture"), "{log}");
+    let checkpoint = sluice_tests::capture::last_checkpoint(&connector).expect("checkpoint");
+    let stopped_at = log
+        .lines()
+        .find(|l| l.contains("last checkpoint stored"))
+        .unwrap_or_default()
+        .to_string();
+    let next = format!(
+        "{}:{}",
+        checkpoint["next"]["file"].as_str().unwrap(),
+        checkpoint["next"]["pos"]
+    );
+    assert!(stopped_at.contains(&next), "{stopped_at} / {checkpoint}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

@@ -147,19 +147,21 @@ impl Capture {
         };
         let publish_metrics = PublishMetrics::new(registry).expect("metrics register once");
         let metrics = StreamMetrics::new(registry).expect("metrics register once");
-        let checkpoint: Option<Checkpoint> = read_checkpoint(
-            &config.kafka,
-            &config.publish.checkpoint_topic,
-            &config.connector,
-            "capture-mongo",
-        )
-        .await?;
+        // The publisher first: starting it fences an earlier capture of this connector, so
+        // the checkpoint read next is not overwritten by that one afterwards.
         let publisher = Publisher::start(
             &config.kafka,
             &config.publish,
             "capture-mongo",
             &config.connector,
             publish_metrics.clone(),
+        )
+        .await?;
+        let checkpoint: Option<Checkpoint> = read_checkpoint(
+            &config.kafka,
+            &config.publish.checkpoint_topic,
+            &config.connector,
+            "capture-mongo",
         )
         .await?;
         let (progress, snapshots_done) = checkpoint

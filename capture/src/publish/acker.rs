@@ -1,8 +1,9 @@
 //! The acker: one task that takes the publisher's marks in order, waits until every record
 //! before a mark is acknowledged, and writes the mark's checkpoint to the checkpoint topic
-//! (compacted, key = connector) at most every `checkpoint_interval_ms`, and always at the end.
-//! A failed delivery ends it with the failure: the capture stops, and resumes from the last
-//! checkpoint written.
+//! (compacted, key = connector) at most every `checkpoint_interval_ms`, and always at the end;
+//! an unchanged one again every [`KEEPALIVE`] (see `checkpoint`: a fenced capture learns it
+//! there). A failed delivery ends it with the failure: the capture stops, and resumes from the
+//! last checkpoint written.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,8 +13,8 @@ use rdkafka::producer::Producer;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::checkpoint::{CheckpointWriter, KEEPALIVE};
 use super::ledger::KafkaProducer;
-use super::publisher::produce;
 use super::{PublishError, PublishMetrics};
 
 /// A point the acker waits for: every record below `upto` acknowledged.
@@ -28,8 +29,7 @@ pub(super) async fn ack_loop<C: Serialize + Clone>(
     mut rx: mpsc::Receiver<Mark<C>>,
     producer: Arc<KafkaProducer>,
     next: Arc<AtomicU64>,
-    topic: String,
-    connector: String,
+    writer: Arc<CheckpointWriter>,
     interval: Duration,
     metrics: PublishMetrics,
 ) -> Result<Option<C>, PublishError> {
@@ -39,42 +39,17 @@ pub(super) async fn ack_loop<C: Serialize + Clone>(
     let mut safe: Option<C> = None;
     let mut written = true; // nothing to write yet
     let mut last_write = Instant::now();
-    // Write `c` to the checkpoint topic and wait for it (and every record before it).
+    // Write `c` to the checkpoint topic and wait for its commit (every record before it is
+    // acknowledged already).
     let write = |c: C| {
-        let producer = producer.clone();
-        let next = next.clone();
-        let topic = topic.clone();
-        let connector = connector.clone();
+        let writer = writer.clone();
         let metrics = metrics.clone();
         async move {
             let payload = serde_json::to_vec(&c).expect("checkpoints serialize");
-            let result = async {
-                let seq = produce(
-                    &producer,
-                    &next,
-                    &topic,
-                    connector.as_bytes(),
-                    &payload,
-                    None,
-                )
-                .await?;
-                let mut rx = producer.context().acked.subscribe();
-                producer.context().wait(&mut rx, seq + 1).await
-            }
-            .await;
-            match result {
-                Ok(()) => {
-                    metrics.checkpoints.with_label_values(&["ok"]).inc();
-                    Ok(())
-                }
-                Err(e) => {
-                    metrics.checkpoints.with_label_values(&["error"]).inc();
-                    Err(PublishError::Checkpoint {
-                        topic: topic.clone(),
-                        reason: e.to_string(),
-                    })
-                }
-            }
+            let result = writer.write(payload).await;
+            let outcome = if result.is_ok() { "ok" } else { "error" };
+            metrics.checkpoints.with_label_values(&[outcome]).inc();
+            result
         }
     };
     let due = |last_write: Instant| tokio::time::Instant::from_std(last_write + interval);
@@ -86,6 +61,12 @@ pub(super) async fn ack_loop<C: Serialize + Clone>(
             _ = tokio::time::sleep_until(due(last_write)), if !written => {
                 write(safe.clone().expect("pending")).await?;
                 written = true;
+                last_write = Instant::now();
+                continue;
+            }
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(last_write + KEEPALIVE)),
+                if written && safe.is_some() => {
+                write(safe.clone().expect("some")).await?;
                 last_write = Instant::now();
                 continue;
             }

@@ -1,13 +1,147 @@
-//! Reading the last checkpoint back at start.
+//! Reading the last checkpoint back at start, and writing checkpoints as the connector's one
+//! writer.
+//!
+//! Checkpoints go through a producer of their own with the transactional id
+//! `sluice-capture.<connector>`, each in a Kafka transaction. Starting that producer
+//! (`init_transactions`) fences every earlier producer of the same id: a second capture started
+//! with the same connector name makes the first one's next checkpoint fail, and the first stops
+//! saying so, instead of both publishing and overwriting each other's checkpoints. An idle
+//! capture writes its checkpoint again every [`KEEPALIVE`], so it learns of a successor even
+//! when nothing happens.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::de::DeserializeOwned;
 use sluice_common::KafkaConfig;
 
 use super::PublishError;
+
+/// How often an unchanged checkpoint is written again (to learn of a successor).
+pub(super) const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// The transactional id of a connector's checkpoint writer.
+pub fn transactional_id(connector: &str) -> String {
+    format!("sluice-capture.{connector}")
+}
+
+/// The producer that writes a connector's checkpoints, fenced by the next one started.
+pub(super) struct CheckpointWriter {
+    producer: BaseProducer,
+    topic: String,
+    connector: String,
+    timeout: Duration,
+}
+
+impl CheckpointWriter {
+    /// Create it and take the connector's transactional id over (fencing any earlier writer).
+    pub(super) async fn start(
+        kafka: &KafkaConfig,
+        client_id: &str,
+        topic: &str,
+        connector: &str,
+    ) -> Result<Arc<Self>, PublishError> {
+        let mut config = kafka.producer_config(client_id);
+        let id = transactional_id(connector);
+        config
+            .set("transactional.id", &id)
+            .set("linger.ms", "0")
+            .set("transaction.timeout.ms", "60000");
+        let timeout = kafka.request_timeout();
+        let (topic, connector) = (topic.to_string(), connector.to_string());
+        tokio::task::spawn_blocking(move || {
+            let producer: BaseProducer = config.create()?;
+            producer
+                .init_transactions(timeout * 3)
+                .map_err(|e| PublishError::Checkpoint {
+                    topic: topic.clone(),
+                    reason: format!(
+                        "cannot take over transactional id {id:?} for connector {connector:?}: \
+                         {e}. The checkpoints are written in Kafka transactions so that a second \
+                         capture of the same connector fences the first: the brokers need \
+                         transactions (transaction.state.log.* settings the cluster can meet) \
+                         and the user WRITE and DESCRIBE on TransactionalId {id:?}"
+                    ),
+                })?;
+            Ok(Arc::new(Self {
+                producer,
+                topic,
+                connector,
+                timeout: timeout * 3,
+            }))
+        })
+        .await
+        .map_err(|_| PublishError::AckerGone)?
+    }
+
+    /// Write one checkpoint, in a transaction of its own; waits for its commit.
+    pub(super) async fn write(self: &Arc<Self>, payload: Vec<u8>) -> Result<(), PublishError> {
+        let w = self.clone();
+        tokio::task::spawn_blocking(move || w.write_blocking(&payload))
+            .await
+            .map_err(|_| PublishError::AckerGone)?
+    }
+
+    fn write_blocking(&self, payload: &[u8]) -> Result<(), PublishError> {
+        let result = (|| {
+            self.producer.begin_transaction()?;
+            loop {
+                let record = BaseRecord::to(&self.topic)
+                    .key(self.connector.as_bytes())
+                    .payload(payload);
+                match self.producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                        self.producer.poll(Duration::from_millis(50));
+                    }
+                    Err((e, _)) => return Err(e),
+                }
+            }
+            self.producer.commit_transaction(self.timeout)
+        })();
+        match result {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if fenced(&e) {
+                    return Err(PublishError::Fenced {
+                        connector: self.connector.clone(),
+                        id: transactional_id(&self.connector),
+                    });
+                }
+                if let KafkaError::Transaction(t) = &e {
+                    if t.txn_requires_abort() {
+                        let _ = self.producer.abort_transaction(self.timeout);
+                    }
+                }
+                Err(PublishError::Checkpoint {
+                    topic: self.topic.clone(),
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// The error says a newer producer of the same transactional id took over.
+fn fenced(e: &KafkaError) -> bool {
+    let code = match e {
+        KafkaError::Transaction(t) => t.code(),
+        other => match other.rdkafka_error_code() {
+            Some(c) => c,
+            None => return false,
+        },
+    };
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
+}
 
 /// The last checkpoint stored under `connector`, if any: the checkpoint topic is read from its
 /// start to its end (it is compacted, so this is short).
@@ -18,9 +152,13 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
     client_id: &str,
 ) -> Result<Option<C>, PublishError> {
     let mut config = kafka.client_config(client_id);
+    // Checkpoints are written in transactions: committed ones only, and the end of a
+    // partition is where the consumer says so (a commit marker takes the last offset).
     config
         .set("group.id", format!("{client_id}-checkpoint-reader"))
-        .set("enable.auto.commit", "false");
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true");
     let timeout = kafka.request_timeout();
     let (topic, connector) = (topic.to_string(), connector.to_string());
     tokio::task::spawn_blocking(move || {
@@ -63,6 +201,7 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
                             break;
                         }
                     }
+                    Some(Err(KafkaError::PartitionEOF(_))) => break,
                     Some(Err(e)) => return Err(e.into()),
                     None => {
                         if Instant::now() > deadline {

@@ -15,6 +15,7 @@ use sluice_common::KafkaConfig;
 use tokio::sync::{mpsc, watch};
 
 use super::acker::{ack_loop, Mark};
+use super::checkpoint::CheckpointWriter;
 use super::ledger::{full, KafkaProducer, Ledger};
 use super::{PublishConfig, PublishError, PublishMetrics};
 
@@ -94,6 +95,9 @@ where
         let mut producer_config = kafka.producer_config(client_id);
         producer_config.set("message.timeout.ms", config.delivery_timeout_ms.to_string());
         producer_config.set("message.max.bytes", config.max_message_bytes.to_string());
+        // First: a capture started earlier with this connector is fenced from here on.
+        let writer =
+            CheckpointWriter::start(kafka, client_id, &config.checkpoint_topic, connector).await?;
         let producer: KafkaProducer =
             producer_config.create_with_context(Ledger::new(metrics.produce_latency.clone()))?;
         let producer = Arc::new(producer);
@@ -106,8 +110,7 @@ where
             rx,
             producer.clone(),
             next.clone(),
-            config.checkpoint_topic.clone(),
-            connector.to_string(),
+            writer,
             Duration::from_millis(config.checkpoint_interval_ms),
             metrics,
         ));

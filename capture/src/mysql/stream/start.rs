@@ -45,19 +45,21 @@ impl Capture {
         let metrics = StreamMetrics::new(registry).expect("metrics register once");
         let snapshot_metrics =
             Arc::new(SnapshotMetrics::new(registry).expect("metrics register once"));
-        let checkpoint: Option<Checkpoint> = read_checkpoint(
-            &config.kafka,
-            &config.publish.checkpoint_topic,
-            &config.connector,
-            "capture-mysql",
-        )
-        .await?;
+        // The publisher first: starting it fences an earlier capture of this connector, so
+        // the checkpoint read next is not overwritten by that one afterwards.
         let publisher = Publisher::start(
             &config.kafka,
             &config.publish,
             "capture-mysql",
             &config.connector,
             publish_metrics.clone(),
+        )
+        .await?;
+        let checkpoint: Option<Checkpoint> = read_checkpoint(
+            &config.kafka,
+            &config.publish.checkpoint_topic,
+            &config.connector,
+            "capture-mysql",
         )
         .await?;
         let source = v1::Source {
