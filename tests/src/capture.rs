@@ -265,9 +265,9 @@ pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
         .set("bootstrap.servers", kafka_brokers())
         .set("group.id", unique("checkpoint-reader"))
         .set("enable.auto.commit", "false")
-        // Written in transactions: a commit marker takes a partition's last offset.
+        // Written in transactions: a commit marker takes a partition's last offset, and is
+        // never delivered: the end is where the position reaches the high watermark.
         .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
         .create()
         .unwrap();
     let topic = "_sluice_checkpoints";
@@ -294,9 +294,16 @@ pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done.iter().all(|d| *d) && Instant::now() < deadline {
         let polled = consumer.poll(Duration::from_millis(100));
-        if let Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) = polled {
-            done[p as usize] = true;
-            continue;
+        if polled.is_none() {
+            if let Ok(pos) = consumer.position() {
+                for e in pos.elements_for_topic(topic) {
+                    if let Offset::Offset(n) = e.offset() {
+                        if n >= ends[e.partition() as usize] {
+                            done[e.partition() as usize] = true;
+                        }
+                    }
+                }
+            }
         }
         if let Some(Ok(m)) = polled {
             if m.key() == Some(connector.as_bytes()) {

@@ -109,6 +109,7 @@ pub mod capture;
 pub mod edge;
 pub mod private_clickhouse;
 pub mod private_mariadb;
+pub mod private_mongo;
 
 /// The W1 table of the reference workload (`deploy/workloads/w1.mysql.sql`), in database `db`.
 pub fn w1_create_table(db: &str) -> String {

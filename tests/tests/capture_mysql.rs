@@ -1277,10 +1277,11 @@ async fn a_second_capture_of_one_connector_fences_the_first() {
         format!("UPDATE `{db}`.t SET v = 10 WHERE id = 1"),
     ])
     .await;
+    // (keys go to different partitions: wait for each)
     let seen = events_of(topic, |m| {
-        row_events(m)
-            .iter()
-            .any(|e| e.op() == Op::Update && int_key(e) == 1)
+        let rows = row_events(m);
+        let keys: std::collections::BTreeSet<i64> = rows.iter().map(int_key).collect();
+        keys.len() == 3 && rows.iter().any(|e| e.op() == Op::Update && int_key(e) == 1)
     })
     .await;
     let keys: std::collections::BTreeSet<i64> = row_events(&seen).iter().map(int_key).collect();

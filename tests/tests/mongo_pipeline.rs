@@ -1422,3 +1422,160 @@ async fn a_collection_is_copied_again_on_request() {
 fn lines_with(log: &str, needle: &str) -> usize {
     log.lines().filter(|l| l.contains(needle)).count()
 }
+
+/// Oplog mode holds a transaction until its outcome: a `partialTxn` chain larger than
+/// `mongodb.max_held_bytes` waits in a file until its last entry, a prepared transaction counts
+/// at its commit (after a change written in between) and an aborted one not at all.
+///
+/// mongo-java-server writes no transactions, so on the test bed the entries are written, in
+/// MongoDB's oplog format, into the oplog of a mongo-java-server of the test's own. Against a
+/// real replica set (SLUICE_MONGO_SOURCE_URL) a real transaction of 21 MB (which MongoDB splits
+/// into `partialTxn` entries) and an aborted one are written instead; prepared transactions
+/// need a sharded cluster, and are left to the unit tests there.
+#[tokio::test(flavor = "multi_thread")]
+async fn held_transactions_spill_past_the_bound_and_count_only_at_their_commit() {
+    let db = unique("sluice_m_held");
+    let dst = client(mongo_target_url()).await;
+    let shared = client(mongo_source_url()).await;
+    let real = !is_mongo_java_server(&shared).await;
+    let private = if real {
+        None
+    } else {
+        match sluice_tests::private_mongo::PrivateMongo::start() {
+            Some(p) => Some(p),
+            None => {
+                eprintln!("skipped: no mongo-java-server here (deploy/testbed.sh start mongo)");
+                return;
+            }
+        }
+    };
+    let url = private.as_ref().map_or_else(mongo_source_url, |p| p.url());
+    let src = client(url.clone()).await;
+    let coll = src.database(&db).collection::<Document>("c");
+    // An entry for "now" to be.
+    coll.insert_one(doc! { "_id": -1 }).await.unwrap();
+    let mut cap = capture_at(&url, &db, "mode = \"oplog\"\nmax_held_bytes = 4000", "");
+    let mut app = apply(&cap.prefix, &unique("g"), "");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sluice_tests::capture::last_checkpoint(&cap.connector).is_none() {
+        assert!(Instant::now() < deadline, "no start position stored");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pad = "x".repeat(400);
+    if real {
+        let big = "y".repeat(700 << 10);
+        let mut s = src.start_session().await.unwrap();
+        s.start_transaction().await.unwrap();
+        for i in 0..30 {
+            coll.insert_one(doc! { "_id": i, "big": &big })
+                .session(&mut s)
+                .await
+                .unwrap();
+        }
+        s.commit_transaction().await.unwrap();
+        s.start_transaction().await.unwrap();
+        coll.insert_one(doc! { "_id": 300 })
+            .session(&mut s)
+            .await
+            .unwrap();
+        s.abort_transaction().await.unwrap();
+        coll.delete_one(doc! { "_id": 0 }).await.unwrap();
+        converge(
+            &src,
+            &dst,
+            &db,
+            "c",
+            Duration::from_secs(120),
+            &mut [&mut cap, &mut app],
+        )
+        .await;
+    } else {
+        let oplog = src.database("local").collection::<Document>("oplog.rs");
+        let newest = oplog
+            .find_one(doc! {})
+            .sort(doc! { "$natural": -1 })
+            .await
+            .unwrap()
+            .unwrap();
+        let base = newest.get_timestamp("ts").unwrap();
+        let mut n = 0u32;
+        let mut ts = || {
+            n += 1;
+            Timestamp {
+                time: base.time + 1,
+                increment: n,
+            }
+        };
+        let lsid = doc! { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![9; 16] } };
+        let ns = format!("{db}.c");
+        let insert = |id: i32| doc! { "op": "i", "ns": &ns, "o": { "_id": id, "pad": &pad } };
+        let txn = |ts: Timestamp, n: i64, o: Document| {
+            doc! { "ts": ts, "t": 1i64, "op": "c", "ns": "admin.$cmd", "lsid": lsid.clone(), "txnNumber": n, "o": o }
+        };
+        let mut entries = Vec::new();
+        // Transaction 1: three partial entries of five inserts each, then the last with two.
+        for part in 0..3 {
+            let ops: Vec<Document> = (0..5).map(|k| insert(part * 5 + k)).collect();
+            entries.push(txn(ts(), 1, doc! { "applyOps": ops, "partialTxn": true }));
+        }
+        entries.push(txn(ts(), 1, doc! { "applyOps": [insert(15), insert(16)] }));
+        // Transaction 2: partial, prepared; an ordinary insert; transaction 3 prepared and
+        // aborted; transaction 2 committed; then a delete of a document of transaction 1.
+        entries.push(txn(
+            ts(),
+            2,
+            doc! { "applyOps": [insert(100)], "partialTxn": true },
+        ));
+        entries.push(txn(
+            ts(),
+            2,
+            doc! { "applyOps": [insert(101)], "prepare": true },
+        ));
+        entries.push(doc! { "ts": ts(), "t": 1i64, "op": "i", "ns": &ns, "o": { "_id": 200 } });
+        entries.push(txn(
+            ts(),
+            3,
+            doc! { "applyOps": [insert(300)], "prepare": true },
+        ));
+        entries.push(txn(ts(), 3, doc! { "abortTransaction": 1 }));
+        let commit = ts();
+        entries.push(txn(
+            commit,
+            2,
+            doc! { "commitTransaction": 1, "commitTimestamp": commit },
+        ));
+        entries.push(doc! { "ts": ts(), "t": 1i64, "op": "d", "ns": &ns, "o": { "_id": 0 } });
+        oplog.insert_many(entries).await.unwrap();
+        let target = dst.database(&db).collection::<Document>("c");
+        let mut want: Vec<i32> = (1..=16).collect();
+        want.extend([100, 101, 200]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got: Vec<i32> = target
+                .find(doc! {})
+                .sort(doc! { "_id": 1 })
+                .await
+                .unwrap()
+                .map(|d| d.unwrap().get_i32("_id").unwrap())
+                .collect()
+                .await;
+            if got == want {
+                break;
+            }
+            if Instant::now() > deadline {
+                let logs = [cap.stop().1, app.stop().1].join("\n----\n");
+                panic!("target {got:?}, want {want:?}\n{logs}");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let doc = target.find_one(doc! { "_id": 101 }).await.unwrap().unwrap();
+        assert_eq!(doc.get_str("pad").unwrap(), pad);
+    }
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("larger than mongodb.max_held_bytes"), "{log}");
+    let (code, out) = app.stop();
+    assert_eq!(code, Some(0), "{out}");
+    let _ = shared;
+    dst.database(&db).drop().await.unwrap();
+}

@@ -112,6 +112,12 @@ pub struct MongoConfig {
     /// How long the server waits for new changes before answering an empty batch, in
     /// milliseconds; idle checkpoints advance at this pace. Default 1000.
     pub max_await_ms: u64,
+    /// Oplog mode: bytes of oplog entries held in memory for transactions waiting for their
+    /// last entry (`partialTxn`) or their commit (prepared), at most; a transaction past it
+    /// waits in a file in `spill_dir`. Default 67108864 (64 MiB).
+    pub max_held_bytes: usize,
+    /// Where those files go. Default empty: the system's temporary folder (`TMPDIR`).
+    pub spill_dir: String,
 }
 
 impl Default for MongoConfig {
@@ -127,6 +133,8 @@ impl Default for MongoConfig {
             end: String::new(),
             batch_size: 1000,
             max_await_ms: 1000,
+            max_held_bytes: 64 << 20,
+            spill_dir: String::new(),
         }
     }
 }

@@ -38,6 +38,7 @@ mod change_stream;
 mod checkpoint;
 mod copy;
 mod events;
+mod held;
 mod oplog;
 
 use std::collections::HashMap;

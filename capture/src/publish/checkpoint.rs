@@ -126,6 +126,15 @@ impl CheckpointWriter {
     }
 }
 
+/// The consumer has fetched partition `p` up to `high` (past any commit marker there).
+fn at_end(consumer: &BaseConsumer, topic: &str, p: i32, high: i64) -> bool {
+    consumer
+        .position()
+        .ok()
+        .and_then(|tpl| tpl.find_partition(topic, p).map(|e| e.offset()))
+        .is_some_and(|o| matches!(o, Offset::Offset(n) if n >= high))
+}
+
 /// The error says a newer producer of the same transactional id took over.
 fn fenced(e: &KafkaError) -> bool {
     let code = match e {
@@ -152,13 +161,13 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
     client_id: &str,
 ) -> Result<Option<C>, PublishError> {
     let mut config = kafka.client_config(client_id);
-    // Checkpoints are written in transactions: committed ones only, and the end of a
-    // partition is where the consumer says so (a commit marker takes the last offset).
+    // Checkpoints are written in transactions: committed ones only. A commit marker takes a
+    // partition's last offset and is never delivered, so the end is where the consumer's
+    // position reaches the high watermark.
     config
         .set("group.id", format!("{client_id}-checkpoint-reader"))
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true");
+        .set("isolation.level", "read_committed");
     let timeout = kafka.request_timeout();
     let (topic, connector) = (topic.to_string(), connector.to_string());
     tokio::task::spawn_blocking(move || {
@@ -201,9 +210,11 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
                             break;
                         }
                     }
-                    Some(Err(KafkaError::PartitionEOF(_))) => break,
                     Some(Err(e)) => return Err(e.into()),
                     None => {
+                        if at_end(&consumer, &topic, p.id(), high) {
+                            break;
+                        }
                         if Instant::now() > deadline {
                             return Err(PublishError::Checkpoint {
                                 topic: topic.clone(),

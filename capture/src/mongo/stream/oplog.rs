@@ -5,7 +5,9 @@
 //! not begin at a later "now"). An oplog that no longer reaches back to the start is a definite
 //! error: the changes in between are gone. Each entry becomes its changes
 //! ([`change::from_oplog`]); the entries of a transaction split with `partialTxn` are held until
-//! its last one, and the position moves past an entry only once all its changes are published.
+//! its last one (prepared ones until their commit), bounded in memory (`held`: past
+//! `mongodb.max_held_bytes` they go to a file), and the position moves past an entry only once
+//! all its changes are published.
 //! The documents of updates the oplog cannot describe are read before any change of their entry
 //! is published, so a transient failure (the reader then reopens the cursor after the last entry
 //! published, and reads a held transaction again whole) never leaves an entry half published.
@@ -21,6 +23,7 @@ use sluice_common::clock::now_secs;
 use sluice_common::Shutdown;
 
 use super::checkpoint::{ts_string, Resume, MARK_EVERY};
+use super::held::{Held, SpillConfig};
 use super::Capture;
 use crate::error::{CaptureError, Origin};
 use crate::mongo::change::{self, Change};
@@ -95,9 +98,10 @@ impl Capture {
             self.mark().await?;
         }
         let await_time = Duration::from_millis(self.config.mongodb.max_await_ms);
-        // Changes of a transaction whose last entry has not come yet. Dropped with a failure:
+        // Entries of a transaction whose last entry has not come yet. Dropped with a failure:
         // the reopen reads them again, from before the transaction's first entry.
-        let mut partial_txn: Vec<Change> = Vec::new();
+        let spill = self.spill_config();
+        let mut partial_txn = Held::new();
         // The oplog time before the first entry of the transaction in `partial_txn`.
         let mut partial_before: Option<Timestamp> = None;
         // Prepared transactions not committed or aborted yet, by session and transaction
@@ -129,7 +133,8 @@ impl Capture {
                 match next {
                     Ok(Err(e)) => return Err(e.into()),
                     Ok(Ok(true)) => {
-                        let parsed = change::from_oplog(cursor.current())
+                        let raw = cursor.current();
+                        let parsed = change::from_oplog(raw)
                             .map_err(|e| CaptureError::definite(Origin::Decode, e))?;
                         if self.past_end(parsed.ts) {
                             tracing::info!(end = %self.config.mongodb.end, "reached the end time");
@@ -138,25 +143,32 @@ impl Capture {
                         let before = from;
                         from = parsed.ts;
                         inclusive = false;
-                        if parsed.partial {
+                        if parsed.partial || parsed.prepared {
                             partial_before.get_or_insert(before);
-                            partial_txn.extend(parsed.changes);
-                            continue;
+                            partial_txn
+                                .push(raw.to_raw_document_buf(), prepared.mem_bytes(), &spill)
+                                .map_err(|e| spill_error(&spill, e))?;
+                            if parsed.partial {
+                                continue;
+                            }
                         }
-                        let mut changes = std::mem::take(&mut partial_txn);
                         let first = partial_before.take().unwrap_or(before);
-                        changes.extend(parsed.changes);
                         let key = (parsed.lsid.clone(), parsed.txn_number);
                         if parsed.prepared {
                             tracing::debug!(at = %ts_string(parsed.ts), "prepared transaction held until its commit");
-                            prepared.hold(key, first, changes);
+                            prepared.hold(
+                                key,
+                                first,
+                                std::mem::replace(&mut partial_txn, Held::new()),
+                            );
                             continue;
                         }
-                        match parsed.ends_prepared {
+                        // The entries whose changes are published now, the commit time they
+                        // take (a prepared transaction's changes happen at its commit).
+                        let (entries, at_commit) = match parsed.ends_prepared {
                             Some(true) => {
-                                // Its changes happen at the commit.
-                                changes = prepared.take(&key);
-                                if changes.is_empty() {
+                                let held = prepared.take(&key);
+                                if held.is_none() {
                                     self.publish_metrics
                                         .errors
                                         .with_label_values(&["source"])
@@ -169,26 +181,28 @@ impl Capture {
                                          (snapshot.request_id) if they are captured"
                                     );
                                 }
-                                for c in &mut changes {
-                                    c.ts = parsed.ts;
-                                }
+                                (held.unwrap_or_else(Held::new), Some(parsed.ts))
                             }
                             Some(false) => {
                                 let dropped = prepared.take(&key);
                                 tracing::info!(
                                     at = %ts_string(parsed.ts),
-                                    changes = dropped.len(),
+                                    entries = dropped.as_ref().map_or(0, Held::len),
                                     "prepared transaction aborted: its changes are not published"
                                 );
-                                changes.clear();
+                                (Held::new(), None)
                             }
-                            None => {}
+                            None => (std::mem::replace(&mut partial_txn, Held::new()), None),
+                        };
+                        // The held entries' changes first, then this entry's own.
+                        for e in entries.drain() {
+                            let e = e.map_err(CaptureError::source)?;
+                            let held = change::from_oplog(&e)
+                                .map_err(|e| CaptureError::definite(Origin::Decode, e))?;
+                            self.publish_changes(held.changes, at_commit).await?;
                         }
-                        if changes.iter().any(|c| c.lookup) {
-                            self.look_up(&mut changes).await?;
-                        }
-                        for c in changes {
-                            self.publish(c, None).await?;
+                        if parsed.ends_prepared.is_none() {
+                            self.publish_changes(parsed.changes, None).await?;
                         }
                         // Not past a prepared transaction still open: a restart reads it again.
                         self.advance(prepared.before().unwrap_or(parsed.ts));
@@ -223,6 +237,39 @@ impl Capture {
         }
     }
 
+    /// Publish an entry's changes (at `at_commit` when given: a prepared transaction's changes
+    /// take its commit's time), their documents read first where the oplog cannot describe
+    /// the update.
+    async fn publish_changes(
+        &mut self,
+        mut changes: Vec<Change>,
+        at_commit: Option<Timestamp>,
+    ) -> Result<(), CaptureError> {
+        if let Some(ts) = at_commit {
+            for c in &mut changes {
+                c.ts = ts;
+            }
+        }
+        if changes.iter().any(|c| c.lookup) {
+            self.look_up(&mut changes).await?;
+        }
+        for c in changes {
+            self.publish(c, None).await?;
+        }
+        Ok(())
+    }
+
+    fn spill_config(&self) -> SpillConfig {
+        let dir = match self.config.mongodb.spill_dir.as_str() {
+            "" => std::env::temp_dir(),
+            d => std::path::PathBuf::from(d),
+        };
+        SpillConfig {
+            dir,
+            max_held_bytes: self.config.mongodb.max_held_bytes,
+        }
+    }
+
     /// Read the documents of the updates the oplog could not describe ([`Change::lookup`]) as
     /// they are now (what `updateLookup` does on change streams), for the changes that will be
     /// published; before any of them is, so that a failure here leaves the entry unpublished.
@@ -248,6 +295,19 @@ impl Capture {
     }
 }
 
+fn spill_error(config: &SpillConfig, e: std::io::Error) -> CaptureError {
+    CaptureError::definite(
+        Origin::Config,
+        format!(
+            "cannot write held oplog entries to mongodb.spill_dir ({}): {e}. A transaction \
+             larger than mongodb.max_held_bytes ({}) waits there for its commit: give the \
+             capture a writable folder with room, or a larger bound",
+            config.dir.display(),
+            config.max_held_bytes
+        ),
+    )
+}
+
 /// A session (`lsid`) and transaction number: which transaction a commit or abort ends.
 type TxnKey = (Option<RawDocumentBuf>, Option<i64>);
 
@@ -255,21 +315,24 @@ type TxnKey = (Option<RawDocumentBuf>, Option<i64>);
 /// entry (where a restart must read from to see it whole).
 #[derive(Default)]
 pub(super) struct Prepared {
-    held: Vec<(TxnKey, Timestamp, Vec<Change>)>,
+    held: Vec<(TxnKey, Timestamp, Held)>,
 }
 
 impl Prepared {
-    pub(super) fn hold(&mut self, key: TxnKey, before: Timestamp, changes: Vec<Change>) {
-        self.held.push((key, before, changes));
+    pub(super) fn hold(&mut self, key: TxnKey, before: Timestamp, entries: Held) {
+        self.held.push((key, before, entries));
     }
 
-    /// The changes of the prepared transaction `key` (none: not read, e.g. prepared before
+    /// The entries of the prepared transaction `key` (`None`: not read, e.g. prepared before
     /// the start), no longer held.
-    pub(super) fn take(&mut self, key: &TxnKey) -> Vec<Change> {
-        match self.held.iter().position(|(k, _, _)| k == key) {
-            Some(i) => self.held.remove(i).2,
-            None => Vec::new(),
-        }
+    pub(super) fn take(&mut self, key: &TxnKey) -> Option<Held> {
+        let i = self.held.iter().position(|(k, _, _)| k == key)?;
+        Some(self.held.remove(i).2)
+    }
+
+    /// Bytes their entries hold in memory.
+    pub(super) fn mem_bytes(&self) -> usize {
+        self.held.iter().map(|(_, _, h)| h.mem_bytes()).sum()
     }
 
     /// The oplog time before the first entry of the oldest held transaction.
@@ -302,16 +365,31 @@ mod tests {
         from_oplog(&RawDocumentBuf::from_document(&d).unwrap()).unwrap()
     }
 
+    /// The changes of held entries, as they are published at the commit.
+    fn changes_of(held: Held) -> Vec<Change> {
+        held.drain()
+            .flat_map(|e| from_oplog(&e.unwrap()).unwrap().changes)
+            .collect()
+    }
+
     /// A prepared transaction as a shard logs it (MongoDB's oplog format): the prepare's
     /// applyOps, then commitTransaction or abortTransaction with the same lsid and txnNumber.
     #[test]
     fn prepared_transactions_count_at_their_commit_and_not_at_all_when_aborted() {
         let lsid = doc! { "id": mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] } };
+        let spill = SpillConfig {
+            dir: std::env::temp_dir(),
+            max_held_bytes: 1 << 20,
+        };
         let prepare = |t: u32, n: i64, id: i32| {
-            entry(doc! {
+            let raw = RawDocumentBuf::from_document(&doc! {
                 "ts": ts(t), "op": "c", "ns": "admin.$cmd", "lsid": lsid.clone(), "txnNumber": n,
                 "o": { "applyOps": [{ "op": "i", "ns": "d.a", "o": { "_id": id } }], "prepare": true },
             })
+            .unwrap();
+            let mut held = Held::new();
+            held.push(raw.clone(), 0, &spill).unwrap();
+            (from_oplog(&raw).unwrap(), held)
         };
         let end = |t: u32, n: i64, what: &str| {
             entry(doc! {
@@ -319,28 +397,32 @@ mod tests {
                 "o": { what: 1, "commitTimestamp": ts(t) },
             })
         };
-        let p1 = prepare(1, 1, 10);
+        let (p1, h1) = prepare(1, 1, 10);
         assert!(p1.prepared && p1.ends_prepared.is_none());
-        let p2 = prepare(2, 2, 20);
+        let (p2, h2) = prepare(2, 2, 20);
         let mut held = Prepared::default();
-        held.hold((p1.lsid.clone(), p1.txn_number), ts(0), p1.changes);
-        held.hold((p2.lsid.clone(), p2.txn_number), ts(1), p2.changes);
+        held.hold((p1.lsid.clone(), p1.txn_number), ts(0), h1);
+        held.hold((p2.lsid.clone(), p2.txn_number), ts(1), h2);
         assert_eq!(held.before(), Some(ts(0)));
+        assert!(held.mem_bytes() > 0);
         let abort = end(3, 1, "abortTransaction");
         assert_eq!(abort.ends_prepared, Some(false));
         assert!(abort.changes.is_empty());
-        let dropped = held.take(&(abort.lsid.clone(), abort.txn_number));
+        let dropped = changes_of(held.take(&(abort.lsid.clone(), abort.txn_number)).unwrap());
         assert_eq!(dropped.len(), 1);
         assert_eq!(dropped[0].full_document, Some(rawdoc! { "_id": 10 }));
         // The position may now move up to just before the second.
         assert_eq!(held.before(), Some(ts(1)));
         let commit = end(4, 2, "commitTransaction");
         assert_eq!(commit.ends_prepared, Some(true));
-        let committed = held.take(&(commit.lsid.clone(), commit.txn_number));
+        let committed = changes_of(
+            held.take(&(commit.lsid.clone(), commit.txn_number))
+                .unwrap(),
+        );
         assert_eq!(committed.len(), 1);
         assert_eq!(committed[0].full_document, Some(rawdoc! { "_id": 20 }));
         assert!(held.is_empty() && held.before().is_none());
         // A commit of a transaction not held (prepared before the capture started): nothing.
-        assert!(held.take(&(commit.lsid, Some(9))).is_empty());
+        assert!(held.take(&(commit.lsid, Some(9))).is_none());
     }
 }
