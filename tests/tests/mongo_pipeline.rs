@@ -37,6 +37,11 @@ fn capture(db: &str, mongodb: &str, filter: &str) -> CaptureProcess {
 
 /// [`capture`] reading the source at `uri`.
 fn capture_at(uri: &str, db: &str, mongodb: &str, filter: &str) -> CaptureProcess {
+    capture_with(uri, db, mongodb, filter, "")
+}
+
+/// [`capture_at`] with more `[publish]` keys.
+fn capture_with(uri: &str, db: &str, mongodb: &str, filter: &str, publish: &str) -> CaptureProcess {
     let connector = unique("mconn");
     let prefix = unique("mcdc");
     let text = format!(
@@ -44,7 +49,7 @@ fn capture_at(uri: &str, db: &str, mongodb: &str, filter: &str) -> CaptureProces
          [mongodb]\nuri = \"{}\"\nmax_await_ms = 200\n{mongodb}\n\
          [filter]\ninclude = [\"{db}\\\\..*\"]\n{filter}\n\
          [topics]\nprefix = \"{prefix}\"\n\
-         [publish]\npartitions = 3\nreplication_factor = 1\ncheckpoint_interval_ms = 100\n\
+         [publish]\npartitions = 3\nreplication_factor = 1\ncheckpoint_interval_ms = 100\n{publish}\n\
          [kafka]\nbrokers = \"{}\"\n",
         uri,
         kafka_brokers()
@@ -1577,5 +1582,71 @@ async fn held_transactions_spill_past_the_bound_and_count_only_at_their_commit()
     let (code, out) = app.stop();
     assert_eq!(code, Some(0), "{out}");
     let _ = shared;
+    dst.database(&db).drop().await.unwrap();
+}
+
+/// A change too large to publish refuses its collection (named with the document's `_id`),
+/// which apply-mongo stops; the other collections flow and the capture goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_too_large_to_publish_refuses_its_collection_and_the_rest_flows() {
+    let db = unique("sluice_m_large");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let mut cap = capture_with(
+        &mongo_source_url(),
+        &db,
+        "mode = \"oplog\"",
+        "",
+        "max_message_bytes = 1048576",
+    );
+    let mut app = apply(&cap.prefix, &unique("g"), "");
+    started(&cap, true).await;
+    let (big, small) = (
+        src.database(&db).collection::<Document>("big"),
+        src.database(&db).collection::<Document>("small"),
+    );
+    big.insert_many([doc! { "_id": 1 }, doc! { "_id": 2 }])
+        .await
+        .unwrap();
+    small.insert_one(doc! { "_id": 1 }).await.unwrap();
+    big.insert_one(doc! { "_id": 3, "blob": "z".repeat(1_300_000) })
+        .await
+        .unwrap();
+    big.insert_one(doc! { "_id": 4 }).await.unwrap();
+    small
+        .insert_many([doc! { "_id": 2 }, doc! { "_id": 3 }])
+        .await
+        .unwrap();
+    converge(
+        &src,
+        &dst,
+        &db,
+        "small",
+        Duration::from_secs(60),
+        &mut [&mut cap, &mut app],
+    )
+    .await;
+    let ids = |docs: Vec<RawDocumentBuf>| -> Vec<i32> {
+        docs.iter().map(|d| d.get_i32("_id").unwrap()).collect()
+    };
+    // Each partition of the collection's topic stops at the refusal, after what came before.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ids(documents(&dst, &db, "big").await) != vec![1, 2] && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And nothing after it arrives later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(ids(documents(&dst, &db, "big").await), vec![1, 2]);
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("collection refused"), "{log}");
+    assert!(log.contains("_id 3"), "{log}");
+    assert!(log.contains("publish.max_message_bytes (1048576)"), "{log}");
+    let (code, out) = app.stop();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("collection stopped"), "{out}");
+    src.database(&db).drop().await.unwrap();
     dst.database(&db).drop().await.unwrap();
 }

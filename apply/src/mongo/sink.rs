@@ -43,7 +43,7 @@ use sluice_proto::v1::Op;
 use sluice_proto::view::RowEvent;
 
 use self::batch::{Batch, MongoDrain};
-use self::ddl::AppliedDdl;
+use self::ddl::{AppliedDdl, Stopped};
 use self::metrics::Metrics;
 use self::writer::Writer;
 use super::write::writes_of;
@@ -62,6 +62,8 @@ pub struct Sink {
     metrics: Metrics,
     /// The drops and renames applied, by version.
     applied: AppliedDdl,
+    /// Collections stopped (the capture refused them), kept across restarts.
+    stopped: Stopped,
     /// Source database -> collection -> target namespace ([`Config::target`], worked out once).
     targets: HashMap<String, HashMap<String, Target>>,
 }
@@ -108,6 +110,8 @@ impl Sink {
         consumer.subscribe(&topics)?;
         let mut applied = AppliedDdl::new(&client, &config.mongodb.meta_database);
         applied.read().await?;
+        let mut stopped = Stopped::new(&client, &config.mongodb.meta_database);
+        stopped.read().await?;
         Ok(Self {
             config,
             client,
@@ -116,6 +120,7 @@ impl Sink {
             writer,
             metrics,
             applied,
+            stopped,
             targets: HashMap::new(),
         })
     }
@@ -158,6 +163,17 @@ impl Sink {
             }
             Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => {
                 let target = self.target(event.database, event.table);
+                if !self.stopped.is_empty() {
+                    let ns = format!("{}.{}", target.0, target.1);
+                    if let Some(why) = self.stopped.why(&ns, event.version) {
+                        let reason = format!(
+                            "collection {ns} is stopped: {why} (delete its document from {} \
+                             to take it up again)",
+                            self.stopped.name
+                        );
+                        return self.skip(&m, &BadEvent::new(Reason::Ddl, reason)).await;
+                    }
+                }
                 if self
                     .applied
                     .stale(&target.0, &target.1, event.version)

@@ -104,6 +104,9 @@ pub struct Capture {
     namespaces: HashMap<String, HashMap<String, events::Namespace>>,
     /// The filter's answer per database and collection (it formats the name and runs regexes).
     wanted: HashMap<String, HashMap<String, bool>>,
+    /// Collections refused since start (a change too large to publish): their later changes
+    /// are not published.
+    refused: std::collections::HashSet<(String, String)>,
     /// Where the next open reads from: the checkpoint's position or `[mongodb] start`; after a
     /// transient failure, the last position published.
     resume: Resume,
@@ -192,6 +195,7 @@ impl Capture {
             topics,
             namespaces: HashMap::new(),
             wanted: HashMap::new(),
+            refused: Default::default(),
             resume,
             end,
             expanded: None,

@@ -14,6 +14,13 @@
 //!   it (read late from another partition, or replayed after a restart), which would otherwise
 //!   bring back what was dropped. The record is read at start and every 5 s (other instances
 //!   apply commands too), so it survives restarts.
+//! - A collection the capture refused (an event of kind "refused": a change it could not
+//!   publish) is **stopped**: recorded with the reason in
+//!   `<meta_database>.stopped_collections` ([`Stopped`]) with the refusal's version, and its
+//!   events of that version or later are dead-lettered, since applying them without the
+//!   refused change would leave it wrong (older ones, read late from another partition, are
+//!   still written). A restart keeps it stopped; deleting its record takes it up again (after
+//!   copying it again).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -38,6 +45,75 @@ pub(super) struct AppliedDdl {
     /// applied to it.
     versions: HashMap<String, u64>,
     read_at: Option<Instant>,
+}
+
+/// The target collections stopped, as recorded in `<meta_database>.stopped_collections`
+/// (`{_id: "db.coll", reason, version, at}`).
+pub(super) struct Stopped {
+    collection: mongodb::Collection<Document>,
+    pub(super) name: String,
+    /// Target namespace -> why, and the version from which its events are not applied.
+    reasons: HashMap<String, (String, u64)>,
+}
+
+impl Stopped {
+    pub(super) fn new(client: &mongodb::Client, meta_database: &str) -> Self {
+        Self {
+            collection: client
+                .database(meta_database)
+                .collection("stopped_collections"),
+            name: format!("{meta_database}.stopped_collections"),
+            reasons: HashMap::new(),
+        }
+    }
+
+    /// Load the stopped collections (a restart keeps them stopped).
+    pub(super) async fn read(&mut self) -> Result<(), ApplyError> {
+        let context = || format!("reading {}", self.name);
+        let mut cursor = self
+            .collection
+            .find(doc! {})
+            .await
+            .map_err(|e| ApplyError::from(e).context(context()))?;
+        while let Some(d) = cursor.next().await {
+            let d = d.map_err(|e| ApplyError::from(e).context(context()))?;
+            if let (Ok(ns), Ok(reason)) = (d.get_str("_id"), d.get_str("reason")) {
+                // (stored as the i64 of the same bits)
+                let version = d.get_i64("version").map_or(0, |v| v as u64);
+                tracing::warn!(collection = %ns, %reason, "collection stopped before this start: its events are dead-lettered (delete its document from {} to take it up again)", self.name);
+                self.reasons
+                    .insert(ns.to_string(), (reason.to_string(), version));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.reasons.is_empty()
+    }
+
+    /// Why an event of `ns` at `version` is not applied, if it is not: the collection is
+    /// stopped from a version at or below it.
+    pub(super) fn why(&self, ns: &str, version: u64) -> Option<&str> {
+        self.reasons
+            .get(ns)
+            .filter(|(_, from)| version >= *from)
+            .map(|(r, _)| r.as_str())
+    }
+
+    async fn stop(&mut self, ns: &str, reason: &str, version: u64) -> Result<(), ApplyError> {
+        self.collection
+            .replace_one(
+                doc! { "_id": ns },
+                doc! { "_id": ns, "reason": reason, "version": version as i64, "at": mongodb::bson::DateTime::now() },
+            )
+            .upsert(true)
+            .await
+            .map_err(|e| ApplyError::from(e).context(format!("recording a stopped collection in {}", self.name)))?;
+        self.reasons
+            .insert(ns.to_string(), (reason.to_string(), version));
+        Ok(())
+    }
 }
 
 impl AppliedDdl {
@@ -183,6 +259,21 @@ impl Sink {
             return Ok(Ok(()));
         };
         let kind = ddl.kind.as_str();
+        if kind == "refused" {
+            // Never filtered: the collection's later events cannot be applied exactly.
+            let (db, coll) = self.config.target(&event.database, &event.table);
+            let ns = format!("{db}.{coll}");
+            if !self.stopped.reasons.contains_key(&ns) {
+                let reason = format!(
+                    "the source refused it: {} (at {})",
+                    ddl.reason, ddl.statement
+                );
+                tracing::error!(collection = %ns, %reason, "collection stopped: its later events are dead-lettered");
+                self.stopped.stop(&ns, &reason, event.version).await?;
+            }
+            self.metrics.ddl.with_label_values(&[kind, "stopped"]).inc();
+            return Ok(Ok(()));
+        }
         if !self.config.ddl.applies(kind) {
             self.metrics
                 .ddl

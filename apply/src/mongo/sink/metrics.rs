@@ -47,7 +47,7 @@ impl Metrics {
         let ddl = IntCounterVec::new(
             Opts::new(
                 "sluice_apply_ddl_total",
-                "Source commands, by kind and outcome (applied, skipped, filtered, failed).",
+                "Source commands, by kind and outcome (applied, skipped, filtered, nothing_to_apply, failed, stopped).",
             ),
             &["kind", "outcome"],
         )?;

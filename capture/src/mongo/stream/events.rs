@@ -77,6 +77,13 @@ impl Capture {
             self.tx = None;
             return Ok(());
         }
+        if !self.refused.is_empty()
+            && self
+                .refused
+                .contains(&(c.database.clone(), c.collection.clone()))
+        {
+            return Ok(());
+        }
         let now = now_micros();
         let micros = c
             .wall_millis
@@ -195,6 +202,11 @@ impl Capture {
         self.buf.clear();
         event.encode(&mut self.buf).expect("Vec grows");
         let payload = std::mem::take(&mut self.buf);
+        if op != Op::Ddl && payload.len() + key.len() > self.config.publish.max_message_bytes {
+            let size = payload.len() + key.len();
+            self.buf = payload;
+            return self.refuse_oversized(&event, size, &key).await;
+        }
         let ns = &self.namespaces[&event.database][&event.table];
         ns.bytes.inc_by(payload.len() as u64);
         ns.counters[match c.op {
@@ -222,6 +234,72 @@ impl Capture {
             self.publisher.send(&ns.topic, &key, &payload, None).await?;
         }
         self.buf = payload;
+        self.since_mark += 1;
+        Ok(())
+    }
+
+    /// A change of `event`'s collection makes an event of `size` bytes, more than
+    /// `publish.max_message_bytes`: the collection is refused (an event of kind "refused" on
+    /// every partition of its topic, which stops it in the apply stages), with the document
+    /// named, rather than handed to the producer, whose failure would stop the capture at the
+    /// same change after every restart. Its later changes are not published; the others flow.
+    async fn refuse_oversized(
+        &mut self,
+        event: &v1::ChangeEvent,
+        size: usize,
+        key: &[u8],
+    ) -> Result<(), CaptureError> {
+        let (db, coll) = (event.database.clone(), event.table.clone());
+        let id = event
+            .key
+            .as_ref()
+            .and_then(|k| k.values.first())
+            .and_then(|v| match &v.kind {
+                Some(v1::value::Kind::Bson(b)) => RawDocumentBuf::from_bytes(b.clone()).ok(),
+                _ => None,
+            })
+            .and_then(|d| d.to_document().ok())
+            .and_then(|d| d.get("v").cloned())
+            .map(|v| v.into_relaxed_extjson().to_string())
+            .unwrap_or_else(|| "(no _id)".into());
+        let max = self.config.publish.max_message_bytes;
+        let reason = format!(
+            "the change of document _id {id} at oplog time {}.{} makes an event of {size} \
+             bytes, more than publish.max_message_bytes ({max}). Raise \
+             publish.max_message_bytes (up to the broker's message.max.bytes and the topic's \
+             max.message.bytes), restart the capture, take the collection up again in the \
+             apply stage, and copy it again (snapshot.request_id, snapshot.tables)",
+            event.version >> 32,
+            event.version & 0xffff_ffff
+        );
+        tracing::error!(database = %db, collection = %coll, size, max, %reason, "collection refused: a change too large to publish");
+        self.refused.insert((db.clone(), coll.clone()));
+        let refusal = v1::ChangeEvent {
+            contract: event.contract,
+            source: event.source.clone(),
+            op: Op::Ddl as i32,
+            database: db.clone(),
+            table: coll.clone(),
+            version: event.version,
+            position: event.position.clone(),
+            commit_time_micros: event.commit_time_micros,
+            capture_time_micros: event.capture_time_micros,
+            ddl: Some(v1::Ddl {
+                statement: format!("(a change of document _id {id})"),
+                kind: "refused".into(),
+                reason,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let topic = self.namespaces[&db][&coll].topic.clone();
+        self.publisher
+            .send_to_every_partition(&topic, key, &refusal.encode_to_vec())
+            .await?;
+        self.publish_metrics
+            .events
+            .with_label_values(&[&db, &coll, "refused"])
+            .inc();
         self.since_mark += 1;
         Ok(())
     }
