@@ -10,6 +10,14 @@ pub struct ConsumerConfig {
     pub group_id: String,
     /// Topics to read: names, or regular expressions starting with `^` (librdkafka's rule).
     pub topics: Vec<String>,
+    /// This instance's stable name in the group (Kafka static membership,
+    /// `group.instance.id`): restarted within the session timeout (`session.timeout.ms`,
+    /// librdkafka's default 45 s, settable in `[kafka.properties]`) it takes its partitions
+    /// back at once, without a rebalance, instead of leaving them unread until the timeout.
+    /// Each instance needs its own (the Kubernetes manifests give the pod's name). Default
+    /// empty: dynamic membership.
+    #[serde(default)]
+    pub instance_id: String,
 }
 
 impl ConsumerConfig {
@@ -17,6 +25,7 @@ impl ConsumerConfig {
         Self {
             group_id: group_id.into(),
             topics: vec!["^sluice\\..*".into()],
+            instance_id: String::new(),
         }
     }
 

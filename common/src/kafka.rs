@@ -21,6 +21,13 @@ const FIXED_PRODUCER: &[(&str, &str)] = &[
 const FIXED_CONSUMER: &[(&str, &str)] = &[
     ("enable.auto.offset.store", "false"),
     ("isolation.level", "read_committed"),
+    // The classic group protocol with eager assignors: a rebalance takes every partition
+    // away, after the batch in hand was written (or the stage stopped), and hands them out
+    // afresh from the committed offsets. Cooperative (incremental) assignment and KIP-848's
+    // protocol would let a member keep partitions across a rebalance, which the apply stages
+    // do not rely on.
+    ("group.protocol", "classic"),
+    ("partition.assignment.strategy", "range,roundrobin"),
 ];
 
 /// `[kafka]`: the cluster and client settings.
@@ -228,6 +235,28 @@ mod tests {
         let (key, msg) = k.validate().unwrap_err();
         assert_eq!(key, "kafka.properties.acks");
         assert!(msg.contains("fixed"));
+    }
+
+    /// The apply stages rely on eager rebalances (every partition taken away, then handed out
+    /// from the committed offsets): an incremental assignor or KIP-848's protocol is refused.
+    #[test]
+    fn the_group_protocol_is_pinned_to_eager_assignment() {
+        for (key, value) in [
+            ("partition.assignment.strategy", "cooperative-sticky"),
+            ("group.protocol", "consumer"),
+        ] {
+            let mut k = KafkaConfig::default();
+            k.properties.insert(key.into(), value.into());
+            let (at, msg) = k.validate().unwrap_err();
+            assert_eq!(at, format!("kafka.properties.{key}"));
+            assert!(msg.contains("fixed"), "{msg}");
+        }
+        let c = KafkaConfig::default().consumer_config("x", "g");
+        assert_eq!(c.get("group.protocol"), Some("classic"));
+        assert_eq!(
+            c.get("partition.assignment.strategy"),
+            Some("range,roundrobin")
+        );
     }
 
     #[test]

@@ -38,6 +38,19 @@ fn apply_to(
     group: &str,
     extra: &str,
 ) -> CaptureProcess {
+    apply_to_with(url, prefix, ch_db, mode, group, extra, "")
+}
+
+/// [`apply_to`] with more `[consumer]` keys.
+fn apply_to_with(
+    url: &str,
+    prefix: &str,
+    ch_db: &str,
+    mode: &str,
+    group: &str,
+    extra: &str,
+    consumer: &str,
+) -> CaptureProcess {
     let batch = if extra.contains("[batch]") {
         ""
     } else {
@@ -54,7 +67,7 @@ fn apply_to(
     };
     let text = format!(
         "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
-         [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{}\\\\..*\"]\n\
+         [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{}\\\\..*\"]\n{consumer}\n\
          {batch}{tables}\
          [kafka]\nbrokers = \"{}\"\n{extra}\n",
         url,
@@ -406,7 +419,17 @@ async fn two_instances_share_the_partitions() {
     let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 1)).await.unwrap();
     let group = unique("g");
-    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
+    // One with a stable name in the group (static membership).
+    let instance = unique("inst");
+    let mut a = apply_to_with(
+        &clickhouse_url(),
+        &prefix,
+        &m_db,
+        "mirror",
+        &group,
+        "",
+        &format!("instance_id = \"{instance}\""),
+    );
     let mut b = apply(&prefix, &m_db, "mirror", &group, "");
     // Wait until both hold partitions.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -470,6 +493,31 @@ async fn two_instances_share_the_partitions() {
     }
     let (ra, rb) = (rows_written(a.metrics_port), rows_written(b.metrics_port));
     assert!(ra > 0 && rb > 0, "both instances write: {ra} + {rb}");
+    // The broker names a static member after its group.instance.id.
+    let g = group.clone();
+    let members = tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::Consumer;
+        let c: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .create()
+            .unwrap();
+        let list = c
+            .fetch_group_list(Some(&g), Duration::from_secs(10))
+            .unwrap();
+        list.groups()
+            .iter()
+            .flat_map(|g| g.members().iter().map(|m| m.id().to_string()))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert_eq!(members.len(), 2, "{members:?}");
+    assert!(
+        members
+            .iter()
+            .any(|m| m.starts_with(&format!("{instance}-"))),
+        "{members:?}"
+    );
     assert!(ra + rb >= 601, "{ra} + {rb}");
     finish(&db, &mut [&mut cap, &mut a, &mut b]).await;
 }

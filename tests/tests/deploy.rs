@@ -474,6 +474,13 @@ fn the_deployment_files_agree_with_each_other_and_with_the_example_configs() {
             .map(|e| {
                 let value = match e.get("value") {
                     Some(v) => v.as_str().unwrap().to_string(),
+                    // The pod's own fields (its name): any string stands in.
+                    None if e["valueFrom"].get("fieldRef").is_some() => {
+                        format!(
+                            "from-{}",
+                            e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()
+                        )
+                    }
                     None => {
                         let key = e["valueFrom"]["secretKeyRef"]["key"].as_str().unwrap();
                         secret["stringData"][key]

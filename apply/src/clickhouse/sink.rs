@@ -148,6 +148,9 @@ impl Sink {
         let mut cc = config
             .kafka
             .consumer_config("apply-clickhouse", &config.consumer.group_id);
+        if !config.consumer.instance_id.is_empty() {
+            cc.set("group.instance.id", &config.consumer.instance_id);
+        }
         cc.set("statistics.interval.ms", "5000");
         let batch = Arc::new(Mutex::new(Batch::default()));
         let in_flight = Arc::new(Mutex::new(InFlight::default()));

@@ -64,6 +64,8 @@ pub struct Sink {
     applied: AppliedDdl,
     /// Collections stopped (the capture refused them), kept across restarts.
     stopped: Stopped,
+    /// A batch the rebalance callback could not write (see [`MongoDrain`]).
+    drain_failed: Arc<Mutex<Option<String>>>,
     /// Source database -> collection -> target namespace ([`Config::target`], worked out once).
     targets: HashMap<String, HashMap<String, Target>>,
 }
@@ -78,6 +80,9 @@ impl Sink {
         let mut cc = config
             .kafka
             .consumer_config("apply-mongo", &config.consumer.group_id);
+        if !config.consumer.instance_id.is_empty() {
+            cc.set("group.instance.id", &config.consumer.instance_id);
+        }
         cc.set("statistics.interval.ms", "5000");
         if config.delay_seconds > 0 {
             // Waiting for an event to age must not look like a dead consumer.
@@ -98,12 +103,14 @@ impl Sink {
             config.errors.on_bad_event,
             metrics.clone(),
         );
+        let drain_failed = Arc::new(Mutex::new(None));
         let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext {
             metrics: metrics.group.clone(),
             drain: MongoDrain {
                 batch: batch.clone(),
                 writer: writer.clone(),
                 runtime: tokio::runtime::Handle::current(),
+                failed: drain_failed.clone(),
             },
         })?;
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
@@ -121,6 +128,7 @@ impl Sink {
             metrics,
             applied,
             stopped,
+            drain_failed,
             targets: HashMap::new(),
         })
     }
@@ -244,6 +252,17 @@ impl Sink {
 
     /// Write the batch (retrying transient failures), then store its offsets.
     async fn flush(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        if let Some(why) = self.drain_failed.lock().expect("failed lock").take() {
+            // Events were not written when partitions were let go: storing a later offset of a
+            // partition kept or taken back would skip them.
+            return Err(ApplyError::definite(
+                crate::error::Origin::Sink,
+                format!(
+                    "MongoDB: the batch in hand could not be written before a rebalance ({why}); \
+                     stopping, so that its events are read again from the committed offsets"
+                ),
+            ));
+        }
         let batch = std::mem::take(&mut *self.batch());
         if batch.offsets.is_empty() {
             return Ok(());

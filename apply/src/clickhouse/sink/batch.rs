@@ -8,7 +8,9 @@
 //!   ([`Sink::settle`]). A failed batch stores nothing, and nothing after it is stored either.
 //! - Before partitions are let go, the rebalance callback writes both, the batch being written
 //!   and then the one in hand ([`ChDrain`]), and stores their offsets; if that fails, nothing is
-//!   stored and the next owner reads those events again (harmless: replays collapse).
+//!   stored, the next owner reads those events again (harmless: replays collapse), and the sink
+//!   stops at its next step: a partition it keeps (or gets back) must never have a later offset
+//!   stored over the events that were not written.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -91,6 +93,7 @@ impl Drain for ChDrain {
             Err(e) => {
                 tracing::warn!(error = %e, rows = taken.rows,
                     "could not write the batch in hand before letting partitions go; their next owner reads it again");
+                self.in_flight.lock().expect("in-flight lock").failed = Some(e.to_string());
                 None
             }
         }

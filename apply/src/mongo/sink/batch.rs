@@ -71,6 +71,9 @@ pub(crate) struct MongoDrain {
     pub(super) batch: Arc<Mutex<Batch>>,
     pub(super) writer: Writer,
     pub(super) runtime: tokio::runtime::Handle,
+    /// A batch that could not be written here (in the rebalance callback): the sink stops
+    /// before it stores any later offset.
+    pub(super) failed: Arc<Mutex<Option<String>>>,
 }
 
 impl Drain for MongoDrain {
@@ -94,6 +97,7 @@ impl Drain for MongoDrain {
             Err(e) => {
                 tracing::warn!(error = %e, events = taken.events,
                     "could not write the batch in hand before letting partitions go; their next owner reads it again");
+                *self.failed.lock().expect("failed lock") = Some(e.to_string());
                 None
             }
         }
