@@ -188,6 +188,18 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason: their counters exist (at 0) from the start, for rate() and alerts.
+    pub const ALL: [Reason; 8] = [
+        Reason::Undecodable,
+        Reason::Contract,
+        Reason::UnknownSchema,
+        Reason::TableStopped,
+        Reason::Value,
+        Reason::Ddl,
+        Reason::DuplicateKey,
+        Reason::Refused,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Reason::Undecodable => "undecodable",

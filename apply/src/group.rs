@@ -133,6 +133,9 @@ impl SinkMetrics {
             ),
             &["reason"],
         )?;
+        for reason in crate::error::Reason::ALL {
+            dead_letters.with_label_values(&[reason.label()]);
+        }
         let latency = Histogram::with_opts(
             HistogramOpts::new(
                 "sluice_apply_end_to_end_latency_seconds",
@@ -164,7 +167,21 @@ pub struct GroupContext<D> {
     pub drain: D,
 }
 
+/// "No topic matches the subscription yet": the normal start of a new pipeline, before the
+/// capture created its topics (they are found at the next metadata refresh).
+fn no_topic_yet(e: &rdkafka::error::KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition)
+}
+
 impl<D: Drain> ClientContext for GroupContext<D> {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if no_topic_yet(&error) {
+            tracing::info!(%reason, "no topic of the subscription exists yet (a new pipeline: the capture creates them); waiting");
+        } else {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+
     fn stats(&self, stats: Statistics) {
         for (topic, t) in stats.topics {
             for (p, part) in t.partitions {
@@ -392,6 +409,10 @@ pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Resu
         };
         let r = match step {
             None => sink.write_held(shutdown).await,
+            Some(Err(e)) if no_topic_yet(&e) => {
+                tracing::debug!(error = %e, "no topic of the subscription yet");
+                Ok(())
+            }
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "consumer error");
                 Ok(())
@@ -414,4 +435,37 @@ pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Resu
         }
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dead-letter reason is exported at 0 from the start (rate() and alerts over a
+    /// series that does not exist yet see nothing).
+    #[test]
+    fn dead_letter_counters_exist_at_zero_for_every_reason() {
+        let r = Registry::new();
+        SinkMetrics::new(&r, "X", "every table's part", "retries").unwrap();
+        let families = r.gather();
+        let f = families
+            .iter()
+            .find(|f| f.name() == "sluice_apply_dead_letters_total")
+            .expect("registered");
+        let mut reasons: Vec<String> = f
+            .get_metric()
+            .iter()
+            .map(|m| {
+                assert_eq!(m.get_counter().get_value(), 0.0);
+                m.get_label()[0].value().to_string()
+            })
+            .collect();
+        reasons.sort();
+        let mut want: Vec<String> = crate::error::Reason::ALL
+            .iter()
+            .map(|r| r.label().to_string())
+            .collect();
+        want.sort();
+        assert_eq!(reasons, want);
+    }
 }

@@ -2,7 +2,9 @@
 //!
 //! The capture publishes every schema (and waits for Kafka's acknowledgement) before the first
 //! event that names it, so a miss here means the topic has grown since it was last read: it is
-//! read again, and an id still unknown after that is a definite error for that event.
+//! read again, and an id still unknown after that is a definite error for that event. A read
+//! that does not reach the end of the topic in time is a failure of Kafka, never an unknown
+//! schema: it is tried again, and then stops the stage (the event is read again on restart).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -31,12 +33,24 @@ impl SchemaCache {
         }
     }
 
-    /// The schema with this id, reading the topic again once if it is not known yet.
+    /// The schema with this id, reading the topic again if it is not known yet (a read cut
+    /// short by a slow broker is tried again, up to 4 times, before it is an error).
     pub async fn get(&mut self, id: u64) -> Result<Option<TableSchema>, KafkaError> {
         if let Some(s) = self.schemas.get(&id) {
             return Ok(Some(s.clone()));
         }
-        self.refresh().await?;
+        let mut backoff = Duration::from_millis(500);
+        for attempt in 1.. {
+            match self.refresh().await {
+                Ok(()) => break,
+                Err(e) if attempt < 4 => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "reading the schema topic failed; trying again");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         Ok(self.schemas.get(&id).cloned())
     }
 
@@ -113,6 +127,13 @@ impl SchemaCache {
                     Some(Err(e)) => return Err(e),
                     None => {}
                 }
+            }
+            if !ends.is_empty() {
+                // Cut short: what was not read may hold the schema asked for.
+                tracing::warn!(topic = %topic, partitions = ?ends.keys().collect::<Vec<_>>(), "the schema topic was not read to its end in time");
+                return Err(KafkaError::MessageConsumption(
+                    rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+                ));
             }
             Ok(out)
         })

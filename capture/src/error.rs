@@ -34,6 +34,16 @@ pub enum Origin {
 }
 
 impl Origin {
+    /// Every origin: their error counters exist (at 0) from the start.
+    pub const ALL: [Origin; 6] = [
+        Origin::Mysql,
+        Origin::Mongo,
+        Origin::Kafka,
+        Origin::Decode,
+        Origin::Source,
+        Origin::Config,
+    ];
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {

@@ -197,6 +197,14 @@ impl PublishMetrics {
             Opts::new("sluice_capture_errors_total", "Errors by type."),
             &["error_type"],
         )?;
+        // Every known label value from the start, at 0: rate() and alerts work before the
+        // first failure.
+        for origin in crate::error::Origin::ALL {
+            errors.with_label_values(&[origin.label()]);
+        }
+        for outcome in ["ok", "error"] {
+            checkpoints.with_label_values(&[outcome]);
+        }
         registry.register(Box::new(lag_seconds.clone()))?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(events.clone()))?;
@@ -211,5 +219,39 @@ impl PublishMetrics {
             produce_latency,
             checkpoints,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Error and checkpoint counters exist at 0 for every known label from the start.
+    #[test]
+    fn labelled_counters_exist_at_zero() {
+        let r = Registry::new();
+        PublishMetrics::new(&r).unwrap();
+        let families = r.gather();
+        let labels = |name: &str| -> Vec<String> {
+            let f = families
+                .iter()
+                .find(|f| f.name() == name)
+                .unwrap_or_else(|| panic!("{name} registered"));
+            let mut v: Vec<String> = f
+                .get_metric()
+                .iter()
+                .map(|m| {
+                    assert_eq!(m.get_counter().get_value(), 0.0);
+                    m.get_label()[0].value().to_string()
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            labels("sluice_capture_errors_total"),
+            ["config", "decode", "kafka", "mongodb", "mysql", "source"]
+        );
+        assert_eq!(labels("sluice_capture_checkpoints_total"), ["error", "ok"]);
     }
 }

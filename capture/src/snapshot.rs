@@ -169,6 +169,9 @@ impl SnapshotMetrics {
             ),
             &["outcome"],
         )?;
+        for outcome in ["published", "retried"] {
+            chunks.with_label_values(&[outcome]);
+        }
         r.register(Box::new(rows.clone()))?;
         r.register(Box::new(left_to_stream.clone()))?;
         r.register(Box::new(estimated.clone()))?;

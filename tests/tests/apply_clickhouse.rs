@@ -934,3 +934,30 @@ async fn a_capture_killed_mid_snapshot_resumes_from_the_last_chunk() {
     assert!(log.contains("resumed=true"), "{log}");
     finish(&db, &mut [&mut mirror]).await;
 }
+
+/// An applier started before the capture created any topic (the normal start of a new
+/// pipeline) says so at INFO, with no ERROR nor WARN, and stops cleanly.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_applier_started_before_any_topic_exists_waits_without_an_error() {
+    let prefix = unique("cdc_none");
+    let ch_db = unique("sluice_t_none");
+    ch_exec(format!("CREATE DATABASE {ch_db}")).await;
+    let mut a = apply(&prefix, &ch_db, "mirror", &unique("g"), "");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !assigned(a.metrics_port) && Instant::now() < deadline {
+        // (nothing to assign: wait long enough for the first metadata answer)
+        if scrape(a.metrics_port).contains("sluice_apply_assigned_partitions") {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, log) = a.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains("no topic of the subscription exists yet"),
+        "{log}"
+    );
+    assert!(!log.contains(" ERROR ") && !log.contains(" WARN "), "{log}");
+    ch_exec(format!("DROP DATABASE {ch_db}")).await;
+}
