@@ -218,6 +218,34 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
     }
 }
 
+/// Whether consumer group `group` has run before: the broker knows it (with members, or with
+/// committed offsets only). A stage of such a group that cannot reach its target at start is
+/// restarting during an outage, and waits; a first start fails fast (a wrong address).
+pub async fn group_has_run(
+    kafka: &sluice_common::KafkaConfig,
+    client_id: &str,
+    group: &str,
+) -> bool {
+    let config = kafka.client_config(client_id);
+    let (group, timeout) = (group.to_string(), kafka.request_timeout());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = match config.create() {
+            Ok(c) => c,
+            Err(_) => return false,
+        };
+        consumer
+            .fetch_group_list(Some(&group), timeout)
+            .map(|l| {
+                l.groups()
+                    .iter()
+                    .any(|g| g.name() == group && g.state() != "Dead" && !g.state().is_empty())
+            })
+            .unwrap_or(false)
+    })
+    .await
+    .unwrap_or(false)
+}
+
 /// Run `fut` to completion from a rebalance callback: those run inside the consumer's poll,
 /// either on a runtime worker (block in place) or on a plain thread.
 pub fn block_on<F: std::future::Future>(runtime: &tokio::runtime::Handle, fut: F) -> F::Output {

@@ -85,6 +85,8 @@ pub struct Context<C> {
     pub shutdown: Shutdown,
     /// The address the metrics endpoint is bound to.
     pub metrics_addr: SocketAddr,
+    /// What `/healthz` answers.
+    pub health: metrics::Health,
 }
 
 /// Run a binary: see the module docs. `check` is the binary's preflight: printed for
@@ -97,7 +99,7 @@ pub fn main<C, Chk, ChkFut, B, BFut>(
 ) -> ExitCode
 where
     C: AppConfig + Clone,
-    Chk: FnOnce(C) -> ChkFut,
+    Chk: Fn(C) -> ChkFut,
     ChkFut: Future<Output = Vec<crate::preflight::Check>>,
     B: FnOnce(Context<C>) -> BFut,
     BFut: Future<Output = anyhow::Result<()>>,
@@ -151,13 +153,9 @@ where
         }
     };
     runtime.block_on(async move {
-        let checks = check(config.clone()).await;
         if args.check {
+            let checks = check(config.clone()).await;
             return crate::preflight::report(binary, &checks);
-        }
-        if let Err(e) = crate::preflight::require(&checks) {
-            tracing::error!(error = format!("{e:#}"), "{binary} cannot start");
-            return ExitCode::FAILURE;
         }
         let shutdown = Shutdown::new();
         if let Err(e) = shutdown.listen_for_signals() {
@@ -174,13 +172,48 @@ where
         };
         let metrics_addr = listener.local_addr().unwrap_or(listen);
         let registry = metrics::registry(binary);
+        let health = metrics::Health::default();
         tracing::info!(%metrics_addr, version = env!("CARGO_PKG_VERSION"), "{binary} starting; metrics on http://{metrics_addr}/metrics");
-        let server = tokio::spawn(metrics::serve(listener, registry.clone(), shutdown.clone()));
+        let server = tokio::spawn(metrics::serve(
+            listener,
+            registry.clone(),
+            health.clone(),
+            shutdown.clone(),
+        ));
+        // The preflight: a failure stops the start; a server worth waiting for (unreachable
+        // for a deployment that has run before) is waited for, with backoff, degraded.
+        let mut backoff = std::time::Duration::from_secs(1);
+        loop {
+            let checks = check(config.clone()).await;
+            if let Some(why) = crate::preflight::waiting(&checks) {
+                health.degrade(format!("waiting at start: {why}"));
+                tracing::warn!(reason = %why, retry_in = ?backoff, "{binary} waits for what it needs (it has run before: a restart during an outage)");
+                tokio::select! {
+                    _ = shutdown.wait() => {
+                        let _ = server.await;
+                        tracing::info!("{binary} stopped while waiting");
+                        return ExitCode::SUCCESS;
+                    }
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+                continue;
+            }
+            if let Err(e) = crate::preflight::require(&checks) {
+                tracing::error!(error = format!("{e:#}"), "{binary} cannot start");
+                shutdown.trigger();
+                let _ = server.await;
+                return ExitCode::FAILURE;
+            }
+            health.restore();
+            break;
+        }
         let ctx = Context {
             config,
             registry,
             shutdown: shutdown.clone(),
             metrics_addr,
+            health,
         };
         let result = body(ctx).await;
         shutdown.trigger();

@@ -6,7 +6,9 @@
 //! `process_*` metrics (CPU seconds, resident memory, open fds).
 //!
 //! The server answers `GET /metrics` (text exposition format), `GET /healthz` (200 "ok" while
-//! the process runs), and 404 otherwise. It is deliberately small: one request per connection.
+//! the process runs and is healthy; 503 with the reason while it is degraded, see [`Health`]),
+//! `GET /livez` (200 while it serves: for liveness probes, which must not restart a process
+//! that waits for its target), and 404 otherwise. It is deliberately small: one request per connection.
 
 use std::net::SocketAddr;
 
@@ -87,16 +89,36 @@ pub fn probe(listen: SocketAddr, timeout: std::time::Duration) -> Result<(), Str
     }
 }
 
+/// Whether the process does its work: `None` healthy, or why not (waiting for a server it
+/// cannot reach). Shared by the binary's work and the `/healthz` answer.
+#[derive(Clone, Default)]
+pub struct Health(std::sync::Arc<std::sync::RwLock<Option<String>>>);
+
+impl Health {
+    /// Degraded, for `why`.
+    pub fn degrade(&self, why: impl Into<String>) {
+        *self.0.write().expect("health lock") = Some(why.into());
+    }
+    /// Healthy again.
+    pub fn restore(&self) {
+        *self.0.write().expect("health lock") = None;
+    }
+    pub fn degraded(&self) -> Option<String> {
+        self.0.read().expect("health lock").clone()
+    }
+}
+
 /// Serve `registry` on `listener` until `shutdown` fires.
-pub async fn serve(listener: TcpListener, registry: Registry, shutdown: Shutdown) {
+pub async fn serve(listener: TcpListener, registry: Registry, health: Health, shutdown: Shutdown) {
     loop {
         tokio::select! {
             _ = shutdown.wait() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let registry = registry.clone();
+                    let health = health.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = handle(stream, &registry).await {
+                        if let Err(e) = handle(stream, &registry, &health).await {
                             tracing::debug!(error = %e, "metrics request failed");
                         }
                     });
@@ -110,7 +132,11 @@ pub async fn serve(listener: TcpListener, registry: Registry, shutdown: Shutdown
     }
 }
 
-async fn handle(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
+async fn handle(
+    mut stream: TcpStream,
+    registry: &Registry,
+    health: &Health,
+) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     // Read the request head (we ignore any body), at most 16 KiB, for at most 5 s.
@@ -140,7 +166,15 @@ async fn handle(mut stream: TcpStream, registry: &Registry) -> std::io::Result<(
                 .map_err(std::io::Error::other)?;
             ("200 OK", encoder.format_type().to_string(), body)
         }
-        ("GET", "/healthz") => ("200 OK", "text/plain".to_string(), b"ok\n".to_vec()),
+        ("GET", "/livez") => ("200 OK", "text/plain".to_string(), b"ok\n".to_vec()),
+        ("GET", "/healthz") => match health.degraded() {
+            None => ("200 OK", "text/plain".to_string(), b"ok\n".to_vec()),
+            Some(why) => (
+                "503 Service Unavailable",
+                "text/plain".to_string(),
+                format!("degraded: {why}\n").into_bytes(),
+            ),
+        },
         ("GET", _) => (
             "404 Not Found",
             "text/plain".into(),
@@ -172,9 +206,24 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let listen: SocketAddr = format!("0.0.0.0:{port}").parse().unwrap();
         let shutdown = Shutdown::new();
-        let server = tokio::spawn(serve(listener, registry("test"), shutdown.clone()));
+        let health = Health::default();
+        let server = tokio::spawn(serve(
+            listener,
+            registry("test"),
+            health.clone(),
+            shutdown.clone(),
+        ));
         let probe_now =
             move || tokio::task::spawn_blocking(move || probe(listen, Duration::from_secs(2)));
+        assert_eq!(probe_now().await.unwrap(), Ok(()));
+        // Degraded: 503 with the reason, and the probe says so.
+        health.degrade("waiting for ClickHouse");
+        let e = probe_now().await.unwrap().unwrap_err();
+        assert!(
+            e.contains("503") && e.contains("waiting for ClickHouse"),
+            "{e}"
+        );
+        health.restore();
         assert_eq!(probe_now().await.unwrap(), Ok(()));
         shutdown.trigger();
         server.await.unwrap();

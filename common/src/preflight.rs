@@ -10,6 +10,9 @@ pub enum Outcome {
     /// Works, but not as recommended.
     Warn(String),
     Fail(String),
+    /// Not ready, and worth waiting for: a server unreachable for a deployment that has run
+    /// before (a restart during an outage). The binary waits, with backoff, degraded.
+    Wait(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,9 +46,30 @@ impl Check {
             Err(e) => Self::fail(name, e),
         }
     }
+    pub fn wait(name: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            outcome: Outcome::Wait(detail.into()),
+        }
+    }
     pub fn failed(&self) -> bool {
         matches!(self.outcome, Outcome::Fail(_))
     }
+}
+
+/// The checks to wait for (none failed, some [`Outcome::Wait`]), as one message.
+pub fn waiting(checks: &[Check]) -> Option<String> {
+    if checks.iter().any(Check::failed) {
+        return None;
+    }
+    let w: Vec<String> = checks
+        .iter()
+        .filter_map(|c| match &c.outcome {
+            Outcome::Wait(why) => Some(format!("{}: {why}", c.name)),
+            _ => None,
+        })
+        .collect();
+    (!w.is_empty()).then(|| w.join("; "))
 }
 
 /// The failed checks as one error message, or `Ok` when none failed.
@@ -53,7 +77,7 @@ pub fn require(checks: &[Check]) -> anyhow::Result<()> {
     let failed: Vec<String> = checks
         .iter()
         .filter_map(|c| match &c.outcome {
-            Outcome::Fail(why) => Some(format!("{}: {why}", c.name)),
+            Outcome::Fail(why) | Outcome::Wait(why) => Some(format!("{}: {why}", c.name)),
             _ => None,
         })
         .collect();
@@ -71,10 +95,14 @@ pub fn report(binary: &str, checks: &[Check]) -> ExitCode {
             Outcome::Pass(d) => ("ok  ", d),
             Outcome::Warn(d) => ("warn", d),
             Outcome::Fail(d) => ("FAIL", d),
+            Outcome::Wait(d) => ("wait", d),
         };
         println!("[{tag}] {}: {detail}", c.name);
     }
-    let failed = checks.iter().filter(|c| c.failed()).count();
+    let failed = checks
+        .iter()
+        .filter(|c| c.failed() || matches!(c.outcome, Outcome::Wait(_)))
+        .count();
     if failed == 0 {
         println!("{binary}: all {} checks passed", checks.len());
         ExitCode::SUCCESS

@@ -961,3 +961,106 @@ async fn an_applier_started_before_any_topic_exists_waits_without_an_error() {
     assert!(!log.contains(" ERROR ") && !log.contains(" WARN "), "{log}");
     ch_exec(format!("DROP DATABASE {ch_db}")).await;
 }
+
+/// `GET /healthz`: the status code and the body.
+fn healthz(port: u16) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://127.0.0.1:{port}/healthz"),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// An applier restarted while ClickHouse is down (its group has run before) waits for it,
+/// degraded (`/healthz` 503 with the reason), and goes on when it is back; a first start of a
+/// new group against a server that does not answer fails fast.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_applier_restarted_during_an_outage_waits_degraded_and_a_first_start_fails_fast() {
+    let Some(mut server) = sluice_tests::private_clickhouse::PrivateClickHouse::start() else {
+        eprintln!("no clickhouse-server binary here: this test needs one to stop and start");
+        return;
+    };
+    let private = clickhouse::Client::default()
+        .with_url(server.url())
+        .with_validation(false);
+    let db = unique("sluice_t_apply_wait");
+    let m_db = format!("{db}_mirror");
+    private
+        .query(&format!("CREATE DATABASE {m_db}"))
+        .execute()
+        .await
+        .unwrap();
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let prefix = cap.prefix.clone();
+    let group = unique("g");
+    let batch = "[batch]\nmax_wait_ms = 100\n";
+    let mut mirror = apply_to(&server.url(), &prefix, &m_db, "mirror", &group, batch);
+    let mut c = w1_source(&db).await;
+    c.query_drop(w1_insert(&db, 1, 50)).await.unwrap();
+    let count = || {
+        let (client, sql) = (
+            private.clone(),
+            format!("SELECT count() FROM {m_db}.binlog_field_test_1 FINAL WHERE _deleted = 0"),
+        );
+        async move { client.query(&sql).fetch_one::<u64>().await.unwrap_or(0) }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count().await < 50 {
+        assert!(Instant::now() < deadline, "first rows never arrived");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, out) = mirror.stop();
+    assert_eq!(code, Some(0), "{out}");
+
+    // Down; the applier restarts; the source goes on.
+    server.pause();
+    mirror.restart();
+    c.query_drop(w1_insert(&db, 51, 50)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (status, body) = loop {
+        let h = healthz(mirror.metrics_port);
+        if h.0 == 503 || Instant::now() > deadline {
+            break h;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("waiting at start") && body.contains("clickhouse"),
+        "{body}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        mirror.child.try_wait().unwrap().is_none(),
+        "a restart during an outage must wait, not exit"
+    );
+    server.resume();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while count().await < 100 {
+        if Instant::now() > deadline {
+            let (_, out) = mirror.stop();
+            panic!("rows never arrived after the outage: {out}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(healthz(mirror.metrics_port).0, 200);
+    let (code, out) = mirror.stop();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("has run before"), "{out}");
+
+    // A new group against a server that does not answer: it fails at once, saying why.
+    server.pause();
+    let mut first = apply_to(&server.url(), &prefix, &m_db, "mirror", &unique("g"), batch);
+    let (code, out) = first.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("a first start of consumer group"), "{out}");
+    server.resume();
+    finish(&db, &mut [&mut cap]).await;
+}

@@ -446,8 +446,14 @@ fn the_deployment_files_agree_with_each_other_and_with_the_example_configs() {
             "{rel}"
         );
         assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{rel}");
+        // Liveness asks only that the process serves; readiness whether it is healthy (a
+        // stage waiting for its target is degraded, and must not be restarted for it).
         assert_eq!(
-            container["livenessProbe"]["httpGet"]["path"], "/healthz",
+            container["livenessProbe"]["httpGet"]["path"], "/livez",
+            "{rel}"
+        );
+        assert_eq!(
+            container["readinessProbe"]["httpGet"]["path"], "/healthz",
             "{rel}"
         );
         assert_eq!(pod["volumes"][0]["configMap"]["name"], b, "{rel}");

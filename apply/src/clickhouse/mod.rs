@@ -328,10 +328,31 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
                 Err(e) => Check::fail("clickhouse.database", e.to_string()),
             });
         }
-        Err(e) => checks.push(Check::fail(
-            "clickhouse",
-            format!("cannot query {}: {e}", config.clickhouse.url),
-        )),
+        Err(e) => {
+            let what = format!("cannot query {}: {e}", config.clickhouse.url);
+            let group = &config.consumer.group_id;
+            // Only a server that does not answer is waited for; one that answers with an
+            // error (a wrong user or password) is a configuration to fix.
+            let unreachable = matches!(
+                e,
+                clickhouse::error::Error::Network(_) | clickhouse::error::Error::TimedOut
+            );
+            checks.push(
+                if unreachable
+                    && crate::group::group_has_run(&config.kafka, "apply-clickhouse", group).await
+                {
+                    Check::wait(
+                        "clickhouse",
+                        format!("{what} (consumer group {group:?} has run before: waiting for it)"),
+                    )
+                } else {
+                    Check::fail(
+                        "clickhouse",
+                        format!("{what} (a first start of consumer group {group:?}: check clickhouse.url)"),
+                    )
+                },
+            );
+        }
     }
     checks
 }

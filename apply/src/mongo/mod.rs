@@ -242,10 +242,26 @@ sluice_common::app_config!(Config);
 
 pub async fn preflight(config: &Config) -> Vec<Check> {
     let mut checks = vec![config.kafka.check("apply-mongo").await];
-    checks.push(Check::from_result(
-        "mongodb",
-        describe_server(&config.mongodb.uri).await.map(|(d, _)| d),
-    ));
+    let group = &config.consumer.group_id;
+    checks.push(match describe_server(&config.mongodb.uri).await {
+        Ok((d, _)) => Check::pass("mongodb", d),
+        // Only a server that does not answer is waited for; a refused login is a
+        // configuration to fix.
+        Err(e)
+            if e.starts_with("cannot reach")
+                && !e.contains("uthentication")
+                && crate::group::group_has_run(&config.kafka, "apply-mongo", group).await =>
+        {
+            Check::wait(
+                "mongodb",
+                format!("{e} (consumer group {group:?} has run before: waiting for it)"),
+            )
+        }
+        Err(e) => Check::fail(
+            "mongodb",
+            format!("{e} (a first start of consumer group {group:?}: check mongodb.uri)"),
+        ),
+    });
     checks
 }
 
