@@ -1036,6 +1036,13 @@ async fn an_applier_restarted_during_an_outage_waits_degraded_and_a_first_start_
         body.contains("waiting at start") && body.contains("clickhouse"),
         "{body}"
     );
+    // Alive all the same: a liveness probe must not restart it for waiting.
+    let live = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("http://127.0.0.1:{}/livez", mirror.metrics_port))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&live.stdout), "200");
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         mirror.child.try_wait().unwrap().is_none(),
