@@ -218,6 +218,33 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
     }
 }
 
+/// How long closing the Kafka consumer (leaving the group) may take at shutdown.
+pub const CLOSE_WITHIN: Duration = Duration::from_secs(20);
+
+/// Drop `sink` (closing its consumer: leaving the group, librdkafka's own teardown) on a
+/// thread of its own, waiting at most [`CLOSE_WITHIN`]. The offsets are committed before (the
+/// run's end), so a close that hangs loses nothing: the stage exits without waiting for it
+/// (its partitions go to another member once the session times out) rather than hang a
+/// shutdown.
+pub async fn close_within<S: Send + 'static>(sink: S, what: &str) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("consumer-close".into())
+        .spawn(move || {
+            drop(sink);
+            let _ = tx.send(());
+        });
+    if spawned.is_err() {
+        return;
+    }
+    if tokio::time::timeout(CLOSE_WITHIN, rx).await.is_err() {
+        tracing::warn!(
+            within = ?CLOSE_WITHIN,
+            "closing the {what} Kafka consumer did not finish in time; exiting without waiting (the offsets are committed)"
+        );
+    }
+}
+
 /// Whether consumer group `group` has run before: the broker knows it (with members, or with
 /// committed offsets only). A stage of such a group that cannot reach its target at start is
 /// restarting during an outage, and waits; a first start fails fast (a wrong address).

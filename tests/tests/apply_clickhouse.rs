@@ -1071,3 +1071,29 @@ async fn an_applier_restarted_during_an_outage_waits_degraded_and_a_first_start_
     server.resume();
     finish(&db, &mut [&mut cap]).await;
 }
+
+/// SIGTERM always ends an applier, with exit 0, however its consumer's close goes: ten stops
+/// in a row, each while it holds partitions (the stop waits at most 30 s for each).
+#[tokio::test(flavor = "multi_thread")]
+async fn many_stops_in_a_row_each_finish() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_stops", "_mirror").await;
+    ch_exec(format!("CREATE DATABASE IF NOT EXISTS {m_db}")).await;
+    let mut c = w1_source(&db).await;
+    let group = unique("g");
+    for round in 0..10u64 {
+        c.query_drop(w1_insert(&db, 1 + round * 10, 10))
+            .await
+            .unwrap();
+        let mut a = apply(&cap.prefix, &m_db, "mirror", &group, "");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !assigned(a.metrics_port) {
+            assert!(Instant::now() < deadline, "round {round}: never assigned");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (code, out) = a.stop();
+        assert_eq!(code, Some(0), "round {round}: {out}");
+    }
+    let mut a = apply(&cap.prefix, &m_db, "mirror", &group, "");
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    finish(&db, &mut [&mut cap, &mut a]).await;
+}

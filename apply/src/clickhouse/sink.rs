@@ -205,7 +205,9 @@ impl Sink {
     /// Consume until shutdown; then write what is held, commit, and return.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), ApplyError> {
         self.shutdown = shutdown.clone();
-        crate::group::run(&mut self, &shutdown).await
+        let result = crate::group::run(&mut self, &shutdown).await;
+        crate::group::close_within(self, "apply-clickhouse").await;
+        result
     }
 
     /// One event: a row goes into the batch, a DDL is applied after what came before it.

@@ -135,7 +135,9 @@ impl Sink {
 
     /// Consume until shutdown; then write what is held, commit, and return.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), ApplyError> {
-        crate::group::run(&mut self, &shutdown).await
+        let result = crate::group::run(&mut self, &shutdown).await;
+        crate::group::close_within(self, "apply-mongo").await;
+        result
     }
 
     fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
