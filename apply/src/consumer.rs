@@ -63,6 +63,9 @@ pub struct ErrorsConfig {
     pub on_bad_event: OnBadEvent,
     /// Default `_sluice_dead_letters`.
     pub dead_letter_topic: String,
+    /// How long the target may stay unreachable (writes retried) before `/healthz` says
+    /// degraded (503, with the reason), in milliseconds. Default 60000.
+    pub degraded_after_ms: u64,
 }
 
 impl Default for ErrorsConfig {
@@ -70,6 +73,7 @@ impl Default for ErrorsConfig {
         Self {
             on_bad_event: OnBadEvent::DeadLetter,
             dead_letter_topic: "_sluice_dead_letters".into(),
+            degraded_after_ms: 60_000,
         }
     }
 }

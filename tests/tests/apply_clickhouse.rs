@@ -596,7 +596,7 @@ async fn clickhouse_down_then_up_loses_nothing() {
         &m_db,
         "mirror",
         &unique("g"),
-        "[batch]\nmax_wait_ms = 100\n",
+        "[batch]\nmax_wait_ms = 100\n[errors]\ndegraded_after_ms = 1000\n",
     );
     let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
@@ -648,6 +648,10 @@ async fn clickhouse_down_then_up_loses_nothing() {
         mirror.child.try_wait().unwrap().is_none(),
         "apply must wait, not die"
     );
+    // Past errors.degraded_after_ms, /healthz says so, with the reason.
+    let (status, body) = healthz(mirror.metrics_port);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("has not taken a write"), "{body}");
     server.resume();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -665,6 +669,7 @@ async fn clickhouse_down_then_up_loses_nothing() {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    assert_eq!(healthz(mirror.metrics_port).0, 200, "healthy again");
     let (code, out) = mirror.stop();
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("retrying"), "the outage was retried: {out}");

@@ -15,7 +15,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
-    let sink = Sink::start(ctx.config, &ctx.registry).await?;
+    let sink = Sink::start(ctx.config, &ctx.registry, ctx.health.clone()).await?;
     sink.run(ctx.shutdown).await?;
     Ok(())
 }

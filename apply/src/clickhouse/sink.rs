@@ -139,7 +139,11 @@ fn quote(name: &str) -> String {
 }
 
 impl Sink {
-    pub async fn start(config: Config, registry: &Registry) -> Result<Self, ApplyError> {
+    pub async fn start(
+        config: Config,
+        registry: &Registry,
+        health: sluice_common::metrics::Health,
+    ) -> Result<Self, ApplyError> {
         let metrics = Metrics::new(registry).expect("metrics register once");
         let client = config.clickhouse.client();
         let version: String = client.query("SELECT version()").fetch_one().await?;
@@ -161,6 +165,10 @@ impl Sink {
             async_insert_off: features.async_insert,
             version_column: config.tables.version_column.clone(),
             rows: metrics.rows.clone(),
+            outage: crate::group::Outage::new(
+                health,
+                std::time::Duration::from_millis(config.errors.degraded_after_ms),
+            ),
         };
         let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext {
             metrics: metrics.group.clone(),

@@ -66,6 +66,8 @@ pub struct Sink {
     stopped: Stopped,
     /// A batch the rebalance callback could not write (see [`MongoDrain`]).
     drain_failed: Arc<Mutex<Option<String>>>,
+    /// Failures in a row, for `/healthz`.
+    outage: Arc<crate::group::Outage>,
     /// Source database -> collection -> target namespace ([`Config::target`], worked out once).
     targets: HashMap<String, HashMap<String, Target>>,
 }
@@ -74,7 +76,11 @@ pub struct Sink {
 type Target = (Arc<str>, Arc<str>);
 
 impl Sink {
-    pub async fn start(config: Config, registry: &Registry) -> Result<Self, ApplyError> {
+    pub async fn start(
+        config: Config,
+        registry: &Registry,
+        health: sluice_common::metrics::Health,
+    ) -> Result<Self, ApplyError> {
         let metrics = Metrics::new(registry).expect("metrics register once");
         let client = mongodb::Client::with_uri_str(&config.mongodb.uri).await?;
         let mut cc = config
@@ -117,6 +123,10 @@ impl Sink {
         consumer.subscribe(&topics)?;
         let mut applied = AppliedDdl::new(&client, &config.mongodb.meta_database);
         applied.read().await?;
+        let outage = crate::group::Outage::new(
+            health,
+            Duration::from_millis(config.errors.degraded_after_ms),
+        );
         let mut stopped = Stopped::new(&client, &config.mongodb.meta_database);
         stopped.read().await?;
         Ok(Self {
@@ -129,6 +139,7 @@ impl Sink {
             applied,
             stopped,
             drain_failed,
+            outage,
             targets: HashMap::new(),
         })
     }
@@ -273,10 +284,14 @@ impl Sink {
         let mut backoff = Duration::from_millis(500);
         let outcome = loop {
             match self.writer.write(&batch).await {
-                Ok(outcome) => break outcome,
+                Ok(outcome) => {
+                    self.outage.ok();
+                    break outcome;
+                }
                 Err(e) if !e.is_transient() => return Err(e),
                 Err(e) => {
                     self.metrics.retries.inc();
+                    self.outage.failing(&format!("MongoDB: a batch write: {e}"));
                     if shutdown.is_triggered() {
                         return Err(e.context(
                             "stopping with an unwritten batch (it is read again on restart)",

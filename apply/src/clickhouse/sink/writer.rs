@@ -35,6 +35,8 @@ pub(super) struct Writer {
     /// `tables.version_column`: an INSERT without it is not deduplicated (below).
     pub(super) version_column: String,
     pub(super) rows: IntCounterVec,
+    /// Failures in a row, for `/healthz`.
+    pub(super) outage: std::sync::Arc<crate::group::Outage>,
 }
 
 impl Writer {
@@ -103,12 +105,18 @@ pub(super) async fn insert(
     let mut backoff = Duration::from_millis(500);
     loop {
         match writer.insert_once(name, &tb).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                writer.outage.ok();
+                return Ok(());
+            }
             Err(e) if !clickhouse_transient(&e) => {
                 return Err(refused(format_args!("INSERT into {name} refused: {e}")))
             }
             Err(e) => {
                 metrics.retries.inc();
+                writer
+                    .outage
+                    .failing(&format!("ClickHouse: INSERT into {name}: {e}"));
                 tracing::warn!(table = name, error = %e, retry_in = ?backoff, "INSERT failed; retrying");
                 if shutdown.is_triggered() {
                     return Err(ApplyError::transient(
@@ -146,6 +154,9 @@ impl Sink {
             match attempt().await {
                 Err(e) if clickhouse_transient(&e) => {
                     self.metrics.retries.inc();
+                    self.writer
+                        .outage
+                        .failing(&format!("ClickHouse: {what}: {e}"));
                     tracing::warn!(what, error = %e, retry_in = ?backoff, "ClickHouse did not answer; retrying");
                     if self.shutdown.is_triggered() {
                         return Err(ApplyError::transient(
@@ -161,7 +172,10 @@ impl Sink {
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
-                answer => return Ok(answer),
+                answer => {
+                    self.writer.outage.ok();
+                    return Ok(answer);
+                }
             }
         }
     }
