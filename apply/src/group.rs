@@ -16,7 +16,7 @@ use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
-use rdkafka::{ClientContext, Message, Statistics};
+use rdkafka::{ClientContext, Message};
 use sluice_common::Shutdown;
 
 /// topic -> partition -> offset of the last event handled. Stored once the batch holding it is
@@ -74,6 +74,10 @@ pub trait Drain: Send + Sync + 'static {
 pub struct GroupMetrics {
     pub lag: IntGaugeVec,
     pub assigned: IntGauge,
+    /// `sluice_apply_lag_seconds`: how far behind the source the target is.
+    pub lag_seconds: prometheus::Gauge,
+    /// The source commit time (µs) of the newest event written to the target.
+    pub written_through: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl GroupMetrics {
@@ -89,9 +93,85 @@ impl GroupMetrics {
             "sluice_apply_assigned_partitions",
             "Partitions this instance holds in its consumer group.",
         )?;
+        let lag_seconds = prometheus::Gauge::new(
+            "sluice_apply_lag_seconds",
+            "Now minus the source commit time of the newest event written, while events are \
+             left to write (0 once none is); it grows while the target refuses writes.",
+        )?;
         r.register(Box::new(lag.clone()))?;
         r.register(Box::new(assigned.clone()))?;
-        Ok(Self { lag, assigned })
+        r.register(Box::new(lag_seconds.clone()))?;
+        Ok(Self {
+            lag,
+            assigned,
+            lag_seconds,
+            written_through: Arc::new(std::sync::atomic::AtomicI64::new(0)),
+        })
+    }
+
+    /// Events up to source commit time `micros` are written.
+    pub fn written(&self, micros: i64) {
+        self.written_through
+            .fetch_max(micros, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Every 5 s, the lag of each assigned partition (its end minus the committed offset, or minus
+/// its start when nothing is committed yet), computed here rather than from librdkafka's
+/// statistics: those are served only while the stage polls, and say nothing before a first
+/// commit, so a stage stuck on its target would show no lag at all.
+async fn watch_lag<C: ConsumerContext + 'static>(
+    consumer: Arc<StreamConsumer<C>>,
+    metrics: GroupMetrics,
+    timeout: Duration,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let c = consumer.clone();
+        let lags = tokio::task::spawn_blocking(move || -> Vec<(String, i32, i64)> {
+            let Ok(assigned) = c.assignment() else {
+                return Vec::new();
+            };
+            let committed = c.committed_offsets(assigned.clone(), timeout).ok();
+            let mut out = Vec::new();
+            for e in assigned.elements() {
+                let Ok((low, high)) = c.fetch_watermarks(e.topic(), e.partition(), timeout) else {
+                    continue;
+                };
+                let at = committed
+                    .as_ref()
+                    .and_then(|t| t.find_partition(e.topic(), e.partition()))
+                    .and_then(|p| match p.offset() {
+                        rdkafka::Offset::Offset(n) => Some(n),
+                        _ => None,
+                    })
+                    .unwrap_or(low);
+                out.push((e.topic().to_string(), e.partition(), (high - at).max(0)));
+            }
+            out
+        })
+        .await
+        .unwrap_or_default();
+        if lags.is_empty() {
+            continue;
+        }
+        let mut total = 0i64;
+        for (topic, partition, lag) in &lags {
+            metrics
+                .lag
+                .with_label_values(&[topic, &partition.to_string()])
+                .set(*lag);
+            total += lag;
+        }
+        let through = metrics
+            .written_through
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let seconds = if total == 0 || through == 0 {
+            0.0
+        } else {
+            (sluice_common::clock::now_micros() - through).max(0) as f64 / 1e6
+        };
+        metrics.lag_seconds.set(seconds);
     }
 }
 
@@ -179,19 +259,6 @@ impl<D: Drain> ClientContext for GroupContext<D> {
             tracing::info!(%reason, "no topic of the subscription exists yet (a new pipeline: the capture creates them); waiting");
         } else {
             tracing::error!("librdkafka: {error}: {reason}");
-        }
-    }
-
-    fn stats(&self, stats: Statistics) {
-        for (topic, t) in stats.topics {
-            for (p, part) in t.partitions {
-                if p >= 0 && part.consumer_lag >= 0 {
-                    self.metrics
-                        .lag
-                        .with_label_values(&[&topic, &p.to_string()])
-                        .set(part.consumer_lag);
-                }
-            }
         }
     }
 }
@@ -461,6 +528,22 @@ pub(crate) trait BatchSink {
 pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), S::Error> {
     let max_wait = sink.max_wait();
     let consumer = sink.consumer();
+    let watcher = tokio::spawn(watch_lag(
+        consumer.clone(),
+        consumer.context().metrics.clone(),
+        Duration::from_secs(10),
+    ));
+    let result = run_loop(sink, shutdown, max_wait, consumer).await;
+    watcher.abort();
+    result
+}
+
+async fn run_loop<S: BatchSink>(
+    sink: &mut S,
+    shutdown: &Shutdown,
+    max_wait: Duration,
+    consumer: Arc<StreamConsumer<GroupContext<S::Drain>>>,
+) -> Result<(), S::Error> {
     // Messages taken without waiting since the clock was last read.
     let mut unclocked = 0u32;
     let result = loop {

@@ -652,6 +652,20 @@ async fn clickhouse_down_then_up_loses_nothing() {
     let (status, body) = healthz(mirror.metrics_port);
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("has not taken a write"), "{body}");
+    // The lag is exported while nothing can be written, in messages and in seconds.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let messages = metric_at(mirror.metrics_port, "sluice_apply_consumer_lag_messages");
+        let seconds = metric_at(mirror.metrics_port, "sluice_apply_lag_seconds");
+        if messages.is_some_and(|m| m > 0.0) && seconds.is_some_and(|s| s > 0.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no lag exported during the outage: {messages:?} messages, {seconds:?} s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     server.resume();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -670,6 +684,11 @@ async fn clickhouse_down_then_up_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert_eq!(healthz(mirror.metrics_port).0, 200, "healthy again");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric_at(mirror.metrics_port, "sluice_apply_lag_seconds") != Some(0.0) {
+        assert!(Instant::now() < deadline, "the lag never went back to 0");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let (code, out) = mirror.stop();
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("retrying"), "the outage was retried: {out}");

@@ -155,7 +155,6 @@ impl Sink {
         if !config.consumer.instance_id.is_empty() {
             cc.set("group.instance.id", &config.consumer.instance_id);
         }
-        cc.set("statistics.interval.ms", "5000");
         let batch = Arc::new(Mutex::new(Batch::default()));
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
         let writer = Writer {

@@ -89,7 +89,6 @@ impl Sink {
         if !config.consumer.instance_id.is_empty() {
             cc.set("group.instance.id", &config.consumer.instance_id);
         }
-        cc.set("statistics.interval.ms", "5000");
         if config.delay_seconds > 0 {
             // Waiting for an event to age must not look like a dead consumer.
             let ms = (config.delay_seconds * 1000 + 60_000).max(300_000);
@@ -308,6 +307,7 @@ impl Sink {
         };
         self.writer.settle(&batch, outcome).await?;
         batch.offsets.store(&*self.consumer);
+        self.metrics.group.written(batch.newest_commit_micros);
         if batch.events > 0 {
             self.metrics.batch_events.observe(batch.events as f64);
             self.metrics

@@ -136,6 +136,7 @@ pub(crate) struct Batch {
     bytes: usize,
     started: Option<Instant>,
     oldest_commit_micros: Option<i64>,
+    newest_commit_micros: i64,
 }
 
 impl Sink {
@@ -281,6 +282,7 @@ impl Sink {
                 .oldest_commit_micros
                 .get_or_insert(event.commit_time_micros);
             *o = (*o).min(event.commit_time_micros);
+            batch.newest_commit_micros = batch.newest_commit_micros.max(event.commit_time_micros);
         }
         Ok(())
     }
@@ -314,6 +316,7 @@ impl Sink {
                 // On failure nothing of this batch is stored; it is read again after a restart.
                 insert(&writer, &metrics, &name, tb, &shutdown).await?;
             }
+            metrics.group.written(batch.newest_commit_micros);
             metrics.batch_rows.observe(batch.rows as f64);
             metrics
                 .batch_seconds

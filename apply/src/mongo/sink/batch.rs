@@ -35,6 +35,7 @@ pub(super) struct Batch {
     pub(super) bytes: usize,
     pub(super) started: Option<Instant>,
     pub(super) oldest_commit_micros: Option<i64>,
+    pub(super) newest_commit_micros: i64,
 }
 
 impl Batch {
@@ -60,6 +61,7 @@ impl Batch {
         if commit_time_micros > 0 {
             let o = self.oldest_commit_micros.get_or_insert(commit_time_micros);
             *o = (*o).min(commit_time_micros);
+            self.newest_commit_micros = self.newest_commit_micros.max(commit_time_micros);
         }
         self.offsets.record(&m);
         self.messages.push(m);
