@@ -245,6 +245,62 @@ impl SinkMetrics {
 pub struct GroupContext<D> {
     pub metrics: GroupMetrics,
     pub drain: D,
+    /// Set at an assignment when a partition's committed offset is below its first offset:
+    /// the events in between expired (retention) before they were written. The stage stops
+    /// before it handles any event.
+    pub expired: Arc<std::sync::Mutex<Option<String>>>,
+    expired_flag: std::sync::atomic::AtomicBool,
+}
+
+impl<D> GroupContext<D> {
+    pub fn new(metrics: GroupMetrics, drain: D) -> Self {
+        Self {
+            metrics,
+            drain,
+            expired: Default::default(),
+            expired_flag: Default::default(),
+        }
+    }
+
+    /// Why the stage must stop (events expired unread), if it must.
+    fn expired(&self) -> Option<String> {
+        if !self.expired_flag.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        self.expired.lock().expect("expired lock").clone()
+    }
+
+    /// Partitions of `tpl` whose committed offset is below their first offset, with both.
+    fn expired_in(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tpl: &rdkafka::TopicPartitionList,
+    ) -> Vec<String>
+    where
+        Self: ConsumerContext,
+    {
+        let timeout = Duration::from_secs(10);
+        let Ok(committed) = consumer.committed_offsets(tpl.clone(), timeout) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in committed.elements() {
+            let rdkafka::Offset::Offset(at) = e.offset() else {
+                continue; // nothing committed: a new group starts at the beginning
+            };
+            if let Ok((low, _)) = consumer.fetch_watermarks(e.topic(), e.partition(), timeout) {
+                if at < low {
+                    out.push(format!(
+                        "{} partition {}: committed offset {at}, first offset now {low} ({} events expired unread)",
+                        e.topic(),
+                        e.partition(),
+                        low - at
+                    ));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// "No topic matches the subscription yet": the normal start of a new pipeline, before the
@@ -276,9 +332,27 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, r: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, r: &Rebalance<'_>) {
         match r {
-            Rebalance::Assign(tpl) => self.metrics.assigned.set(tpl.count() as i64),
+            Rebalance::Assign(tpl) => {
+                self.metrics.assigned.set(tpl.count() as i64);
+                let expired = self.expired_in(consumer, tpl);
+                if !expired.is_empty() {
+                    let why = format!(
+                        "events expired from Kafka (the topic's retention) before this group \
+                         wrote them: {}. Reading on would skip them. Re-snapshot the tables \
+                         (the capture's snapshot.request_id and snapshot.tables), then reset the \
+                         group's offsets (kafka-consumer-groups --reset-offsets --to-earliest) \
+                         and start again; keep outages of the apply stage shorter than the \
+                         retention",
+                        expired.join("; ")
+                    );
+                    tracing::error!(%why, "offsets past the retention");
+                    *self.expired.lock().expect("expired lock") = Some(why);
+                    self.expired_flag
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
             Rebalance::Revoke(_) => self.metrics.assigned.set(0),
             Rebalance::Error(_) => {}
         }
@@ -520,6 +594,8 @@ pub(crate) trait BatchSink {
     async fn settle(&mut self) -> Result<(), Self::Error> {
         Ok(())
     }
+    /// The error that stops the stage for `why` (Kafka's state, not an event).
+    fn fatal(&self, why: String) -> Self::Error;
 }
 
 /// Consume until shutdown or an error: a batch is written when full or `max_wait` after its
@@ -549,6 +625,10 @@ async fn run_loop<S: BatchSink>(
     let result = loop {
         if shutdown.is_triggered() {
             break Ok(());
+        }
+        // Events expired unread at the assignment: nothing more is handled or stored.
+        if let Some(why) = consumer.context().expired() {
+            return Err(sink.fatal(why));
         }
         // A message already fetched is taken without arming a timer; the batch's deadline is
         // checked against the clock only every 64 such messages (it is a bound on waiting, not
@@ -592,6 +672,10 @@ async fn run_loop<S: BatchSink>(
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "consumer error");
                 Ok(())
+            }
+            // (the assignment that found it came inside this very receive)
+            Some(Ok(_)) if consumer.context().expired().is_some() => {
+                return Err(sink.fatal(consumer.context().expired().unwrap_or_default()));
             }
             Some(Ok(m)) => match sink.on_message(&m, shutdown).await {
                 Ok(()) if sink.batch_full() => sink.write_held(shutdown).await,

@@ -1121,3 +1121,58 @@ async fn many_stops_in_a_row_each_finish() {
     converge(&db, &m_db, Duration::from_secs(60)).await;
     finish(&db, &mut [&mut cap, &mut a]).await;
 }
+
+/// Events that expired from Kafka (retention) before the group wrote them stop the stage at its
+/// next start, naming the partitions and the remedy; nothing after the gap is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_expired_before_they_were_written_stop_the_stage() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_expired", "_mirror").await;
+    let mut c = w1_source(&db).await;
+    c.query_drop(w1_insert(&db, 1, 50)).await.unwrap();
+    let group = unique("g");
+    let mut a = apply(&cap.prefix, &m_db, "mirror", &group, "");
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    let (code, out) = a.stop();
+    assert_eq!(code, Some(0), "{out}");
+
+    // More changes while the applier is away, then they expire (records deleted, as the
+    // retention would).
+    c.query_drop(w1_insert(&db, 51, 100)).await.unwrap();
+    let topic = cap.topic(&db, "binlog_field_test_1");
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || {
+        sluice_tests::capture::read_events(&t, Duration::from_secs(60), |m| {
+            sluice_tests::capture::count_rows(m) >= 150
+        })
+    })
+    .await
+    .unwrap();
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..3 {
+        tpl.add_partition_offset(&topic, p, rdkafka::Offset::End)
+            .unwrap();
+    }
+    admin
+        .delete_records(&tpl, &AdminOptions::new())
+        .await
+        .unwrap();
+
+    a.restart();
+    let (code, out) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("expired from Kafka"), "{out}");
+    assert!(out.contains(&topic), "{out}");
+    assert!(out.contains("Re-snapshot"), "{out}");
+    assert_eq!(
+        mirror_rows(&m_db).await.len(),
+        50,
+        "nothing written past the gap"
+    );
+    finish(&db, &mut [&mut cap]).await;
+}

@@ -169,15 +169,15 @@ impl Sink {
                 std::time::Duration::from_millis(config.errors.degraded_after_ms),
             ),
         };
-        let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext {
-            metrics: metrics.group.clone(),
-            drain: ChDrain {
+        let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(
+            metrics.group.clone(),
+            ChDrain {
                 batch: batch.clone(),
                 in_flight: in_flight.clone(),
                 writer: writer.clone(),
                 runtime: tokio::runtime::Handle::current(),
             },
-        })?;
+        ))?;
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         let dead = DeadLetters::start(

@@ -109,15 +109,15 @@ impl Sink {
             metrics.clone(),
         );
         let drain_failed = Arc::new(Mutex::new(None));
-        let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext {
-            metrics: metrics.group.clone(),
-            drain: MongoDrain {
+        let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(
+            metrics.group.clone(),
+            MongoDrain {
                 batch: batch.clone(),
                 writer: writer.clone(),
                 runtime: tokio::runtime::Handle::current(),
                 failed: drain_failed.clone(),
             },
-        })?;
+        ))?;
         let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         let mut applied = AppliedDdl::new(&client, &config.mongodb.meta_database);
@@ -339,6 +339,10 @@ fn read(payload: &[u8]) -> Result<RowEvent<'_>, BadEvent> {
 }
 
 impl BatchSink for Sink {
+    fn fatal(&self, why: String) -> ApplyError {
+        ApplyError::definite(crate::error::Origin::Kafka, why)
+    }
+
     type Drain = MongoDrain;
     type Error = ApplyError;
 

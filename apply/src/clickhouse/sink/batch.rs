@@ -368,6 +368,10 @@ fn op_name(op: Op) -> &'static str {
 }
 
 impl BatchSink for Sink {
+    fn fatal(&self, why: String) -> ApplyError {
+        ApplyError::definite(crate::error::Origin::Kafka, why)
+    }
+
     type Drain = ChDrain;
     type Error = ApplyError;
 
