@@ -49,6 +49,11 @@ impl ConsumerConfig {
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum OnBadEvent {
+    /// A row event of a mirror table (apply-clickhouse) stops its table, named with the reason
+    /// (the event and the table's later ones go to the dead-letter topic): a mirror missing a
+    /// change would be silently wrong (a lost DELETE leaves a ghost row). Other events (of a
+    /// change-log table, undecodable ones, apply-mongo's) are dead-lettered.
+    StopTable,
     /// Send it to the dead-letter topic and go on.
     DeadLetter,
     /// Stop the process (nothing after it is committed).
@@ -59,7 +64,7 @@ pub enum OnBadEvent {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ErrorsConfig {
-    /// `dead_letter` or `stop`. Default `dead_letter`.
+    /// `stop_table`, `dead_letter` or `stop`. Default `stop_table`.
     pub on_bad_event: OnBadEvent,
     /// Default `_sluice_dead_letters`.
     pub dead_letter_topic: String,
@@ -71,7 +76,7 @@ pub struct ErrorsConfig {
 impl Default for ErrorsConfig {
     fn default() -> Self {
         Self {
-            on_bad_event: OnBadEvent::DeadLetter,
+            on_bad_event: OnBadEvent::StopTable,
             dead_letter_topic: "_sluice_dead_letters".into(),
             degraded_after_ms: 60_000,
         }

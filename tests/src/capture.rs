@@ -425,10 +425,18 @@ impl CaptureProcess {
         } else {
             group.to_string()
         };
+        // An `[errors]` section in `extra` joins the one made here.
+        let (errors, extra) = match extra.split_once("[errors]\n") {
+            Some((before, after)) => match after.split_once("\n[") {
+                Some((section, rest)) => (section.to_string(), format!("{before}\n[{rest}")),
+                None => (after.to_string(), before.to_string()),
+            },
+            None => (String::new(), extra.to_string()),
+        };
         let config = format!(
             "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
              [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{}\\\\..*\"]\n\
-             [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n\
+             [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n{errors}\n\
              [kafka]\nbrokers = \"{}\"\n{extra}\n",
             crate::clickhouse_url(),
             group,

@@ -1176,3 +1176,84 @@ async fn events_expired_before_they_were_written_stop_the_stage() {
     );
     finish(&db, &mut [&mut cap]).await;
 }
+
+/// By default a row a mirror table cannot hold stops that table, named with the reason (a
+/// mirror missing a change would be wrong), while the other tables flow; the row and the
+/// table's later ones are dead-lettered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_a_mirror_cannot_hold_stops_its_table_and_the_rest_flows() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_stopmirror", "_mirror").await;
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.dated (id INT PRIMARY KEY, d DATE NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    c.query_drop(sluice_tests::w1_create_table(&db))
+        .await
+        .unwrap();
+    let dlq = unique("dlq");
+    let mut a = CaptureProcess::apply_clickhouse(&cap.prefix, &m_db, &dlq);
+    // A date no ClickHouse Date holds, between two it does; then more rows of each table.
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.dated VALUES (1, '2020-01-01'), (2, '1000-01-01'), (3, '2021-01-01')"
+    ))
+    .await
+    .unwrap();
+    c.query_drop(w1_insert(&db, 1, 20)).await.unwrap();
+    c.query_drop(format!("INSERT INTO `{db}`.dated VALUES (4, '2022-01-01')"))
+        .await
+        .unwrap();
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    let stopped = |m_db: String| async move {
+        sluice_tests::capture::clickhouse_tsv(&format!(
+            "SELECT target, reason FROM {m_db}._sluice_stopped"
+        ))
+        .await
+        .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut rows = stopped(m_db.clone()).await;
+    while !rows.contains("dated") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rows = stopped(m_db.clone()).await;
+    }
+    assert!(rows.contains("dated"), "{rows}");
+    assert!(rows.contains("outside ClickHouse Date"), "{rows}");
+    // A row written once the table is stopped is not applied (dead-lettered); the other
+    // table goes on.
+    c.query_drop(format!("INSERT INTO `{db}`.dated VALUES (5, '2023-01-01')"))
+        .await
+        .unwrap();
+    c.query_drop(w1_insert(&db, 21, 20)).await.unwrap();
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    let letters = tokio::task::spawn_blocking(move || dead_letters(&dlq, 2))
+        .await
+        .unwrap();
+    assert!(letters.len() >= 2, "{letters:?}");
+    assert!(
+        letters
+            .iter()
+            .any(|(_, r)| r.contains("outside ClickHouse Date")),
+        "{letters:?}"
+    );
+    assert!(
+        letters.iter().any(|(_, r)| r.contains("is stopped")),
+        "{letters:?}"
+    );
+    let written = sluice_tests::capture::clickhouse_tsv(&format!(
+        "SELECT id FROM {m_db}.dated FINAL ORDER BY id"
+    ))
+    .await
+    .unwrap();
+    let ids: Vec<&str> = written.lines().collect();
+    assert!(ids.contains(&"1"), "{written}");
+    assert!(!ids.contains(&"2") && !ids.contains(&"5"), "{written}");
+    let (code, out) = a.stop();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("mirror table stopped"), "{out}");
+    finish(&db, &mut [&mut cap]).await;
+}

@@ -252,6 +252,44 @@ impl Sink {
         }
     }
 
+    /// A row of a mirror table that can never be written stops the table
+    /// (`errors.on_bad_event = "stop_table"`, the default): the mirror would miss the change.
+    async fn stop_mirror_for(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        bad: &BadEvent,
+    ) -> Result<(), ApplyError> {
+        if self.config.errors.on_bad_event != OnBadEvent::StopTable || bad.reason != Reason::Value {
+            return Ok(());
+        }
+        let Ok(row) = RowEvent::parse(m.payload().unwrap_or_default()) else {
+            return Ok(());
+        };
+        let source = format!("{}.{}", row.database, row.table);
+        if self.config.tables.mode_of(&source) != crate::clickhouse::Mode::Mirror {
+            return Ok(());
+        }
+        let name = self.target_name(row.database, row.table);
+        if self.stopped.contains_key(&name) {
+            return Ok(());
+        }
+        let reason = format!(
+            "the event at {}/{}@{} cannot be written: {}. A mirror without it would be wrong; \
+             fix the cause, delete the table's row from {} and re-snapshot the table (or set \
+             errors.on_bad_event = \"dead_letter\" to skip such events)",
+            m.topic(),
+            m.partition(),
+            m.offset(),
+            bad.message,
+            self.config.tables.stopped_table
+        );
+        tracing::error!(table = %name, %reason, "mirror table stopped");
+        self.stop_table(&name, &reason).await?;
+        // Cached plans would let its later rows through.
+        self.plans.clear();
+        Ok(())
+    }
+
     /// Send an event that can never be written to the dead-letter topic (or stop, as
     /// `errors.on_bad_event` says), counted by its reason.
     async fn dead_letter(

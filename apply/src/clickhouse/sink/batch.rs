@@ -158,7 +158,10 @@ impl Sink {
     ) -> Result<(), ApplyError> {
         match self.apply_event(m, shutdown).await {
             Ok(()) => {}
-            Err(Refusal::Bad(bad)) => self.dead_letter(m, &bad).await?,
+            Err(Refusal::Bad(bad)) => {
+                self.stop_mirror_for(m, &bad).await?;
+                self.dead_letter(m, &bad).await?
+            }
             Err(Refusal::Stop(e)) => return Err(e),
         }
         // The event belongs to the batch in hand now (one that a DDL began, if it flushed).
