@@ -707,20 +707,9 @@ mod tests {
     fn dead_letter_counters_exist_at_zero_for_every_reason() {
         let r = Registry::new();
         SinkMetrics::new(&r, "X", "every table's part", "retries").unwrap();
-        let families = r.gather();
-        let f = families
-            .iter()
-            .find(|f| f.name() == "sluice_apply_dead_letters_total")
-            .expect("registered");
-        let mut reasons: Vec<String> = f
-            .get_metric()
-            .iter()
-            .map(|m| {
-                assert_eq!(m.get_counter().get_value(), 0.0);
-                m.get_label()[0].value().to_string()
-            })
-            .collect();
-        reasons.sort();
+        let series = sluice_common::metrics::counter_series(&r, "sluice_apply_dead_letters_total");
+        assert!(series.iter().all(|(_, v)| *v == 0.0), "{series:?}");
+        let reasons: Vec<String> = series.into_iter().map(|(l, _)| l).collect();
         let mut want: Vec<String> = crate::error::Reason::ALL
             .iter()
             .map(|r| r.label().to_string())

@@ -231,22 +231,10 @@ mod tests {
     fn labelled_counters_exist_at_zero() {
         let r = Registry::new();
         PublishMetrics::new(&r).unwrap();
-        let families = r.gather();
         let labels = |name: &str| -> Vec<String> {
-            let f = families
-                .iter()
-                .find(|f| f.name() == name)
-                .unwrap_or_else(|| panic!("{name} registered"));
-            let mut v: Vec<String> = f
-                .get_metric()
-                .iter()
-                .map(|m| {
-                    assert_eq!(m.get_counter().get_value(), 0.0);
-                    m.get_label()[0].value().to_string()
-                })
-                .collect();
-            v.sort();
-            v
+            let series = sluice_common::metrics::counter_series(&r, name);
+            assert!(series.iter().all(|(_, v)| *v == 0.0), "{series:?}");
+            series.into_iter().map(|(l, _)| l).collect()
         };
         assert_eq!(
             labels("sluice_capture_errors_total"),

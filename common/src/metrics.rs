@@ -108,6 +108,28 @@ impl Health {
     }
 }
 
+/// The first label's values of counter `name` in `registry`, sorted, each with its count
+/// (for tests of which series exist).
+pub fn counter_series(registry: &Registry, name: &str) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| {
+            f.get_metric().iter().map(|m| {
+                let label = m
+                    .get_label()
+                    .first()
+                    .map(|l| l.value().to_string())
+                    .unwrap_or_default();
+                (label, m.get_counter().get_value())
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
 /// Serve `registry` on `listener` until `shutdown` fires.
 pub async fn serve(listener: TcpListener, registry: Registry, health: Health, shutdown: Shutdown) {
     loop {

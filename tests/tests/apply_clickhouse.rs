@@ -572,22 +572,36 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
     finish(&db, &mut [&mut cap, &mut mirror]).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn clickhouse_down_then_up_loses_nothing() {
-    let Some(mut server) = sluice_tests::private_clickhouse::PrivateClickHouse::start() else {
-        eprintln!("no clickhouse-server binary here: this test needs one to stop and start");
-        return;
-    };
+/// A ClickHouse server of the test's own with database `<db>_mirror` made (`db` a unique name
+/// from `base`), and a client of it; `None` without a `clickhouse-server` binary.
+async fn private_mirror(
+    base: &str,
+) -> Option<(
+    sluice_tests::private_clickhouse::PrivateClickHouse,
+    clickhouse::Client,
+    String,
+    String,
+)> {
+    let server = sluice_tests::private_clickhouse::PrivateClickHouse::start()?;
     let private = clickhouse::Client::default()
         .with_url(server.url())
         .with_validation(false);
-    let db = unique("sluice_t_apply_down");
+    let db = unique(base);
     let m_db = format!("{db}_mirror");
     private
         .query(&format!("CREATE DATABASE {m_db}"))
         .execute()
         .await
         .unwrap();
+    Some((server, private, db, m_db))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clickhouse_down_then_up_loses_nothing() {
+    let Some((mut server, private, db, m_db)) = private_mirror("sluice_t_apply_down").await else {
+        eprintln!("no clickhouse-server binary here: this test needs one to stop and start");
+        return;
+    };
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let prefix = cap.prefix.clone();
     let mut mirror = apply_to(
@@ -1007,20 +1021,10 @@ fn healthz(port: u16) -> (u16, String) {
 /// new group against a server that does not answer fails fast.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_applier_restarted_during_an_outage_waits_degraded_and_a_first_start_fails_fast() {
-    let Some(mut server) = sluice_tests::private_clickhouse::PrivateClickHouse::start() else {
+    let Some((mut server, private, db, m_db)) = private_mirror("sluice_t_apply_wait").await else {
         eprintln!("no clickhouse-server binary here: this test needs one to stop and start");
         return;
     };
-    let private = clickhouse::Client::default()
-        .with_url(server.url())
-        .with_validation(false);
-    let db = unique("sluice_t_apply_wait");
-    let m_db = format!("{db}_mirror");
-    private
-        .query(&format!("CREATE DATABASE {m_db}"))
-        .execute()
-        .await
-        .unwrap();
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let prefix = cap.prefix.clone();
     let group = unique("g");

@@ -47,6 +47,23 @@ pub(super) struct AppliedDdl {
     read_at: Option<Instant>,
 }
 
+/// Every document of a bookkeeping collection (`name` for messages).
+async fn read_all(
+    collection: &mongodb::Collection<Document>,
+    name: &str,
+) -> Result<Vec<Document>, ApplyError> {
+    let context = || format!("reading {name}");
+    let mut cursor = collection
+        .find(doc! {})
+        .await
+        .map_err(|e| ApplyError::from(e).context(context()))?;
+    let mut out = Vec::new();
+    while let Some(d) = cursor.next().await {
+        out.push(d.map_err(|e| ApplyError::from(e).context(context()))?);
+    }
+    Ok(out)
+}
+
 /// The target collections stopped, as recorded in `<meta_database>.stopped_collections`
 /// (`{_id: "db.coll", reason, version, at}`).
 pub(super) struct Stopped {
@@ -69,14 +86,7 @@ impl Stopped {
 
     /// Load the stopped collections (a restart keeps them stopped).
     pub(super) async fn read(&mut self) -> Result<(), ApplyError> {
-        let context = || format!("reading {}", self.name);
-        let mut cursor = self
-            .collection
-            .find(doc! {})
-            .await
-            .map_err(|e| ApplyError::from(e).context(context()))?;
-        while let Some(d) = cursor.next().await {
-            let d = d.map_err(|e| ApplyError::from(e).context(context()))?;
+        for d in read_all(&self.collection, &self.name).await? {
             if let (Ok(ns), Ok(reason)) = (d.get_str("_id"), d.get_str("reason")) {
                 // (stored as the i64 of the same bits)
                 let version = d.get_i64("version").map_or(0, |v| v as u64);
@@ -128,14 +138,7 @@ impl AppliedDdl {
 
     /// Load the versions of applied drops and renames (other instances apply them too).
     pub(super) async fn read(&mut self) -> Result<(), ApplyError> {
-        let context = || format!("reading {}", self.name);
-        let mut cursor = self
-            .collection
-            .find(doc! {})
-            .await
-            .map_err(|e| ApplyError::from(e).context(context()))?;
-        while let Some(d) = cursor.next().await {
-            let d = d.map_err(|e| ApplyError::from(e).context(context()))?;
+        for d in read_all(&self.collection, &self.name).await? {
             if let (Ok(ns), Ok(v)) = (d.get_str("_id"), d.get_i64("version")) {
                 let v = v as u64;
                 let e = self.versions.entry(ns.to_string()).or_insert(0);
