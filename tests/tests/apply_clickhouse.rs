@@ -1253,8 +1253,9 @@ async fn a_row_a_mirror_cannot_hold_stops_its_table_and_the_rest_flows() {
     ))
     .await
     .unwrap();
+    // (rows 1, 3 and 4 may be written or not: each sits in a partition of its own, read
+    // before or after the stop)
     let ids: Vec<&str> = written.lines().collect();
-    assert!(ids.contains(&"1"), "{written}");
     assert!(!ids.contains(&"2") && !ids.contains(&"5"), "{written}");
     let (code, out) = a.stop();
     assert_eq!(code, Some(0), "{out}");
