@@ -92,6 +92,23 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The seed of a randomized test: `SLUICE_TEST_SEED` when set (to run a failure again), else
+/// from the clock; printed, so that a failing run names it.
+pub fn seed() -> u64 {
+    let seed = std::env::var("SLUICE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("SLUICE_TEST_SEED={seed}");
+    seed
+}
+
 /// A TCP port that was free a moment ago, for a process under test to bind.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

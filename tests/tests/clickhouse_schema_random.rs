@@ -133,16 +133,7 @@ fn keep_logs(capture: &mut CaptureProcess, apply: &mut CaptureProcess, seed: u64
 
 #[tokio::test(flavor = "multi_thread")]
 async fn random_schema_changes_under_restarts_leave_every_mirror_exact_or_stopped() {
-    let seed: u64 = std::env::var("SLUICE_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+    let seed = sluice_tests::seed();
     let steps: u64 = std::env::var("SLUICE_TEST_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -155,16 +155,7 @@ async fn a_capture_follows_a_fail_over_to_the_promoted_replica_by_gtid() {
     };
     let mut primary = primary;
     let replica = PrivateMariaDb::start(12).unwrap();
-    let seed = std::env::var("SLUICE_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("SLUICE_TEST_SEED={seed}");
+    let seed = sluice_tests::seed();
 
     // The primary's binlog files are numbered ahead of the replica's.
     let mut p = primary.conn().await;
@@ -258,11 +249,7 @@ async fn reset_master_is_refused_with_the_next_generation_named() {
         eprintln!("skipped: no mariadbd here (deploy/testbed.sh start mariadb installs it)");
         return;
     };
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("SLUICE_TEST_SEED={seed}");
+    let seed = sluice_tests::seed();
     let mut c = server.conn().await;
     let db = unique("sluice_t_reset");
     let ch_db = format!("{db}_ch");

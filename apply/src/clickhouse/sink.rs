@@ -254,17 +254,31 @@ impl Sink {
 
     /// A row of a mirror table that can never be written stops the table
     /// (`errors.on_bad_event = "stop_table"`, the default): the mirror would miss the change.
+    /// Whatever the reason (a value, a schema not on the schema topic, a newer contract), as
+    /// long as the event is a row event naming its table; a stopped table's and a DDL's
+    /// refusals have stopped it already.
     async fn stop_mirror_for(
         &mut self,
         m: &BorrowedMessage<'_>,
         bad: &BadEvent,
     ) -> Result<(), ApplyError> {
-        if self.config.errors.on_bad_event != OnBadEvent::StopTable || bad.reason != Reason::Value {
+        if self.config.errors.on_bad_event != OnBadEvent::StopTable
+            || matches!(
+                bad.reason,
+                Reason::Undecodable | Reason::TableStopped | Reason::Ddl
+            )
+        {
             return Ok(());
         }
         let Ok(row) = RowEvent::parse(m.payload().unwrap_or_default()) else {
             return Ok(());
         };
+        if !matches!(
+            row.op(),
+            Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead
+        ) {
+            return Ok(());
+        }
         let source = format!("{}.{}", row.database, row.table);
         if self.config.tables.mode_of(&source) != crate::clickhouse::Mode::Mirror {
             return Ok(());
