@@ -162,6 +162,11 @@ impl CaptureProcess {
         let _ = self.child.wait();
     }
 
+    /// Whether the process has exited (without waiting).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// Wait for exit: the exit code and everything it logged.
     pub fn wait(&mut self, limit: Duration) -> (Option<i32>, String) {
         let deadline = Instant::now() + limit;

@@ -137,6 +137,12 @@ impl Relay {
 
 /// apply-mongo reading the topics of `prefix` into the target server.
 fn apply(prefix: &str, group: &str, extra: &str) -> CaptureProcess {
+    apply_at(&mongo_target_url(), &unique("meta"), prefix, group, extra)
+}
+
+/// apply-mongo writing to `uri`, its own records in `meta`; `extra` starts inside
+/// `[kafka.properties]`.
+fn apply_at(uri: &str, meta: &str, prefix: &str, group: &str, extra: &str) -> CaptureProcess {
     let text = format!(
         "[mongodb]\nuri = \"{}\"\nmeta_database = \"{}\"\n\
          [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{}\\\\..*\"]\n\
@@ -144,8 +150,8 @@ fn apply(prefix: &str, group: &str, extra: &str) -> CaptureProcess {
          [kafka]\nbrokers = \"{}\"\n\
          [kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n\
          {extra}\n",
-        mongo_target_url(),
-        unique("meta"),
+        uri,
+        meta,
         prefix.replace('.', "\\\\."),
         kafka_brokers()
     );
@@ -696,6 +702,93 @@ async fn a_lost_source_connection_is_reopened_and_nothing_is_lost() {
     stop_all(&mut [&mut cap, &mut app]).await;
     src.database(&db).drop().await.unwrap();
     dst.database(&db).drop().await.unwrap();
+}
+
+/// A member that lost its partitions while it retried an outage of its own (it went past
+/// `max.poll.interval.ms`) must not write its old batch over what the new owner wrote since.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_that_lost_its_partitions_while_retrying_never_overwrites_the_new_owner() {
+    let db = unique("sluice_m_fence");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let (group, meta) = (unique("g"), unique("meta"));
+    let relay = Relay::to(&mongo_target_url()).await;
+    let mut cap = capture(&db, "mode = \"oplog\"", "");
+    // Member A reaches the target through the relay; it may go 7 s without polling Kafka.
+    let mut a = apply_at(
+        &relay.url(&mongo_target_url()),
+        &meta,
+        &cap.prefix,
+        &group,
+        "\"max.poll.interval.ms\" = \"7000\"\n",
+    );
+    started(&cap, true).await;
+    let c = src.database(&db).collection::<Document>("c");
+    let t = dst.database(&db).collection::<Document>("c");
+    let v_at_target = || async {
+        t.find_one(doc! { "_id": 1 })
+            .await
+            .unwrap()
+            .and_then(|d| d.get_i32("v").ok())
+    };
+    let wait_for = |want: i32, what: &'static str| {
+        let v_at_target = &v_at_target;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while v_at_target().await != Some(want) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: target never had v = {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    c.insert_one(doc! { "_id": 1, "v": 1 }).await.unwrap();
+    wait_for(1, "member A writes").await;
+    // A's target goes away: A holds v = 2 and retries, past its poll interval.
+    relay.cut();
+    c.update_one(doc! { "_id": 1 }, doc! { "$set": { "v": 2 } })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Member B takes the partitions over and writes v = 2, then v = 3.
+    let mut b = apply_at(&mongo_target_url(), &meta, &cap.prefix, &group, "");
+    wait_for(2, "member B takes over").await;
+    c.update_one(doc! { "_id": 1 }, doc! { "$set": { "v": 3 } })
+        .await
+        .unwrap();
+    wait_for(3, "member B writes on").await;
+    // A's target comes back: A must stop, not write v = 2 over v = 3.
+    relay.restore();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !a.exited() && Instant::now() < deadline {
+        if v_at_target().await == Some(2) {
+            let (_, log) = a.stop();
+            panic!("member A wrote its old state over the new owner's:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, log) = a.wait(Duration::from_secs(1));
+    assert!(
+        code.is_some_and(|c| c != 0) && log.contains("was taken over by"),
+        "member A stops, naming the takeover (exit {code:?}):\n{log}"
+    );
+    assert_eq!(
+        v_at_target().await,
+        Some(3),
+        "the new owner's write stands\n{log}"
+    );
+    c.update_one(doc! { "_id": 1 }, doc! { "$set": { "v": 4 } })
+        .await
+        .unwrap();
+    wait_for(4, "member B goes on").await;
+    stop_all(&mut [&mut cap, &mut b]).await;
+    src.database(&db).drop().await.unwrap();
+    dst.database(&db).drop().await.unwrap();
+    dst.database(&meta).drop().await.unwrap();
 }
 
 /// `publish.heartbeat_interval_ms`: an idle capture publishes heartbeats with the oplog time

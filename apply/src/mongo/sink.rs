@@ -23,9 +23,12 @@
 //!   replayed after a restart) is skipped instead of bringing back what was dropped.
 //! - Before partitions are revoked (rebalance) the batch in hand is written and committed from
 //!   the revoke callback; SIGTERM does the same and exits.
+//! - A member writes a partition only while it is its newest owner ([`fence`]): one that lost
+//!   its partitions while retrying stops instead of overwriting the new owner's writes.
 
 mod batch;
 mod ddl;
+mod fence;
 mod metrics;
 mod writer;
 
@@ -107,6 +110,12 @@ impl Sink {
             dead,
             config.errors.on_bad_event,
             metrics.clone(),
+            fence::Fence::new(
+                &client,
+                &config.mongodb.meta_database,
+                &config.consumer.group_id,
+                fence::member_name(&config.consumer.instance_id),
+            ),
         );
         let drain_failed = Arc::new(Mutex::new(None));
         let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(

@@ -68,6 +68,15 @@ impl Batch {
     }
 }
 
+/// Forgets the partitions' claims when dropped: after the drain's write, whatever it did.
+struct Forget<'a>(&'a Writer);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.fence.forget();
+    }
+}
+
 /// Writes the batch in hand before partitions are let go.
 pub(crate) struct MongoDrain {
     pub(super) batch: Arc<Mutex<Batch>>,
@@ -81,6 +90,9 @@ pub(crate) struct MongoDrain {
 impl Drain for MongoDrain {
     fn drain(&self) -> Option<Offsets> {
         let taken = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
+        // The partitions go (all of them: the group's protocol is eager); claimed again if
+        // they come back.
+        let _forget = Forget(&self.writer);
         if taken.offsets.is_empty() {
             return None;
         }

@@ -21,6 +21,7 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::Message;
 
 use super::batch::Batch;
+use super::fence::Fence;
 use super::metrics::Metrics;
 use crate::consumer::OnBadEvent;
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
@@ -41,6 +42,8 @@ pub(super) struct Writer {
     dead: DeadLetters,
     on_bad_event: OnBadEvent,
     metrics: Metrics,
+    /// Writes only partitions this member still owns ([`Fence`]).
+    pub(super) fence: std::sync::Arc<Fence>,
 }
 
 /// A statement MongoDB refused for its document alone.
@@ -88,8 +91,10 @@ impl Writer {
         dead: DeadLetters,
         on_bad_event: OnBadEvent,
         metrics: Metrics,
+        fence: Fence,
     ) -> Self {
         Writer {
+            fence: std::sync::Arc::new(fence),
             client,
             write_concern: write_concern(config),
             bypass_validation: config.bypass_validation,
@@ -109,7 +114,15 @@ impl Writer {
             .iter()
             .map(|i| (&*i.db, &*i.coll, i.write.key().as_bytes()))
             .collect();
+        // Still the owner of every partition of the batch: checked before each attempt, and
+        // again between rounds once a second has gone by (a long batch).
+        self.fence.check(&batch.offsets).await?;
+        let mut checked = std::time::Instant::now();
         for round in rounds(&keys) {
+            if checked.elapsed() >= std::time::Duration::from_secs(1) {
+                self.fence.check(&batch.offsets).await?;
+                checked = std::time::Instant::now();
+            }
             let writes: Vec<(usize, &Write)> =
                 round.iter().map(|&i| (i, &batch.items[i].write)).collect();
             let held = self.write_round(batch, &writes, &mut outcome).await?;
