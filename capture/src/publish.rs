@@ -20,6 +20,7 @@
 
 mod acker;
 mod checkpoint;
+pub mod keying;
 mod ledger;
 mod publisher;
 
@@ -36,6 +37,8 @@ pub enum PublishError {
     Client(#[from] KafkaError),
     #[error("topic {topic}: cannot create it: {reason}")]
     CreateTopic { topic: String, reason: String },
+    #[error("topic {topic}: {reason}")]
+    Partitions { topic: String, reason: String },
     #[error("topic {topic}: delivery failed: {reason}")]
     Delivery { topic: String, reason: String },
     #[error("checkpoint topic {topic}: {reason}")]

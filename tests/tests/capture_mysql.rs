@@ -1303,3 +1303,63 @@ async fn a_second_capture_of_one_connector_fences_the_first() {
     assert!(stopped_at.contains(&next), "{stopped_at} / {checkpoint}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+/// Partitions added to a change topic while the pipeline runs (an operator scaling out) must
+/// not move keys: an apply stage reading a key's newer events from another partition than its
+/// older ones could write them out of order. Keys stay on the partitions the topic had when
+/// the connector first published to it, through a restart too, and the capture says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn partitions_added_to_a_topic_keep_every_key_on_its_partition() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
+    let db = unique("sluice_t_cap_grow");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY, n INT) ENGINE=InnoDB"),
+    ])
+    .await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    const N: usize = 60;
+    let inserts: Vec<String> = (0..N)
+        .map(|i| format!("INSERT INTO `{db}`.t VALUES ({i}, 0)"))
+        .collect();
+    sql(&inserts).await;
+    let topic = cap.topic(&db, "t");
+    let first = events_of(topic.clone(), |m| count_rows(m) >= N).await;
+    assert_eq!(count_rows(&first), N);
+    // 3 partitions become 6.
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    for r in admin
+        .create_partitions(&[NewPartitions::new(&topic, 6)], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    sql(&[format!("UPDATE `{db}`.t SET n = 1")]).await;
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    cap.restart();
+    sql(&[format!("UPDATE `{db}`.t SET n = 2")]).await;
+    let events = events_of(topic, |m| count_rows(m) >= 3 * N).await;
+    assert_eq!(count_rows(&events), 3 * N, "every change arrives once");
+    let mut partition_of: HashMap<i64, i32> = HashMap::new();
+    for (p, evs) in &events {
+        for e in evs.iter().filter(|e| e.key.is_some()) {
+            let k = int_key(e);
+            let first = *partition_of.entry(k).or_insert(*p);
+            assert_eq!(first, *p, "key {k} moved from partition {first} to {p}");
+            assert!(*p < 3, "key {k} on added partition {p}");
+        }
+    }
+    assert_eq!(partition_of.len(), N);
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains("more partitions than when this connector first published to it"),
+        "the restarted capture says why the added partitions stay empty:\n{log}"
+    );
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

@@ -171,3 +171,32 @@ async fn topics_are_not_created_by_producing() {
         "a topic was auto-created"
     );
 }
+
+/// The capture picks a key's partition itself (so that partitions added later do not move
+/// keys): it must be the partition Kafka's default partitioner, librdkafka's
+/// `murmur2_random` included, picks for that key.
+#[tokio::test]
+async fn the_capture_picks_the_partition_the_producer_would() {
+    let topic = unique("sluice_t_keying");
+    create_topic(&topic, 7).await;
+    let producer: FutureProducer = config().producer_config("sluice-tests").create().unwrap();
+    let keys: Vec<Vec<u8>> = (0..200u64)
+        .map(|i| event_key("shop", "orders", &[value::uint(i * 7919)]))
+        .chain((0..50).map(|i| format!("key-{i}").into_bytes()))
+        .collect();
+    for k in &keys {
+        let delivered = producer
+            .send(
+                FutureRecord::to(&topic).key(k).payload("v"),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("delivered");
+        let partition = delivered.partition;
+        assert_eq!(
+            partition,
+            sluice_capture::publish::keying::partition_of(k, 7),
+            "key {k:?}"
+        );
+    }
+}

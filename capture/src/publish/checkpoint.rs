@@ -29,12 +29,23 @@ pub fn transactional_id(connector: &str) -> String {
     format!("sluice-capture.{connector}")
 }
 
+/// The partition counts a connector spreads its keys over ([`super::keying`]): written with
+/// the next checkpoint, in its transaction, whenever they changed.
+#[derive(Default)]
+pub(super) struct KeyCounts {
+    pub(super) counts: super::keying::Counts,
+    /// Changes made, and the last change written.
+    pub(super) version: u64,
+    written: u64,
+}
+
 /// The producer that writes a connector's checkpoints, fenced by the next one started.
 pub(super) struct CheckpointWriter {
     producer: BaseProducer,
     topic: String,
     connector: String,
     timeout: Duration,
+    counts: Arc<std::sync::Mutex<KeyCounts>>,
 }
 
 impl CheckpointWriter {
@@ -44,6 +55,7 @@ impl CheckpointWriter {
         client_id: &str,
         topic: &str,
         connector: &str,
+        counts: Arc<std::sync::Mutex<KeyCounts>>,
     ) -> Result<Arc<Self>, PublishError> {
         let mut config = kafka.producer_config(client_id);
         let id = transactional_id(connector);
@@ -72,6 +84,7 @@ impl CheckpointWriter {
                 topic,
                 connector,
                 timeout: timeout * 3,
+                counts,
             }))
         })
         .await
@@ -86,25 +99,44 @@ impl CheckpointWriter {
             .map_err(|_| PublishError::AckerGone)?
     }
 
+    fn send_blocking(&self, key: &[u8], payload: &[u8]) -> Result<(), KafkaError> {
+        loop {
+            let record = BaseRecord::to(&self.topic).key(key).payload(payload);
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    self.producer.poll(Duration::from_millis(50));
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
     fn write_blocking(&self, payload: &[u8]) -> Result<(), PublishError> {
+        let counts = {
+            let c = self.counts.lock().expect("counts lock");
+            (c.version != c.written).then(|| {
+                let json = serde_json::to_vec(&c.counts).expect("counts serialize");
+                (c.version, json)
+            })
+        };
         let result = (|| {
             self.producer.begin_transaction()?;
-            loop {
-                let record = BaseRecord::to(&self.topic)
-                    .key(self.connector.as_bytes())
-                    .payload(payload);
-                match self.producer.send(record) {
-                    Ok(()) => break,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                        self.producer.poll(Duration::from_millis(50));
-                    }
-                    Err((e, _)) => return Err(e),
-                }
+            self.send_blocking(self.connector.as_bytes(), payload)?;
+            if let Some((_, json)) = &counts {
+                let key = super::keying::key_of(&self.connector);
+                self.send_blocking(key.as_bytes(), json)?;
             }
             self.producer.commit_transaction(self.timeout)
         })();
         match result {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if let Some((version, _)) = counts {
+                    let mut c = self.counts.lock().expect("counts lock");
+                    c.written = c.written.max(version);
+                }
+                Ok(())
+            }
             Err(e) => {
                 if fenced(&e) {
                     return Err(PublishError::Fenced {

@@ -15,7 +15,8 @@ use sluice_common::KafkaConfig;
 use tokio::sync::{mpsc, watch};
 
 use super::acker::{ack_loop, Mark};
-use super::checkpoint::CheckpointWriter;
+use super::checkpoint::{CheckpointWriter, KeyCounts};
+use super::keying;
 use super::ledger::{full, KafkaProducer, Ledger};
 use super::{PublishConfig, PublishError, PublishMetrics};
 
@@ -25,8 +26,11 @@ pub struct Publisher<C> {
     kafka: KafkaConfig,
     client_id: String,
     config: PublishConfig,
-    /// Topics known to exist, with their partition counts.
+    /// Topics known to exist, with the partition counts their keys are spread over
+    /// ([`keying`]).
     topics: HashMap<String, i32>,
+    /// Those counts as recorded in the checkpoint topic.
+    counts: Arc<std::sync::Mutex<KeyCounts>>,
     /// The next record's sequence number (shared with the acker's checkpoint records).
     next: Arc<AtomicU64>,
     /// The gap-free acknowledged count, and the last value read of it.
@@ -96,8 +100,24 @@ where
         producer_config.set("message.timeout.ms", config.delivery_timeout_ms.to_string());
         producer_config.set("message.max.bytes", config.max_message_bytes.to_string());
         // First: a capture started earlier with this connector is fenced from here on.
-        let writer =
-            CheckpointWriter::start(kafka, client_id, &config.checkpoint_topic, connector).await?;
+        let counts = Arc::new(std::sync::Mutex::new(KeyCounts::default()));
+        let writer = CheckpointWriter::start(
+            kafka,
+            client_id,
+            &config.checkpoint_topic,
+            connector,
+            counts.clone(),
+        )
+        .await?;
+        // The partition counts keys were spread over (read once the earlier writer is fenced).
+        let recorded: Option<keying::Counts> = super::read_checkpoint(
+            kafka,
+            &config.checkpoint_topic,
+            &keying::key_of(connector),
+            client_id,
+        )
+        .await?;
+        counts.lock().expect("counts lock").counts = recorded.unwrap_or_default();
         let producer: KafkaProducer =
             producer_config.create_with_context(Ledger::new(metrics.produce_latency.clone()))?;
         let producer = Arc::new(producer);
@@ -120,6 +140,7 @@ where
             client_id: client_id.to_string(),
             config: config.clone(),
             topics: HashMap::new(),
+            counts,
             next,
             acked,
             acked_seen: 0,
@@ -162,7 +183,35 @@ where
         if created {
             tracing::info!(topic, partitions, compacted, "created topic");
         }
-        let n = self.partition_count(topic).await?;
+        let now = self.partition_count(topic).await?;
+        let n = if compacted {
+            now
+        } else {
+            let mut c = self.counts.lock().expect("counts lock");
+            let recorded = c.counts.get(topic).copied();
+            let n = keying::spread(topic, recorded, now).map_err(|reason| {
+                PublishError::Partitions {
+                    topic: topic.to_string(),
+                    reason,
+                }
+            })?;
+            if recorded.is_none() {
+                c.counts.insert(topic.to_string(), now);
+                c.version += 1;
+            }
+            n
+        };
+        if now > n {
+            tracing::warn!(
+                topic,
+                partitions = now,
+                keys_over = n,
+                "the topic has more partitions than when this connector first published to it; \
+                 its keys stay on the first {n}, so that each key's events stay in order (the \
+                 others get no rows). To spread keys over all of them, give the connector a new \
+                 topic prefix and snapshot again"
+            );
+        }
         self.topics.insert(topic.to_string(), n);
         Ok(n)
     }
@@ -220,6 +269,19 @@ where
                     .map_err(|_| PublishError::AckerGone)?;
             }
         }
+        // The key's partition among those the topic's keys are spread over, not among all it
+        // has now ([`keying`]).
+        let partition = match partition {
+            Some(p) => Some(p),
+            None => {
+                if !self.topics.contains_key(topic) {
+                    self.ensure_topic(topic, false).await?;
+                }
+                self.topics
+                    .get(topic)
+                    .map(|&n| keying::partition_of(key, n))
+            }
+        };
         produce(&self.producer, &self.next, topic, key, payload, partition).await?;
         Ok(())
     }
