@@ -146,6 +146,11 @@ impl KafkaConfig {
         // (docs/BENCHMARKS.md).
         c.set("queued.max.messages.kbytes", "1024");
         c.set("fetch.queue.backoff.ms", "5");
+        // A member that dies without leaving (kill -9, a lost node) holds its partitions until
+        // the broker gives up on it: 10 s here, not librdkafka's 45 s. A restarted one with
+        // `consumer.instance_id` takes them back at once (docs/BENCHMARKS.md, recovery).
+        c.set("session.timeout.ms", "10000");
+        c.set("heartbeat.interval.ms", "3000");
         for (k, v) in self.client_config(default_client_id).config_map() {
             c.set(k, v);
         }

@@ -1,0 +1,265 @@
+//! Benchmark: how long an apply stage's partitions stay unread after one instance is killed.
+//!
+//!     deploy/testbed.sh start && cargo build --release --bins
+//!     cargo run --release -p sluice-tests --bin bench-recovery -- [--runs N] [--session-ms MS]
+//!
+//! capture-mysql runs, a writer inserts 50 rows into MariaDB every 100 ms, and two
+//! apply-clickhouse instances of one group share the topic's 6 partitions. Then one instance is
+//! killed (`kill -9`) and, at once, 100 probe rows are inserted (their keys fall on every
+//! partition). "Kill → flowing" is the time from the kill until ClickHouse holds every probe
+//! row: the killed instance's partitions are read again. Three ways, `--runs` times each:
+//!
+//! 1. killed and not restarted: the survivor takes the partitions once the broker gives up on the
+//!    dead member (`session.timeout.ms`);
+//! 2. killed and restarted at once with `consumer.instance_id` (static membership, as the
+//!    Kubernetes manifests set it from the pod name);
+//! 3. killed and restarted at once without it.
+//!
+//! After each run, every row the writer had inserted is checked to be in ClickHouse (so a fast
+//! wrong run cannot report). `--session-ms` sets `session.timeout.ms` in `[kafka.properties]`
+//! (default: the stage's own default).
+
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use sluice_tests::bench::{metric, scrape, spawn_stage, stop_child};
+use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
+
+const PARTITIONS: u64 = 6;
+const PROBE: u64 = 100;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = sluice_tests::bench::Args::from_env(&[]);
+    let runs = args.option("--runs", 1)?.max(1);
+    let session_ms = args.option("--session-ms", 0)?;
+    let release = sluice_tests::bench::release_dir(&["capture-mysql", "apply-clickhouse"])?;
+    let db = unique("sluice_recovery");
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
+    c.query_drop(format!("CREATE DATABASE `{db}`")).await?;
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"
+    ))
+    .await?;
+    let prefix = unique("recovery");
+    let capture_config = format!(
+        "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"end\"\n\
+         server_id = {}\n[filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
+         [publish]\npartitions = {PARTITIONS}\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
+        mysql_url(),
+        sluice_tests::replica_server_id(),
+        kafka_brokers(),
+    );
+    let (capture, _, _capture_file) = spawn_stage(&release.join("capture-mysql"), &capture_config)?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The load: 50 rows every 100 ms, ids from 1; `acked` is the next id not yet acknowledged.
+    let acked = Arc::new(AtomicU64::new(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop, db) = (acked.clone(), stop.clone(), db.clone());
+        tokio::spawn(async move {
+            let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
+            while !stop.load(Ordering::SeqCst) {
+                let from = acked.load(Ordering::SeqCst);
+                c.query_drop(insert(&db, from, 50)).await?;
+                acked.store(from + 50, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    let ch = clickhouse::Client::default()
+        .with_url(clickhouse_url())
+        .with_validation(false);
+    let scenarios: [(&str, bool, bool); 3] = [
+        ("killed, not restarted", false, false),
+        (
+            "killed, restarted at once, consumer.instance_id set",
+            true,
+            true,
+        ),
+        ("killed, restarted at once, no instance_id", true, false),
+    ];
+    let mut results: Vec<(&str, Vec<f64>)> = Vec::new();
+    let mut probe = 1_000_000_000u64;
+    for (name, restart, static_members) in scenarios {
+        let mut times = Vec::new();
+        for run in 0..runs {
+            let ch_db = format!("{}_mirror", unique("recovery"));
+            ch.query(&format!("CREATE DATABASE {ch_db}"))
+                .execute()
+                .await?;
+            let group = unique("recovery_group");
+            let config = |member: &str| {
+                let mut text = format!(
+                    "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
+                     [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{prefix}\\\\..*\"]\n",
+                    clickhouse_url(),
+                );
+                if static_members {
+                    text.push_str(&format!("instance_id = \"{group}-{member}\"\n"));
+                }
+                text.push_str(&format!(
+                    "[batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
+                    kafka_brokers()
+                ));
+                if session_ms > 0 {
+                    text.push_str(&format!(
+                        "[kafka.properties]\n\"session.timeout.ms\" = \"{session_ms}\"\n"
+                    ));
+                }
+                text
+            };
+            let apply = release.join("apply-clickhouse");
+            let (a, a_port, _a_file) = spawn_stage(&apply, &config("a"))?;
+            let (b, b_port, _b_file) = spawn_stage(&apply, &config("b"))?;
+            // Both members hold partitions, and the mirror has caught up with the topic.
+            wait_until(Duration::from_secs(120), "both instances assigned", || {
+                let (na, nb) = (assigned(a_port), assigned(b_port));
+                na > 0 && nb > 0 && na + nb == PARTITIONS
+            })
+            .await?;
+            insert_probe(&mut c, &db, probe).await?;
+            wait_probe(&ch, &ch_db, probe, Duration::from_secs(180)).await?;
+            probe += PROBE;
+
+            let mut a = a;
+            a.kill()?;
+            let killed = Instant::now();
+            let _ = a.wait();
+            let restarted: Option<(Child, tempfile::NamedTempFile)> = if restart {
+                let (child, _, file) = spawn_stage(&apply, &config("a"))?;
+                Some((child, file))
+            } else {
+                None
+            };
+            insert_probe(&mut c, &db, probe).await?;
+            wait_probe(&ch, &ch_db, probe, Duration::from_secs(300)).await?;
+            let took = killed.elapsed().as_secs_f64();
+            probe += PROBE;
+            eprintln!("{name}, run {}: {took:.2} s", run + 1);
+            times.push(took);
+
+            // Nothing the writer had inserted is missing.
+            let upto = acked.load(Ordering::SeqCst);
+            let want: u64 = c
+                .query_first(format!("SELECT COUNT(*) FROM `{db}`.t WHERE id < {upto}"))
+                .await?
+                .unwrap_or(0);
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let got: u64 = ch
+                    .query(&format!(
+                        "SELECT count() FROM {ch_db}.t FINAL WHERE id < {upto}"
+                    ))
+                    .fetch_one()
+                    .await
+                    .unwrap_or(0);
+                if got == want {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "{name}: the mirror holds {got} of the {want} rows below id {upto}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            stop_child(b);
+            if let Some((child, _file)) = restarted {
+                stop_child(child);
+            }
+            ch.query(&format!("DROP DATABASE {ch_db}"))
+                .execute()
+                .await?;
+        }
+        results.push((name, times));
+    }
+    stop.store(true, Ordering::SeqCst);
+    writer.await??;
+    stop_child(capture);
+    c.query_drop(format!("DROP DATABASE `{db}`")).await?;
+
+    let m = sluice_tests::bench::machine();
+    println!(
+        "apply-clickhouse, kill -9 of one of two instances -> every partition read again \
+         (6 partitions, 500 rows/s offered, session.timeout.ms {}); {} cores, Kafka on the same \
+         machine; checked: no row missing after each run",
+        if session_ms > 0 {
+            session_ms.to_string()
+        } else {
+            "the stage's default".into()
+        },
+        m.cores
+    );
+    println!("| how | kill -> flowing, s (each run) |");
+    println!("|---|---|");
+    for (name, times) in &results {
+        let each: Vec<String> = times.iter().map(|t| format!("{t:.1}")).collect();
+        println!("| {name} | {} |", each.join(" / "));
+    }
+    Ok(())
+}
+
+fn insert(db: &str, from: u64, n: u64) -> String {
+    let values: Vec<String> = (from..from + n)
+        .map(|i| format!("({i},{})", i % 97))
+        .collect();
+    format!("INSERT INTO `{db}`.t (id, v) VALUES {}", values.join(","))
+}
+
+async fn insert_probe(c: &mut mysql_async::Conn, db: &str, from: u64) -> anyhow::Result<()> {
+    c.query_drop(insert(db, from, PROBE)).await?;
+    Ok(())
+}
+
+/// Wait until ClickHouse holds every row of the probe starting at `from`.
+async fn wait_probe(
+    ch: &clickhouse::Client,
+    ch_db: &str,
+    from: u64,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let n: u64 = ch
+            .query(&format!(
+                "SELECT count() FROM {ch_db}.t FINAL WHERE id >= {from} AND id < {}",
+                from + PROBE
+            ))
+            .fetch_one()
+            .await
+            .unwrap_or(0); // the table may not exist yet
+        if n == PROBE {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "probe rows {from}.. not all in ClickHouse after {limit:?} ({n} of {PROBE})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn assigned(port: u16) -> u64 {
+    scrape(port)
+        .map(|b| metric(&b, "sluice_apply_assigned_partitions") as u64)
+        .unwrap_or(0)
+}
+
+async fn wait_until(
+    limit: Duration,
+    what: &str,
+    mut ok: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        anyhow::ensure!(Instant::now() < deadline, "{what}: not after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
