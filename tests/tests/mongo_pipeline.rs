@@ -824,6 +824,103 @@ async fn an_idle_capture_publishes_heartbeats() {
 
 /// A duplicate key on the target's unique index sends that event to the dead-letter topic and
 /// the rest flows on; the DDL filter and the namespace map are obeyed.
+/// By default (`errors.on_bad_event = "stop_table"`) a write the target refuses stops its
+/// collection, named, across restarts: the collection without that change would differ from the
+/// source. The other collections flow.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_write_stops_its_collection_and_the_rest_flows() {
+    let db = unique("sluice_m_stop");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let meta = unique("meta");
+    let mut cap = capture(&db, "mode = \"oplog\"", "");
+    let target = dst.database(&db).collection::<Document>("a");
+    target
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! { "email": 1 })
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .await
+        .unwrap();
+    let group = unique("g");
+    let mut app = apply_at(&mongo_target_url(), &meta, &cap.prefix, &group, "");
+    started(&cap, true).await;
+    let a = src.database(&db).collection::<Document>("a");
+    let b = src.database(&db).collection::<Document>("b");
+    a.insert_one(doc! { "_id": 1, "email": "x@example.com" })
+        .await
+        .unwrap();
+    a.insert_one(doc! { "_id": 2, "email": "x@example.com" })
+        .await
+        .unwrap();
+    // The stop is recorded with the refused event's version: whatever comes after it.
+    let stopped = dst
+        .database(&meta)
+        .collection::<Document>("stopped_collections");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reason = loop {
+        if let Some(d) = stopped
+            .find_one(doc! { "_id": format!("{db}.a") })
+            .await
+            .unwrap()
+        {
+            break d.get_str("reason").unwrap().to_string();
+        }
+        if Instant::now() > deadline {
+            let (_, log) = app.stop();
+            panic!("{db}.a never stopped:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        reason.contains("MongoDB refused the write") && reason.contains("dead_letter"),
+        "the reason names the refusal and the remedy: {reason}"
+    );
+    for i in 3..10 {
+        a.insert_one(doc! { "_id": i, "email": format!("{i}@example.com") })
+            .await
+            .unwrap();
+        b.insert_one(doc! { "_id": i }).await.unwrap();
+    }
+    // Restarted, it keeps the collection stopped.
+    let (code, _) = app.stop();
+    assert_eq!(code, Some(0));
+    app.restart();
+    let tb = dst.database(&db).collection::<Document>("b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tb.count_documents(doc! {}).await.unwrap() < 7 {
+        if Instant::now() > deadline {
+            let (_, log) = app.stop();
+            panic!("the other collection did not flow:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        target
+            .count_documents(doc! { "_id": { "$gte": 3 } })
+            .await
+            .unwrap(),
+        0,
+        "the stopped collection takes nothing after the refusal"
+    );
+    let (code, log) = app.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("collection stopped"), "{log}");
+    stop_all(&mut [&mut cap]).await;
+    src.database(&db).drop().await.unwrap();
+    dst.database(&db).drop().await.unwrap();
+    dst.database(&meta).drop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn refused_writes_are_dead_lettered_and_the_stream_goes_on() {
     let db = unique("sluice_m_dead");
@@ -852,7 +949,7 @@ async fn refused_writes_are_dead_lettered_and_the_stream_goes_on() {
     let mut app = apply(
         &cap.prefix,
         &unique("g"),
-        &format!("[errors]\ndead_letter_topic = \"{dead_topic}\"\n[namespaces]\n\"{db}\" = \"{mapped}\"\n"),
+        &format!("[errors]\non_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dead_topic}\"\n[namespaces]\n\"{db}\" = \"{mapped}\"\n"),
     );
     started(&cap, true).await;
     let a = src.database(&db).collection::<Document>("a");

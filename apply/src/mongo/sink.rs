@@ -192,6 +192,7 @@ impl Sink {
             }
             Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => {
                 let target = self.target(event.database, event.table);
+                self.record_stops().await?;
                 if !self.stopped.is_empty() {
                     let ns = format!("{}.{}", target.0, target.1);
                     if let Some(why) = self.stopped.why(&ns, event.version) {
@@ -219,11 +220,27 @@ impl Sink {
                     }
                     Err(reason) => {
                         let reason = format!("{}.{}: {reason}", event.database, event.table);
-                        self.skip(&m, &BadEvent::new(Reason::Value, reason)).await?;
+                        let bad = BadEvent::new(Reason::Value, reason);
+                        self.skip(&m, &bad).await?;
+                        let ns = format!("{}.{}", target.0, target.1);
+                        self.writer.stop_for(&m, &ns, &bad);
+                        self.record_stops().await?;
                     }
                 }
             }
             _ => self.batch().offsets.record(&m), // heartbeats, transaction markers
+        }
+        Ok(())
+    }
+
+    /// Record the collections refused writes stopped ([`Writer::stop_for`]): their later
+    /// events are dead-lettered, across restarts.
+    async fn record_stops(&mut self) -> Result<(), ApplyError> {
+        let stops = std::mem::take(&mut *self.writer.to_stop.lock().expect("to_stop lock"));
+        for s in stops {
+            if self.stopped.why(&s.ns, s.version).is_none() {
+                self.stopped.stop(&s.ns, &s.reason, s.version).await?;
+            }
         }
         Ok(())
     }
@@ -315,6 +332,8 @@ impl Sink {
             }
         };
         self.writer.settle(&batch, outcome).await?;
+        // Before the offsets: a restart must find the collection stopped.
+        self.record_stops().await?;
         batch.offsets.store(&*self.consumer);
         self.metrics.group.written(batch.newest_commit_micros);
         if batch.events > 0 {

@@ -111,7 +111,12 @@ impl Stopped {
             .map(|(r, _)| r.as_str())
     }
 
-    async fn stop(&mut self, ns: &str, reason: &str, version: u64) -> Result<(), ApplyError> {
+    pub(super) async fn stop(
+        &mut self,
+        ns: &str,
+        reason: &str,
+        version: u64,
+    ) -> Result<(), ApplyError> {
         self.collection
             .replace_one(
                 doc! { "_id": ns },

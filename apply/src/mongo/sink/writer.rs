@@ -44,12 +44,24 @@ pub(super) struct Writer {
     metrics: Metrics,
     /// Writes only partitions this member still owns ([`Fence`]).
     pub(super) fence: std::sync::Arc<Fence>,
+    /// With `errors.on_bad_event = "stop_table"`: the collections a refused write stops, for
+    /// the sink to record (the rebalance callback settles batches too).
+    pub(super) to_stop: std::sync::Arc<std::sync::Mutex<Vec<ToStop>>>,
+}
+
+/// A collection to stop: its namespace, why, and the version of the refused event.
+pub(super) struct ToStop {
+    pub(super) ns: String,
+    pub(super) reason: String,
+    pub(super) version: u64,
 }
 
 /// A statement MongoDB refused for its document alone.
 struct Refusal {
     /// Index into `Batch::messages`.
     origin: usize,
+    /// The target namespace.
+    ns: String,
     bad: BadEvent,
 }
 
@@ -95,6 +107,7 @@ impl Writer {
     ) -> Self {
         Writer {
             fence: std::sync::Arc::new(fence),
+            to_stop: Default::default(),
             client,
             write_concern: write_concern(config),
             bypass_validation: config.bypass_validation,
@@ -215,6 +228,7 @@ impl Writer {
                 done[e.index] = false;
                 outcome.refused.push(Refusal {
                     origin: batch.items[item].origin,
+                    ns: ns.to_string(),
                     bad: BadEvent::new(
                         if e.code == DUPLICATE_KEY {
                             Reason::DuplicateKey
@@ -255,13 +269,43 @@ impl Writer {
         let mut sent = std::collections::HashSet::new();
         for r in &outcome.refused {
             if sent.insert(r.origin) {
-                self.dead_letter(&batch.messages[r.origin], &r.bad).await?;
+                let m = &batch.messages[r.origin];
+                self.dead_letter(m, &r.bad).await?;
+                self.stop_for(m, &r.ns, &r.bad);
             }
         }
         if !outcome.refused.is_empty() {
             tracing::warn!(refused = outcome.refused.len(), "writes refused");
         }
         Ok(())
+    }
+
+    /// With `errors.on_bad_event = "stop_table"` (the default), a row event that can never be
+    /// written stops its target collection: the target would silently lack the change (a
+    /// refused insert leaves a document out, a refused update leaves an older state).
+    pub(super) fn stop_for(&self, m: &OwnedMessage, ns: &str, bad: &BadEvent) {
+        if self.on_bad_event != OnBadEvent::StopTable {
+            return;
+        }
+        let version = sluice_proto::view::RowEvent::parse(m.payload().unwrap_or_default())
+            .map(|e| e.version)
+            .unwrap_or(0);
+        let reason = format!(
+            "the event at {}/{}@{} cannot be written: {}. The collection without it would \
+             differ from the source; fix the cause, then copy the collection again (the \
+             capture's snapshot) or set errors.on_bad_event = \"dead_letter\" to skip such \
+             events",
+            m.topic(),
+            m.partition(),
+            m.offset(),
+            bad.message
+        );
+        tracing::error!(collection = %ns, %reason, "collection stopped");
+        self.to_stop.lock().expect("to_stop lock").push(ToStop {
+            ns: ns.to_string(),
+            reason,
+            version,
+        });
     }
 
     /// Send an event that can never be written to the dead-letter topic, counted by its
