@@ -125,6 +125,37 @@ async fn converge(server: &PrivateMariaDb, db: &str, ch_db: &str, limit: Duratio
     }
 }
 
+/// On `server`: a new database with the writer's table, its ClickHouse database, and a
+/// capture of it from the binlog position before them. Returns the database, the ClickHouse
+/// database, the binlog file the capture starts in, and the capture.
+async fn table_and_capture(
+    c: &mut mysql_async::Conn,
+    server: &PrivateMariaDb,
+    name: &str,
+) -> (String, String, String, CaptureProcess) {
+    let db = unique(name);
+    let ch_db = format!("{db}_ch");
+    clickhouse_tsv(&format!("CREATE DATABASE {ch_db}"))
+        .await
+        .unwrap();
+    let (file, pos) = sluice_tests::capture::binlog_status(c).await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(40) NOT NULL, n INT NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    let (text, connector, prefix) = CaptureProcess::config(&db, &format!("{file}:{pos}"), "");
+    let cap = CaptureProcess::spawn((
+        text.replace(&mysql_url(), &server.url()),
+        connector,
+        prefix,
+    ));
+    (db, ch_db, file, cap)
+}
+
 /// Wait until the replica has applied everything the primary has written.
 async fn caught_up(primary: &PrivateMariaDb, replica: &PrivateMariaDb) {
     let pos: String = primary
@@ -168,27 +199,7 @@ async fn a_capture_follows_a_fail_over_to_the_promoted_replica_by_gtid() {
         primary.port
     ));
 
-    let db = unique("sluice_t_failover");
-    let ch_db = format!("{db}_ch");
-    clickhouse_tsv(&format!("CREATE DATABASE {ch_db}"))
-        .await
-        .unwrap();
-    let (file, pos) = sluice_tests::capture::binlog_status(&mut p).await;
-    p.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    p.query_drop(format!(
-        "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(40) NOT NULL, n INT NOT NULL)"
-    ))
-    .await
-    .unwrap();
-
-    let (text, connector, prefix) = CaptureProcess::config(&db, &format!("{file}:{pos}"), "");
-    let mut cap = CaptureProcess::spawn((
-        text.replace(&mysql_url(), &primary.url()),
-        connector,
-        prefix,
-    ));
+    let (db, ch_db, _, mut cap) = table_and_capture(&mut p, &primary, "sluice_t_failover").await;
     let mut apply = CaptureProcess::apply_clickhouse(&cap.prefix, &ch_db, &unique("dlq"));
 
     // 1. The capture reads the primary.
@@ -251,24 +262,9 @@ async fn reset_master_is_refused_with_the_next_generation_named() {
     };
     let seed = sluice_tests::seed();
     let mut c = server.conn().await;
-    let db = unique("sluice_t_reset");
-    let ch_db = format!("{db}_ch");
-    clickhouse_tsv(&format!("CREATE DATABASE {ch_db}"))
-        .await
-        .unwrap();
-    let (file, pos) = sluice_tests::capture::binlog_status(&mut c).await;
+    let (db, ch_db, file, mut cap) = table_and_capture(&mut c, &server, "sluice_t_reset").await;
     assert_eq!(file, "mysql-bin.000001");
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(format!(
-        "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(40) NOT NULL, n INT NOT NULL)"
-    ))
-    .await
-    .unwrap();
-    let (text, connector, prefix) = CaptureProcess::config(&db, &format!("{file}:{pos}"), "");
-    let text = text.replace(&mysql_url(), &server.url());
-    let mut cap = CaptureProcess::spawn((text.clone(), connector, prefix.clone()));
+    let prefix = cap.prefix.clone();
     let mut apply = CaptureProcess::apply_clickhouse(&prefix, &ch_db, &unique("dlq"));
     let mut w = Writer::new(&db, seed);
     w.run(&mut c, 200).await;

@@ -822,21 +822,9 @@ async fn an_idle_capture_publishes_heartbeats() {
     assert_eq!(code, Some(0), "{log}");
 }
 
-/// A duplicate key on the target's unique index sends that event to the dead-letter topic and
-/// the rest flows on; the DDL filter and the namespace map are obeyed.
-/// By default (`errors.on_bad_event = "stop_table"`) a write the target refuses stops its
-/// collection, named, across restarts: the collection without that change would differ from the
-/// source. The other collections flow.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_refused_write_stops_its_collection_and_the_rest_flows() {
-    let db = unique("sluice_m_stop");
-    let (src, dst) = (
-        client(mongo_source_url()).await,
-        client(mongo_target_url()).await,
-    );
-    let meta = unique("meta");
-    let mut cap = capture(&db, "mode = \"oplog\"", "");
-    let target = dst.database(&db).collection::<Document>("a");
+/// A unique index on `email` the source lacks: the target refuses a second document with the
+/// same address.
+async fn unique_email_index(target: &mongodb::Collection<Document>) {
     target
         .create_index(
             mongodb::IndexModel::builder()
@@ -850,6 +838,22 @@ async fn a_refused_write_stops_its_collection_and_the_rest_flows() {
         )
         .await
         .unwrap();
+}
+
+/// By default (`errors.on_bad_event = "stop_table"`) a write the target refuses stops its
+/// collection, named, across restarts: the collection without that change would differ from the
+/// source. The other collections flow.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_write_stops_its_collection_and_the_rest_flows() {
+    let db = unique("sluice_m_stop");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let meta = unique("meta");
+    let mut cap = capture(&db, "mode = \"oplog\"", "");
+    let target = dst.database(&db).collection::<Document>("a");
+    unique_email_index(&target).await;
     let group = unique("g");
     let mut app = apply_at(&mongo_target_url(), &meta, &cap.prefix, &group, "");
     started(&cap, true).await;
@@ -921,6 +925,9 @@ async fn a_refused_write_stops_its_collection_and_the_rest_flows() {
     dst.database(&meta).drop().await.unwrap();
 }
 
+/// A duplicate key on the target's unique index sends that event to the dead-letter topic
+/// (`errors.on_bad_event = "dead_letter"`) and the rest flows on; the DDL filter and the
+/// namespace map are obeyed.
 #[tokio::test(flavor = "multi_thread")]
 async fn refused_writes_are_dead_lettered_and_the_stream_goes_on() {
     let db = unique("sluice_m_dead");
@@ -933,19 +940,7 @@ async fn refused_writes_are_dead_lettered_and_the_stream_goes_on() {
     let mut cap = capture(&db, "mode = \"oplog\"", "");
     // The target has a unique index the source lacks.
     let target = dst.database(&mapped).collection::<Document>("a");
-    target
-        .create_index(
-            mongodb::IndexModel::builder()
-                .keys(doc! { "email": 1 })
-                .options(
-                    mongodb::options::IndexOptions::builder()
-                        .unique(true)
-                        .build(),
-                )
-                .build(),
-        )
-        .await
-        .unwrap();
+    unique_email_index(&target).await;
     let mut app = apply(
         &cap.prefix,
         &unique("g"),

@@ -236,8 +236,7 @@ impl Sink {
     /// Record the collections refused writes stopped ([`Writer::stop_for`]): their later
     /// events are dead-lettered, across restarts.
     async fn record_stops(&mut self) -> Result<(), ApplyError> {
-        let stops = std::mem::take(&mut *self.writer.to_stop.lock().expect("to_stop lock"));
-        for s in stops {
+        for s in self.writer.to_stop.take() {
             if self.stopped.why(&s.ns, s.version).is_none() {
                 self.stopped.stop(&s.ns, &s.reason, s.version).await?;
             }

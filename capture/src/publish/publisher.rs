@@ -272,16 +272,10 @@ where
         // The key's partition among those the topic's keys are spread over, not among all it
         // has now ([`keying`]).
         let partition = match partition {
-            Some(p) => Some(p),
-            None => {
-                if !self.topics.contains_key(topic) {
-                    self.ensure_topic(topic, false).await?;
-                }
-                self.topics
-                    .get(topic)
-                    .map(|&n| keying::partition_of(key, n))
-            }
+            Some(p) => p,
+            None => keying::partition_of(key, self.ensure_topic(topic, false).await?),
         };
+        let partition = Some(partition);
         produce(&self.producer, &self.next, topic, key, payload, partition).await?;
         Ok(())
     }

@@ -46,7 +46,33 @@ pub(super) struct Writer {
     pub(super) fence: std::sync::Arc<Fence>,
     /// With `errors.on_bad_event = "stop_table"`: the collections a refused write stops, for
     /// the sink to record (the rebalance callback settles batches too).
-    pub(super) to_stop: std::sync::Arc<std::sync::Mutex<Vec<ToStop>>>,
+    pub(super) to_stop: std::sync::Arc<Stops>,
+}
+
+/// Collections to stop, with a flag the sink reads for every row event (cheaper than the lock).
+#[derive(Default)]
+pub(super) struct Stops {
+    pending: std::sync::atomic::AtomicBool,
+    list: std::sync::Mutex<Vec<ToStop>>,
+}
+
+impl Stops {
+    fn push(&self, stop: ToStop) {
+        self.list.lock().expect("stops lock").push(stop);
+        self.pending
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The collections to stop since the last take (none without taking the lock).
+    pub(super) fn take(&self) -> Vec<ToStop> {
+        if !self
+            .pending
+            .swap(false, std::sync::atomic::Ordering::Acquire)
+        {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.list.lock().expect("stops lock"))
+    }
 }
 
 /// A collection to stop: its namespace, why, and the version of the refused event.
@@ -301,7 +327,7 @@ impl Writer {
             bad.message
         );
         tracing::error!(collection = %ns, %reason, "collection stopped");
-        self.to_stop.lock().expect("to_stop lock").push(ToStop {
+        self.to_stop.push(ToStop {
             ns: ns.to_string(),
             reason,
             version,
