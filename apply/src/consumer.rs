@@ -12,7 +12,7 @@ pub struct ConsumerConfig {
     pub topics: Vec<String>,
     /// This instance's stable name in the group (Kafka static membership,
     /// `group.instance.id`): restarted within the session timeout (`session.timeout.ms`,
-    /// librdkafka's default 45 s, settable in `[kafka.properties]`) it takes its partitions
+    /// 10 s here, settable in `[kafka.properties]`) it takes its partitions
     /// back at once, without a rebalance, instead of leaving them unread until the timeout.
     /// Each instance needs its own (the Kubernetes manifests give the pod's name). Default
     /// empty: dynamic membership.

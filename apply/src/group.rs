@@ -67,6 +67,10 @@ impl Offsets {
 /// those events again).
 pub trait Drain: Send + Sync + 'static {
     fn drain(&self) -> Option<Offsets>;
+
+    /// Partitions were just assigned (from the rebalance callback, before any of their events
+    /// is delivered).
+    fn assigned(&self, _partitions: &rdkafka::TopicPartitionList) {}
 }
 
 /// The consumer group metrics every apply binary serves.
@@ -336,6 +340,7 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
         match r {
             Rebalance::Assign(tpl) => {
                 self.metrics.assigned.set(tpl.count() as i64);
+                self.drain.assigned(tpl);
                 let expired = self.expired_in(consumer, tpl);
                 if !expired.is_empty() {
                     let why = format!(

@@ -148,11 +148,7 @@ async fn table_and_capture(
     .await
     .unwrap();
     let (text, connector, prefix) = CaptureProcess::config(&db, &format!("{file}:{pos}"), "");
-    let cap = CaptureProcess::spawn((
-        text.replace(&mysql_url(), &server.url()),
-        connector,
-        prefix,
-    ));
+    let cap = CaptureProcess::spawn((text.replace(&mysql_url(), &server.url()), connector, prefix));
     (db, ch_db, file, cap)
 }
 

@@ -708,6 +708,7 @@ async fn a_lost_source_connection_is_reopened_and_nothing_is_lost() {
 /// `max.poll.interval.ms`) must not write its old batch over what the new owner wrote since.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_member_that_lost_its_partitions_while_retrying_never_overwrites_the_new_owner() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let db = unique("sluice_m_fence");
     let (src, dst) = (
         client(mongo_source_url()).await,
@@ -716,6 +717,23 @@ async fn a_member_that_lost_its_partitions_while_retrying_never_overwrites_the_n
     let (group, meta) = (unique("g"), unique("meta"));
     let relay = Relay::to(&mongo_target_url()).await;
     let mut cap = capture(&db, "mode = \"oplog\"", "");
+    // The collection's topic exists before any change, so member A is assigned its partitions
+    // (and claims them) before it has written anything.
+    let topic = cap.topic(&db, "c");
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
     // Member A reaches the target through the relay; it may go 7 s without polling Kafka.
     let mut a = apply_at(
         &relay.url(&mongo_target_url()),
@@ -725,6 +743,15 @@ async fn a_member_that_lost_its_partitions_while_retrying_never_overwrites_the_n
         "\"max.poll.interval.ms\" = \"7000\"\n",
     );
     started(&cap, true).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric_at(a.metrics_port, "sluice_apply_assigned_partitions") != Some(3.0) {
+        assert!(
+            Instant::now() < deadline,
+            "member A was never assigned the topic"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let c = src.database(&db).collection::<Document>("c");
     let t = dst.database(&db).collection::<Document>("c");
     let v_at_target = || async {
@@ -746,26 +773,23 @@ async fn a_member_that_lost_its_partitions_while_retrying_never_overwrites_the_n
             }
         }
     };
-    c.insert_one(doc! { "_id": 1, "v": 1 }).await.unwrap();
-    wait_for(1, "member A writes").await;
-    // A's target goes away: A holds v = 2 and retries, past its poll interval.
+    // A's target goes away before its first write: A holds v = 1 and retries, past its poll
+    // interval.
     relay.cut();
+    c.insert_one(doc! { "_id": 1, "v": 1 }).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Member B takes the partitions over and writes v = 1, then v = 2.
+    let mut b = apply_at(&mongo_target_url(), &meta, &cap.prefix, &group, "");
+    wait_for(1, "member B takes over").await;
     c.update_one(doc! { "_id": 1 }, doc! { "$set": { "v": 2 } })
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    // Member B takes the partitions over and writes v = 2, then v = 3.
-    let mut b = apply_at(&mongo_target_url(), &meta, &cap.prefix, &group, "");
-    wait_for(2, "member B takes over").await;
-    c.update_one(doc! { "_id": 1 }, doc! { "$set": { "v": 3 } })
-        .await
-        .unwrap();
-    wait_for(3, "member B writes on").await;
-    // A's target comes back: A must stop, not write v = 2 over v = 3.
+    wait_for(2, "member B writes on").await;
+    // A's target comes back: A must stop, not write v = 1 over v = 2.
     relay.restore();
     let deadline = Instant::now() + Duration::from_secs(90);
     while !a.exited() && Instant::now() < deadline {
-        if v_at_target().await == Some(2) {
+        if v_at_target().await == Some(1) {
             let (_, log) = a.stop();
             panic!("member A wrote its old state over the new owner's:\n{log}");
         }
@@ -778,13 +802,13 @@ async fn a_member_that_lost_its_partitions_while_retrying_never_overwrites_the_n
     );
     assert_eq!(
         v_at_target().await,
-        Some(3),
+        Some(2),
         "the new owner's write stands\n{log}"
     );
-    c.update_one(doc! { "_id": 1 }, doc! { "$set": { "v": 4 } })
+    c.update_one(doc! { "_id": 1 }, doc! { "$set": { "v": 3 } })
         .await
         .unwrap();
-    wait_for(4, "member B goes on").await;
+    wait_for(3, "member B goes on").await;
     stop_all(&mut [&mut cap, &mut b]).await;
     src.database(&db).drop().await.unwrap();
     dst.database(&db).drop().await.unwrap();
@@ -898,9 +922,15 @@ async fn a_refused_write_stops_its_collection_and_the_rest_flows() {
     let (code, _) = app.stop();
     assert_eq!(code, Some(0));
     app.restart();
+    for i in 10..15 {
+        a.insert_one(doc! { "_id": i, "email": format!("{i}@example.com") })
+            .await
+            .unwrap();
+        b.insert_one(doc! { "_id": i }).await.unwrap();
+    }
     let tb = dst.database(&db).collection::<Document>("b");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while tb.count_documents(doc! {}).await.unwrap() < 7 {
+    while tb.count_documents(doc! {}).await.unwrap() < 12 {
         if Instant::now() > deadline {
             let (_, log) = app.stop();
             panic!("the other collection did not flow:\n{log}");

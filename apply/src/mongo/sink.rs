@@ -115,6 +115,7 @@ impl Sink {
                 &config.mongodb.meta_database,
                 &config.consumer.group_id,
                 fence::member_name(&config.consumer.instance_id),
+                &config.mongodb,
             ),
         );
         let drain_failed = Arc::new(Mutex::new(None));
@@ -176,7 +177,23 @@ impl Sink {
         let payload = m.payload().unwrap_or_default();
         let event = match read(payload) {
             Ok(e) => e,
-            Err(bad) => return self.skip(&m, &bad).await,
+            Err(bad) => {
+                // A row event this build cannot apply (a newer contract) still names its
+                // collection, which would lack the change: stopped first.
+                if let Ok(e) = RowEvent::parse(payload) {
+                    if matches!(
+                        e.op(),
+                        Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead
+                    ) {
+                        let (db, coll) = self.target(e.database, e.table);
+                        self.writer
+                            .stop_for(&m, &format!("{db}.{coll}"), &bad)
+                            .await?;
+                        self.record_stops();
+                    }
+                }
+                return self.skip(&m, &bad).await;
+            }
         };
         if !self.due(event.commit_time_micros, shutdown).await? {
             return Ok(()); // not recorded: read again
@@ -185,23 +202,29 @@ impl Sink {
         match event.op() {
             Op::Ddl | Op::Truncate => {
                 self.flush(shutdown).await?;
-                if let Err(bad) = self.apply_ddl_event(payload, shutdown).await? {
+                // Still this partition's owner, for each attempt of the command.
+                let mut origin = crate::group::Offsets::default();
+                origin.record(&m);
+                if let Err(bad) = self.apply_ddl_event(payload, &origin, shutdown).await? {
+                    self.refused_ddl(&m, &bad).await?;
                     self.writer.dead_letter(&m, &bad).await?;
                 }
                 self.batch().offsets.record(&m);
             }
             Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => {
                 let target = self.target(event.database, event.table);
-                self.record_stops().await?;
+                self.record_stops();
                 if !self.stopped.is_empty() {
                     let ns = format!("{}.{}", target.0, target.1);
                     if let Some(why) = self.stopped.why(&ns, event.version) {
                         let reason = format!(
                             "collection {ns} is stopped: {why} (delete its document from {} \
                              to take it up again)",
-                            self.stopped.name
+                            self.stopped.log.name
                         );
-                        return self.skip(&m, &BadEvent::new(Reason::Ddl, reason)).await;
+                        return self
+                            .skip(&m, &BadEvent::new(Reason::TableStopped, reason))
+                            .await;
                     }
                 }
                 if self
@@ -221,10 +244,11 @@ impl Sink {
                     Err(reason) => {
                         let reason = format!("{}.{}: {reason}", event.database, event.table);
                         let bad = BadEvent::new(Reason::Value, reason);
-                        self.skip(&m, &bad).await?;
+                        // Stopped (recorded) first, then past it.
                         let ns = format!("{}.{}", target.0, target.1);
-                        self.writer.stop_for(&m, &ns, &bad);
-                        self.record_stops().await?;
+                        self.writer.stop_for(&m, &ns, &bad).await?;
+                        self.record_stops();
+                        self.skip(&m, &bad).await?;
                     }
                 }
             }
@@ -233,15 +257,31 @@ impl Sink {
         Ok(())
     }
 
-    /// Record the collections refused writes stopped ([`Writer::stop_for`]): their later
-    /// events are dead-lettered, across restarts.
-    async fn record_stops(&mut self) -> Result<(), ApplyError> {
-        for s in self.writer.to_stop.take() {
-            if self.stopped.why(&s.ns, s.version).is_none() {
-                self.stopped.stop(&s.ns, &s.reason, s.version).await?;
-            }
+    /// A drop or rename the target refused leaves documents the source no longer has where
+    /// they were: the collection stops. (A refused index or validator command leaves the
+    /// documents as the source has them: dead-lettered only.)
+    async fn refused_ddl(&mut self, m: &OwnedMessage, bad: &BadEvent) -> Result<(), ApplyError> {
+        use prost::Message as _;
+        let Ok(e) = sluice_proto::ChangeEvent::decode(m.payload().unwrap_or_default()) else {
+            return Ok(());
+        };
+        let kind = e.ddl.as_ref().map(|d| d.kind.as_str()).unwrap_or_default();
+        if matches!(kind, "drop" | "rename") && !e.table.is_empty() {
+            let (db, coll) = self.target(&e.database, &e.table);
+            self.writer
+                .stop_for(m, &format!("{db}.{coll}"), bad)
+                .await?;
+            self.record_stops();
         }
         Ok(())
+    }
+
+    /// Take the collections refused writes stopped ([`Writer::stop_for`], which recorded them)
+    /// into memory: their later events are dead-lettered.
+    fn record_stops(&mut self) {
+        for s in self.writer.to_stop.take() {
+            self.stopped.remember(s.ns, s.reason, s.version);
+        }
     }
 
     /// Dead-letter an event that can never be written, and go past it.
@@ -332,9 +372,13 @@ impl Sink {
         };
         self.writer.settle(&batch, outcome).await?;
         // Before the offsets: a restart must find the collection stopped.
-        self.record_stops().await?;
+        self.record_stops();
         batch.offsets.store(&*self.consumer);
         self.metrics.group.written(batch.newest_commit_micros);
+        // Collections other instances stopped meanwhile (their keys are on every partition).
+        if let Err(e) = self.stopped.refresh().await {
+            tracing::warn!(error = %e, "reading the stopped collections again failed; retrying after the next batch");
+        }
         if batch.events > 0 {
             self.metrics.batch_events.observe(batch.events as f64);
             self.metrics

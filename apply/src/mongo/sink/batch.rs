@@ -88,6 +88,39 @@ pub(crate) struct MongoDrain {
 }
 
 impl Drain for MongoDrain {
+    /// Claim the partitions just assigned ([`super::fence`]), retrying MongoDB for up to 30 s;
+    /// if it stays away, the sink stops before it writes anything.
+    fn assigned(&self, partitions: &rdkafka::TopicPartitionList) {
+        let partitions: Vec<(String, i32)> = partitions
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect();
+        if partitions.is_empty() {
+            return;
+        }
+        let claim = async {
+            let deadline = Instant::now() + std::time::Duration::from_secs(30);
+            let mut backoff = std::time::Duration::from_millis(250);
+            loop {
+                match self.writer.fence.claim(&partitions).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) if e.is_transient() && Instant::now() + backoff < deadline => {
+                        tracing::warn!(error = %e, "claiming the assigned partitions; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        if let Err(e) = block_on(&self.runtime, claim) {
+            *self.failed.lock().expect("failed lock") = Some(format!(
+                "the partitions assigned could not be claimed in the owners' collection: {e}"
+            ));
+        }
+    }
+
     fn drain(&self) -> Option<Offsets> {
         let taken = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
         // The partitions go (all of them: the group's protocol is eager); claimed again if

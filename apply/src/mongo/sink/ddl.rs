@@ -64,36 +64,95 @@ async fn read_all(
     Ok(out)
 }
 
-/// The target collections stopped, as recorded in `<meta_database>.stopped_collections`
-/// (`{_id: "db.coll", reason, version, at}`).
-pub(super) struct Stopped {
+/// The record of stopped collections, `<meta_database>.stopped_collections`
+/// (`{_id: "db.coll", reason, version, at}`): written by the sink and by the batch writer (a
+/// refused write stops its collection, from the rebalance callback too) before the offsets of
+/// the event that stopped it are stored.
+#[derive(Clone)]
+pub(super) struct StopLog {
     collection: mongodb::Collection<Document>,
     pub(super) name: String,
-    /// Target namespace -> why, and the version from which its events are not applied.
-    reasons: HashMap<String, (String, u64)>,
 }
 
-impl Stopped {
+impl StopLog {
     pub(super) fn new(client: &mongodb::Client, meta_database: &str) -> Self {
         Self {
             collection: client
                 .database(meta_database)
                 .collection("stopped_collections"),
             name: format!("{meta_database}.stopped_collections"),
-            reasons: HashMap::new(),
         }
     }
 
-    /// Load the stopped collections (a restart keeps them stopped).
+    /// Record `ns` stopped from `version` on (an earlier stop's lower version stays).
+    pub(super) async fn write(
+        &self,
+        ns: &str,
+        reason: &str,
+        version: u64,
+    ) -> Result<(), ApplyError> {
+        self.collection
+            .update_one(
+                doc! { "_id": ns },
+                doc! {
+                    "$min": { "version": version as i64 },
+                    "$setOnInsert": { "reason": reason, "at": mongodb::bson::DateTime::now() },
+                },
+            )
+            .upsert(true)
+            .await
+            .map_err(|e| {
+                ApplyError::from(e)
+                    .context(format!("recording a stopped collection in {}", self.name))
+            })?;
+        Ok(())
+    }
+}
+
+/// The target collections stopped, as recorded in the [`StopLog`]; read at start and every 5 s
+/// (other instances stop collections too).
+pub(super) struct Stopped {
+    pub(super) log: StopLog,
+    /// Target namespace -> why, and the version from which its events are not applied.
+    reasons: HashMap<String, (String, u64)>,
+    read_at: Option<Instant>,
+}
+
+impl Stopped {
+    pub(super) fn new(client: &mongodb::Client, meta_database: &str) -> Self {
+        Self {
+            log: StopLog::new(client, meta_database),
+            reasons: HashMap::new(),
+            read_at: None,
+        }
+    }
+
+    /// Load the stopped collections (a restart keeps them stopped; a record deleted takes its
+    /// collection up again).
     pub(super) async fn read(&mut self) -> Result<(), ApplyError> {
-        for d in read_all(&self.collection, &self.name).await? {
+        let mut reasons = HashMap::new();
+        for d in read_all(&self.log.collection, &self.log.name).await? {
             if let (Ok(ns), Ok(reason)) = (d.get_str("_id"), d.get_str("reason")) {
                 // (stored as the i64 of the same bits)
                 let version = d.get_i64("version").map_or(0, |v| v as u64);
-                tracing::warn!(collection = %ns, %reason, "collection stopped before this start: its events are dead-lettered (delete its document from {} to take it up again)", self.name);
-                self.reasons
-                    .insert(ns.to_string(), (reason.to_string(), version));
+                if self.read_at.is_none() || !self.reasons.contains_key(ns) {
+                    tracing::warn!(collection = %ns, %reason, "collection stopped: its events are dead-lettered (delete its document from {} to take it up again)", self.log.name);
+                }
+                reasons.insert(ns.to_string(), (reason.to_string(), version));
             }
+        }
+        self.reasons = reasons;
+        self.read_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Read the record again if 5 s have gone by.
+    pub(super) async fn refresh(&mut self) -> Result<(), ApplyError> {
+        if self
+            .read_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
+        {
+            self.read().await?;
         }
         Ok(())
     }
@@ -111,22 +170,21 @@ impl Stopped {
             .map(|(r, _)| r.as_str())
     }
 
+    /// Take a stop already recorded in the log into memory.
+    pub(super) fn remember(&mut self, ns: String, reason: String, version: u64) {
+        let e = self.reasons.entry(ns).or_insert((reason, version));
+        e.1 = e.1.min(version);
+    }
+
+    /// Record `ns` stopped from `version`, and remember it.
     pub(super) async fn stop(
         &mut self,
         ns: &str,
         reason: &str,
         version: u64,
     ) -> Result<(), ApplyError> {
-        self.collection
-            .replace_one(
-                doc! { "_id": ns },
-                doc! { "_id": ns, "reason": reason, "version": version as i64, "at": mongodb::bson::DateTime::now() },
-            )
-            .upsert(true)
-            .await
-            .map_err(|e| ApplyError::from(e).context(format!("recording a stopped collection in {}", self.name)))?;
-        self.reasons
-            .insert(ns.to_string(), (reason.to_string(), version));
+        self.log.write(ns, reason, version).await?;
+        self.remember(ns.to_string(), reason.to_string(), version);
         Ok(())
     }
 }
@@ -207,10 +265,11 @@ impl Sink {
     pub(super) async fn apply_ddl_event(
         &mut self,
         payload: &[u8],
+        origin: &crate::group::Offsets,
         shutdown: &Shutdown,
     ) -> Result<Result<(), BadEvent>, ApplyError> {
         match ChangeEvent::decode(payload) {
-            Ok(event) => self.apply_ddl(&event, shutdown).await,
+            Ok(event) => self.apply_ddl(&event, origin, shutdown).await,
             Err(e) => Ok(Err(BadEvent::new(
                 Reason::Undecodable,
                 format!("not a change event: {e}"),
@@ -225,26 +284,40 @@ impl Sink {
         &self,
         command: Document,
         on: mongodb::Database,
+        origin: &crate::group::Offsets,
         shutdown: &Shutdown,
     ) -> Result<Result<(), String>, ApplyError> {
         // Codes that mean "already so": NamespaceNotFound, NamespaceExists, IndexNotFound.
         let ignore = |code: i32| matches!(code, 26 | 48 | 27);
         let mut backoff = Duration::from_millis(500);
         loop {
-            let e = match on.run_command(command.clone()).await {
-                Ok(_) => return Ok(Ok(())),
-                Err(e) => e,
+            // A member that lost the partition must not drop what the new owner made since.
+            let e: ApplyError = match self.writer.fence.check(origin).await {
+                Err(e) if e.is_transient() => e,
+                Err(e) => return Err(e),
+                Ok(()) => {
+                    let e = match on.run_command(command.clone()).await {
+                        Ok(_) => {
+                            self.outage.ok();
+                            return Ok(Ok(()));
+                        }
+                        Err(e) => e,
+                    };
+                    if matches!(&*e.kind, mongodb::error::ErrorKind::Command(c) if ignore(c.code)) {
+                        return Ok(Ok(()));
+                    }
+                    if !sluice_common::mongo::transient(&e) {
+                        return Ok(Err(e.to_string()));
+                    }
+                    ApplyError::from(e)
+                }
             };
-            if matches!(&*e.kind, mongodb::error::ErrorKind::Command(c) if ignore(c.code)) {
-                return Ok(Ok(()));
-            }
-            if !sluice_common::mongo::transient(&e) {
-                return Ok(Err(e.to_string()));
-            }
             self.metrics.retries.inc();
+            self.outage
+                .failing(&format!("MongoDB: a source command: {e}"));
             tracing::warn!(error = %e, retry_in = ?backoff, "source command failed; retrying");
             if shutdown.is_triggered() {
-                return Err(ApplyError::from(e).context(
+                return Err(e.context(
                     "stopping with a source command not applied (read again on restart)",
                 ));
             }
@@ -260,6 +333,7 @@ impl Sink {
     async fn apply_ddl(
         &mut self,
         event: &ChangeEvent,
+        origin: &crate::group::Offsets,
         shutdown: &Shutdown,
     ) -> Result<Result<(), BadEvent>, ApplyError> {
         let failed = |message: String| BadEvent::new(Reason::Ddl, message);
@@ -271,7 +345,7 @@ impl Sink {
             // Never filtered: the collection's later events cannot be applied exactly.
             let (db, coll) = self.config.target(&event.database, &event.table);
             let ns = format!("{db}.{coll}");
-            if !self.stopped.reasons.contains_key(&ns) {
+            if self.stopped.why(&ns, event.version).is_none() {
                 let reason = format!(
                     "the source refused it: {} (at {})",
                     ddl.reason, ddl.statement
@@ -324,7 +398,8 @@ impl Sink {
             }
         };
         let database = self.client.database(&db);
-        let run = |cmd: Document, on: mongodb::Database| self.run_command(cmd, on, shutdown);
+        let run =
+            |cmd: Document, on: mongodb::Database| self.run_command(cmd, on, origin, shutdown);
         let result = match kind {
             "drop" => run(doc! { "drop": &coll }, database).await,
             "drop_database" => run(doc! { "dropDatabase": 1 }, database).await,

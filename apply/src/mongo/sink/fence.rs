@@ -7,12 +7,17 @@
 //! version field is added to them), so the fence is on ownership, not on each document:
 //! - `<meta_database>.partition_owners` has one document per group, topic and partition,
 //!   `{_id: "<group>/<topic>/<partition>", epoch, member, at}`.
-//! - Before its first write of a partition after an assignment, a member claims it: the epoch
-//!   goes up by one and is remembered.
-//! - Before each batch write (every attempt of a retried one, and again between rounds once a
-//!   second has gone by) the member reads the epochs of the batch's partitions; one that moved
-//!   on means another member took the partition over. The batch is not written and the sink
-//!   stops, saying so: what it held is read again from the committed offsets by the owner.
+//! - When partitions are assigned (the rebalance callback, the one moment this member knows it
+//!   owns them), the member claims each: the epoch goes up by one and is remembered. A claim
+//!   that cannot be made (MongoDB unreachable for its whole retry) stops the sink before it
+//!   writes anything: it never claims later, when it may no longer be the owner.
+//! - Before each batch write or source command (every attempt of a retried one, and again
+//!   between rounds once a second has gone by) the member reads the epochs of the partitions
+//!   concerned; one that moved on means another member took the partition over, and one it
+//!   never claimed is not its own. Nothing is written and the sink stops, saying so: what it
+//!   held is read again from the committed offsets by the owner.
+//! - Claims are written with `mongodb.write_concern` and epochs read with majority read
+//!   concern, so an election cannot roll a claim back under the check.
 //! - Partitions let go in a rebalance are forgotten, and claimed again if they come back.
 //!
 //! What it does not cover: a write already sent before the new owner's claim, held up in the
@@ -45,11 +50,16 @@ impl Fence {
         meta_database: &str,
         group: &str,
         member: String,
+        config: &crate::mongo::MongoTargetConfig,
     ) -> Self {
+        let options = mongodb::options::CollectionOptions::builder()
+            .write_concern(write_concern(config))
+            .read_concern(mongodb::options::ReadConcern::majority())
+            .build();
         Fence {
             owners: client
                 .database(meta_database)
-                .collection("partition_owners"),
+                .collection_with_options("partition_owners", options),
             name: format!("{meta_database}.partition_owners"),
             group: group.to_string(),
             member,
@@ -66,50 +76,10 @@ impl Fence {
         self.held.lock().expect("fence lock").clear();
     }
 
-    /// Claim the partitions of `offsets` this member has not claimed yet, and check that it
-    /// is still the owner of the others. A partition taken over is a definite error: write
-    /// nothing more of it.
-    pub(super) async fn check(&self, offsets: &Offsets) -> Result<(), ApplyError> {
-        let mut claim = Vec::new();
-        let mut verify = Vec::new();
-        {
-            let held = self.held.lock().expect("fence lock");
-            for (topic, partitions) in &offsets.0 {
-                for &p in partitions.keys() {
-                    match held.get(&(topic.clone(), p)) {
-                        Some(&epoch) => verify.push((topic.clone(), p, epoch)),
-                        None => claim.push((topic.clone(), p)),
-                    }
-                }
-            }
-        }
-        if !verify.is_empty() {
-            let ids: Vec<Bson> = verify
-                .iter()
-                .map(|(t, p, _)| Bson::String(self.id(t, *p)))
-                .collect();
-            let mut now: HashMap<String, (i64, String)> = HashMap::new();
-            let mut cursor = self.owners.find(doc! { "_id": { "$in": ids } }).await?;
-            while cursor.advance().await? {
-                let d = cursor.deserialize_current()?;
-                let id = d.get_str("_id").unwrap_or_default().to_string();
-                let epoch = epoch_of(&d);
-                let member = d.get_str("member").unwrap_or("?").to_string();
-                now.insert(id, (epoch, member));
-            }
-            for (topic, p, mine) in &verify {
-                let id = self.id(topic, *p);
-                let (epoch, member) = match now.get(&id) {
-                    Some((e, m)) => (*e, m.as_str()),
-                    None => (0, "nobody (its document is gone)"),
-                };
-                if epoch != *mine {
-                    return Err(self.taken_over(topic, *p, *mine, epoch, member));
-                }
-            }
-        }
-        for (topic, p) in claim {
-            let id = self.id(&topic, p);
+    /// Claim `partitions`, just assigned to this member: each one's epoch goes up by one.
+    pub(super) async fn claim(&self, partitions: &[(String, i32)]) -> Result<(), ApplyError> {
+        for (topic, p) in partitions {
+            let id = self.id(topic, *p);
             let d = self
                 .owners
                 .find_one_and_update(
@@ -121,7 +91,10 @@ impl Fence {
                 )
                 .upsert(true)
                 .return_document(ReturnDocument::After)
-                .await?
+                .await
+                .map_err(|e| {
+                    ApplyError::from(e).context(format!("claiming {id} in {}", self.name))
+                })?
                 .ok_or_else(|| {
                     ApplyError::transient(
                         Origin::Mongo,
@@ -133,7 +106,62 @@ impl Fence {
             self.held
                 .lock()
                 .expect("fence lock")
-                .insert((topic, p), epoch);
+                .insert((topic.clone(), *p), epoch);
+        }
+        Ok(())
+    }
+
+    /// Check that this member still owns every partition of `offsets`: claimed at its
+    /// assignment, and claimed by no one since. A definite error otherwise: write nothing of it.
+    pub(super) async fn check(&self, offsets: &Offsets) -> Result<(), ApplyError> {
+        let mut verify = Vec::new();
+        {
+            let held = self.held.lock().expect("fence lock");
+            for (topic, partitions) in &offsets.0 {
+                for &p in partitions.keys() {
+                    match held.get(&(topic.clone(), p)) {
+                        Some(&epoch) => verify.push((topic.clone(), p, epoch)),
+                        None => {
+                            return Err(ApplyError::definite(
+                                Origin::Kafka,
+                                format!(
+                                    "partition {p} of {topic} has no claim of this member ({}) \
+                                     in {}: it was not claimed at its assignment, so this member \
+                                     cannot tell it still owns it. Stopping without writing; a \
+                                     restart joins the group again",
+                                    self.member, self.name
+                                ),
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+        if verify.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<Bson> = verify
+            .iter()
+            .map(|(t, p, _)| Bson::String(self.id(t, *p)))
+            .collect();
+        let mut now: HashMap<String, (i64, String)> = HashMap::new();
+        let mut cursor = self.owners.find(doc! { "_id": { "$in": ids } }).await?;
+        while cursor.advance().await? {
+            let d = cursor.deserialize_current()?;
+            let id = d.get_str("_id").unwrap_or_default().to_string();
+            let epoch = epoch_of(&d);
+            let member = d.get_str("member").unwrap_or("?").to_string();
+            now.insert(id, (epoch, member));
+        }
+        for (topic, p, mine) in &verify {
+            let id = self.id(topic, *p);
+            let (epoch, member) = match now.get(&id) {
+                Some((e, m)) => (*e, m.as_str()),
+                None => (0, "nobody (its document is gone)"),
+            };
+            if epoch != *mine {
+                return Err(self.taken_over(topic, *p, *mine, epoch, member));
+            }
         }
         Ok(())
     }
@@ -159,6 +187,25 @@ impl Fence {
             ),
         )
     }
+}
+
+/// `mongodb.write_concern` (with `journal` and `wtimeout_ms`) as the driver's option.
+fn write_concern(config: &crate::mongo::MongoTargetConfig) -> mongodb::options::WriteConcern {
+    use mongodb::options::Acknowledgment;
+    let w = config.write_concern.trim();
+    let w = match w.parse::<u32>() {
+        Ok(n) => Acknowledgment::Nodes(n),
+        Err(_) if w == "majority" => Acknowledgment::Majority,
+        Err(_) => Acknowledgment::Custom(w.to_string()),
+    };
+    let mut concern = mongodb::options::WriteConcern::builder().w(w).build();
+    if config.journal {
+        concern.journal = Some(true);
+    }
+    if config.wtimeout_ms > 0 {
+        concern.w_timeout = Some(std::time::Duration::from_millis(config.wtimeout_ms));
+    }
+    concern
 }
 
 fn epoch_of(d: &Document) -> i64 {

@@ -47,6 +47,8 @@ pub(super) struct Writer {
     /// With `errors.on_bad_event = "stop_table"`: the collections a refused write stops, for
     /// the sink to record (the rebalance callback settles batches too).
     pub(super) to_stop: std::sync::Arc<Stops>,
+    /// Where those stops are recorded, before the offsets of their events are stored.
+    stop_log: super::ddl::StopLog,
 }
 
 /// Collections to stop, with a flag the sink reads for every row event (cheaper than the lock).
@@ -134,6 +136,7 @@ impl Writer {
         Writer {
             fence: std::sync::Arc::new(fence),
             to_stop: Default::default(),
+            stop_log: super::ddl::StopLog::new(&client, &config.meta_database),
             client,
             write_concern: write_concern(config),
             bypass_validation: config.bypass_validation,
@@ -296,8 +299,8 @@ impl Writer {
         for r in &outcome.refused {
             if sent.insert(r.origin) {
                 let m = &batch.messages[r.origin];
+                self.stop_for(m, &r.ns, &r.bad).await?;
                 self.dead_letter(m, &r.bad).await?;
-                self.stop_for(m, &r.ns, &r.bad);
             }
         }
         if !outcome.refused.is_empty() {
@@ -309,9 +312,14 @@ impl Writer {
     /// With `errors.on_bad_event = "stop_table"` (the default), a row event that can never be
     /// written stops its target collection: the target would silently lack the change (a
     /// refused insert leaves a document out, a refused update leaves an older state).
-    pub(super) fn stop_for(&self, m: &OwnedMessage, ns: &str, bad: &BadEvent) {
+    pub(super) async fn stop_for(
+        &self,
+        m: &OwnedMessage,
+        ns: &str,
+        bad: &BadEvent,
+    ) -> Result<(), ApplyError> {
         if self.on_bad_event != OnBadEvent::StopTable {
-            return;
+            return Ok(());
         }
         let version = sluice_proto::view::RowEvent::parse(m.payload().unwrap_or_default())
             .map(|e| e.version)
@@ -327,11 +335,13 @@ impl Writer {
             bad.message
         );
         tracing::error!(collection = %ns, %reason, "collection stopped");
+        self.stop_log.write(ns, &reason, version).await?;
         self.to_stop.push(ToStop {
             ns: ns.to_string(),
             reason,
             version,
         });
+        Ok(())
     }
 
     /// Send an event that can never be written to the dead-letter topic, counted by its
