@@ -279,31 +279,49 @@ impl<D> GroupContext<D> {
         &self,
         consumer: &BaseConsumer<Self>,
         tpl: &rdkafka::TopicPartitionList,
-    ) -> Vec<String>
+    ) -> Result<Vec<String>, String>
     where
         Self: ConsumerContext,
     {
         let timeout = Duration::from_secs(10);
-        let Ok(committed) = consumer.committed_offsets(tpl.clone(), timeout) else {
-            return Vec::new();
-        };
+        // Each request tried three times: unanswered, the check cannot be skipped (librdkafka
+        // would reset to the earliest offset without a word).
+        fn tried<T>(mut f: impl FnMut() -> KafkaResult<T>) -> KafkaResult<T> {
+            let mut last = f();
+            for _ in 0..2 {
+                if last.is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                last = f();
+            }
+            last
+        }
+        let committed = tried(|| consumer.committed_offsets(tpl.clone(), timeout))
+            .map_err(|e| format!("the committed offsets: {e}"))?;
         let mut out = Vec::new();
         for e in committed.elements() {
             let rdkafka::Offset::Offset(at) = e.offset() else {
                 continue; // nothing committed: a new group starts at the beginning
             };
-            if let Ok((low, _)) = consumer.fetch_watermarks(e.topic(), e.partition(), timeout) {
-                if at < low {
-                    out.push(format!(
-                        "{} partition {}: committed offset {at}, first offset now {low} ({} events expired unread)",
-                        e.topic(),
-                        e.partition(),
-                        low - at
-                    ));
-                }
+            let (low, _) = tried(|| consumer.fetch_watermarks(e.topic(), e.partition(), timeout))
+                .map_err(|err| {
+                format!(
+                    "the first offset of {} partition {}: {err}",
+                    e.topic(),
+                    e.partition()
+                )
+            })?;
+            if at < low {
+                out.push(format!(
+                    "{} partition {}: committed offset {at}, first offset now {low} ({} events expired unread)",
+                    e.topic(),
+                    e.partition(),
+                    low - at
+                ));
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -341,9 +359,9 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
             Rebalance::Assign(tpl) => {
                 self.metrics.assigned.set(tpl.count() as i64);
                 self.drain.assigned(tpl);
-                let expired = self.expired_in(consumer, tpl);
-                if !expired.is_empty() {
-                    let why = format!(
+                let why = match self.expired_in(consumer, tpl) {
+                    Ok(expired) if expired.is_empty() => None,
+                    Ok(expired) => Some(format!(
                         "events expired from Kafka (the topic's retention) before this group \
                          wrote them: {}. Reading on would skip them. Re-snapshot the tables \
                          (the capture's snapshot.request_id and snapshot.tables), then reset the \
@@ -351,8 +369,15 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
                          and start again; keep outages of the apply stage shorter than the \
                          retention",
                         expired.join("; ")
-                    );
-                    tracing::error!(%why, "offsets past the retention");
+                    )),
+                    Err(what) => Some(format!(
+                        "could not read {what} at the assignment, so whether events expired from \
+                         Kafka before this group wrote them is unknown; stopping rather than let \
+                         the consumer reset past them. Start again once the brokers answer"
+                    )),
+                };
+                if let Some(why) = why {
+                    tracing::error!(%why, "offsets past the retention, or not checked");
                     *self.expired.lock().expect("expired lock") = Some(why);
                     self.expired_flag
                         .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -78,6 +78,8 @@ pub struct Sink {
     /// Target name -> why it is stopped (a DDL that could not be applied, or a table the
     /// source refused): its later events are dead-lettered with the reason.
     stopped: HashMap<String, String>,
+    /// When `stopped` was last read from `tables.stopped_table` (again every 5 s).
+    stopped_read_at: std::time::Instant,
     /// Target name -> the ALTERs applied to it (kept in ClickHouse, `tables.ddl_table`).
     applied: HashMap<String, Applied>,
     plans: HashMap<u64, Arc<Plan>>,
@@ -196,6 +198,7 @@ impl Sink {
             schemas,
             targets: HashMap::new(),
             stopped: HashMap::new(),
+            stopped_read_at: std::time::Instant::now(),
             applied: HashMap::new(),
             plans: HashMap::new(),
             batch,
@@ -299,8 +302,6 @@ impl Sink {
         );
         tracing::error!(table = %name, %reason, "mirror table stopped");
         self.stop_table(&name, &reason).await?;
-        // Cached plans would let its later rows through.
-        self.plans.clear();
         Ok(())
     }
 

@@ -304,6 +304,11 @@ impl Sink {
     /// first); the next batch is gathered meanwhile. Its offsets are stored once it is written.
     pub(super) async fn flush(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
         self.settle().await?;
+        if self.stopped_read_at.elapsed() >= std::time::Duration::from_secs(5) {
+            if let Err(e) = self.reload_stopped().await {
+                tracing::warn!(error = %e, "reading the stopped tables again failed; retrying at the next batch");
+            }
+        }
         let batch = std::mem::take(&mut *self.batch());
         if batch.tables.is_empty() {
             // Only events without rows (heartbeats, dead letters): nothing to wait for.

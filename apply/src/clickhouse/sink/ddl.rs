@@ -255,17 +255,7 @@ impl Sink {
         })
         .await?
         .map_err(|e| refused(format_args!("{create}: {e}")))?;
-        let select = format!("SELECT target, argMax(reason, at) FROM {t} GROUP BY target");
-        let rows = self
-            .answered("reading the stopped tables", || {
-                self.client.query(&select).fetch_all::<(String, String)>()
-            })
-            .await?
-            .map_err(|e| refused(format_args!("{select}: {e}")))?;
-        for (target, reason) in rows {
-            tracing::warn!(table = %target, %reason, "table stopped before this start: its events are dead-lettered (delete its row from {} to take it up again)", self.config.tables.stopped_table);
-            self.stopped.insert(target, reason);
-        }
+        self.reload_stopped().await?;
         let t = format!(
             "{}.{}",
             quote(&self.config.clickhouse.database),
@@ -281,6 +271,36 @@ impl Sink {
         .await?
         .map_err(|e| refused(format_args!("{create}: {e}")))?;
         self.read_applied_where("1").await
+    }
+
+    /// Read `tables.stopped_table` again: tables other instances stopped (a table's keys are
+    /// on every partition), or taken up again by deleting their row.
+    pub(super) async fn reload_stopped(&mut self) -> Result<(), ApplyError> {
+        let t = format!(
+            "{}.{}",
+            quote(&self.config.clickhouse.database),
+            quote(&self.config.tables.stopped_table)
+        );
+        let select = format!("SELECT target, argMax(reason, at) FROM {t} GROUP BY target");
+        let rows = self
+            .answered("reading the stopped tables", || {
+                self.client.query(&select).fetch_all::<(String, String)>()
+            })
+            .await?
+            .map_err(|e| refused(format_args!("{select}: {e}")))?;
+        let now: std::collections::HashMap<String, String> = rows.into_iter().collect();
+        for (target, reason) in &now {
+            if !self.stopped.contains_key(target) {
+                tracing::warn!(table = %target, %reason, "table stopped: its events are dead-lettered (delete its row from {} to take it up again)", self.config.tables.stopped_table);
+            }
+        }
+        if now != self.stopped {
+            // Cached plans would let a newly stopped table's rows through.
+            self.plans.clear();
+            self.stopped = now;
+        }
+        self.stopped_read_at = std::time::Instant::now();
+        Ok(())
     }
 
     /// What `tables.ddl_table` says of target `name` now (another instance may have applied
@@ -380,6 +400,8 @@ impl Sink {
         .await?
         .map_err(|e| refused(format_args!("{sql}: {e}")))?;
         self.stopped.insert(name.to_string(), reason.to_string());
+        // Cached plans would let its later rows through.
+        self.plans.clear();
         Ok(())
     }
 
