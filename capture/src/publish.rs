@@ -28,7 +28,6 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use rdkafka::error::KafkaError;
 use serde::{Deserialize, Serialize};
 
-pub use checkpoint::{read_checkpoint, transactional_id};
 pub use publisher::Publisher;
 
 #[derive(Debug, thiserror::Error)]

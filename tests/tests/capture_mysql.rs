@@ -1260,10 +1260,17 @@ async fn a_second_capture_of_one_connector_fences_the_first() {
         })
         .collect::<Vec<_>>()
         .join("\n");
+    // The first, restarted, resumes from its checkpoint and stays idle: it has marked nothing
+    // of its own since its start.
+    let (code, log) = first.stop();
+    assert_eq!(code, Some(0), "{log}");
+    first.restart();
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let mut second = CaptureProcess::spawn((text, connector.clone(), prefix));
-    // The first learns at its next checkpoint (an idle one rewrites it every 10 s), and stops.
+    // The first learns at its next checkpoint (an idle one rewrites the checkpoint it resumed
+    // from every 10 s), and stops: the source stays idle meanwhile.
+    let (code, log) = first.wait(Duration::from_secs(40));
     sql(&[format!("INSERT INTO `{db}`.t VALUES (2, 2)")]).await;
-    let (code, log) = first.wait(Duration::from_secs(60));
     assert_eq!(code, Some(1), "{log}");
     assert!(
         log.contains("another capture was started with the same connector name"),

@@ -57,7 +57,7 @@ use checkpoint::Resume;
 use super::{parse_point, Config, Mode, StartAt, SYSTEM_DATABASES};
 use crate::error::{CaptureError, Origin};
 use crate::filter::Filter;
-use crate::publish::{read_checkpoint, PublishMetrics, Publisher};
+use crate::publish::{PublishMetrics, Publisher};
 use crate::snapshot::{SnapshotMetrics, SnapshotProgress};
 
 struct StreamMetrics {
@@ -151,21 +151,14 @@ impl Capture {
         };
         let publish_metrics = PublishMetrics::new(registry).expect("metrics register once");
         let metrics = StreamMetrics::new(registry).expect("metrics register once");
-        // The publisher first: starting it fences an earlier capture of this connector, so
-        // the checkpoint read next is not overwritten by that one afterwards.
-        let publisher = Publisher::start(
+        // Starting the publisher fences an earlier capture of this connector, then reads the
+        // checkpoint (which that one can no longer overwrite).
+        let (publisher, checkpoint): (_, Option<Checkpoint>) = Publisher::start(
             &config.kafka,
             &config.publish,
             "capture-mongo",
             &config.connector,
             publish_metrics.clone(),
-        )
-        .await?;
-        let checkpoint: Option<Checkpoint> = read_checkpoint(
-            &config.kafka,
-            &config.publish.checkpoint_topic,
-            &config.connector,
-            "capture-mongo",
         )
         .await?;
         let (progress, snapshots_done) = checkpoint

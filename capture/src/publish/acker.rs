@@ -27,6 +27,7 @@ pub(super) enum Mark<C> {
 
 pub(super) async fn ack_loop<C: Serialize + Clone>(
     mut rx: mpsc::Receiver<Mark<C>>,
+    resumed: Option<C>,
     producer: Arc<KafkaProducer>,
     next: Arc<AtomicU64>,
     writer: Arc<CheckpointWriter>,
@@ -36,8 +37,10 @@ pub(super) async fn ack_loop<C: Serialize + Clone>(
     let ledger = producer.context();
     let mut acked = ledger.acked.subscribe();
     let mut failed = ledger.failed.subscribe();
-    let mut safe: Option<C> = None;
-    let mut written = true; // nothing to write yet
+    // The checkpoint resumed from is written again every KEEPALIVE until the first mark: a
+    // capture idle since its start learns of a successor too.
+    let mut safe: Option<C> = resumed;
+    let mut written = true; // nothing new to write yet
     let mut last_write = Instant::now();
     // Write `c` to the checkpoint topic and wait for its commit (every record before it is
     // acknowledged already).

@@ -25,7 +25,7 @@ use super::PublishError;
 pub(super) const KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// The transactional id of a connector's checkpoint writer.
-pub fn transactional_id(connector: &str) -> String {
+pub(super) fn transactional_id(connector: &str) -> String {
     format!("sluice-capture.{connector}")
 }
 
@@ -184,14 +184,35 @@ fn fenced(e: &KafkaError) -> bool {
     )
 }
 
-/// The last checkpoint stored under `connector`, if any: the checkpoint topic is read from its
-/// start to its end (it is compacted, so this is short).
-pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
+/// A record read by [`read_last`]: its payload, partition and offset.
+pub(super) type Read = (Vec<u8>, i32, i64);
+
+/// What a record of the checkpoint topic holds, as `C`.
+pub(super) fn parse<C: DeserializeOwned>(
+    topic: &str,
+    read: Option<Read>,
+) -> Result<Option<C>, PublishError> {
+    let Some((payload, partition, offset)) = read else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&payload)
+        .map(Some)
+        .map_err(|e| PublishError::Checkpoint {
+            topic: topic.to_string(),
+            reason: format!(
+                "record at partition {partition} offset {offset} is not a checkpoint: {e}"
+            ),
+        })
+}
+
+/// The last record of each of `keys` on the checkpoint topic, read in one pass from its start
+/// to its end.
+pub(super) async fn read_last(
     kafka: &KafkaConfig,
     topic: &str,
-    connector: &str,
+    keys: Vec<String>,
     client_id: &str,
-) -> Result<Option<C>, PublishError> {
+) -> Result<std::collections::HashMap<String, Read>, PublishError> {
     let mut config = kafka.client_config(client_id);
     // Checkpoints are written in transactions: committed ones only. A commit marker takes a
     // partition's last offset and is never delivered, so the end is where the consumer's
@@ -201,17 +222,17 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed");
     let timeout = kafka.request_timeout();
-    let (topic, connector) = (topic.to_string(), connector.to_string());
+    let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = config.create()?;
         let md = consumer.fetch_metadata(Some(&topic), timeout)?;
         let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
-            return Ok(None);
+            return Ok(Default::default());
         };
         if t.error().is_some() || t.partitions().is_empty() {
-            return Ok(None); // no such topic yet: no checkpoint
+            return Ok(Default::default()); // no such topic yet: no checkpoint
         }
-        let mut last: Option<C> = None;
+        let mut last = std::collections::HashMap::new();
         for p in t.partitions() {
             let (low, high) = consumer.fetch_watermarks(&topic, p.id(), timeout)?;
             if high <= low {
@@ -224,18 +245,12 @@ pub async fn read_checkpoint<C: DeserializeOwned + Send + 'static>(
             loop {
                 match consumer.poll(Duration::from_millis(200)) {
                     Some(Ok(m)) => {
-                        if m.key() == Some(connector.as_bytes()) {
-                            if let Some(payload) = m.payload() {
-                                last = Some(serde_json::from_slice(payload).map_err(|e| {
-                                    PublishError::Checkpoint {
-                                        topic: topic.clone(),
-                                        reason: format!(
-                                            "record at partition {} offset {} is not a checkpoint: {e}",
-                                            m.partition(),
-                                            m.offset()
-                                        ),
-                                    }
-                                })?);
+                        if let (Some(key), Some(payload)) = (m.key(), m.payload()) {
+                            if let Some(k) = keys.iter().find(|k| k.as_bytes() == key) {
+                                last.insert(
+                                    k.clone(),
+                                    (payload.to_vec(), m.partition(), m.offset()),
+                                );
                             }
                         }
                         if m.offset() + 1 >= high {

@@ -1,7 +1,7 @@
 //! The [`Publisher`]: hands records to Kafka in order, without waiting for each, within the
 //! `max_in_flight` / `max_in_flight_bytes` bounds, each numbered for the `Ledger` as it goes
-//! (`produce`, which the acker's checkpoint records use too); creates topics; queues marks for
-//! the acker.
+//! (`produce`), on the partition its key belongs to ([`super::keying`]); creates topics; queues
+//! marks for the acker (checkpoints go through a producer of their own).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +31,7 @@ pub struct Publisher<C> {
     topics: HashMap<String, i32>,
     /// Those counts as recorded in the checkpoint topic.
     counts: Arc<std::sync::Mutex<KeyCounts>>,
-    /// The next record's sequence number (shared with the acker's checkpoint records).
+    /// The next record's sequence number (the acker reads it at the end).
     next: Arc<AtomicU64>,
     /// The gap-free acknowledged count, and the last value read of it.
     acked: watch::Receiver<u64>,
@@ -45,7 +45,7 @@ pub struct Publisher<C> {
 
 /// Hand one record to the producer, waiting while its queue is full; returns its sequence
 /// number.
-pub(super) async fn produce(
+async fn produce(
     producer: &KafkaProducer,
     next: &AtomicU64,
     topic: &str,
@@ -87,15 +87,20 @@ impl<C> Publisher<C>
 where
     C: Serialize + Clone + Send + Sync + 'static,
 {
-    /// Connect, make sure the schema and checkpoint topics exist, start the acker. Checkpoints
-    /// are written under `connector`.
+    /// Connect, take the connector's checkpoints over (fencing an earlier capture of it), read
+    /// its last checkpoint, make sure the schema and checkpoint topics exist, start the acker.
+    /// Checkpoints are written under `connector`. Returns the publisher and the checkpoint to
+    /// resume from: read only after the fencing, so no earlier capture overwrites it.
     pub async fn start(
         kafka: &KafkaConfig,
         config: &PublishConfig,
         client_id: &str,
         connector: &str,
         metrics: PublishMetrics,
-    ) -> Result<Self, PublishError> {
+    ) -> Result<(Self, Option<C>), PublishError>
+    where
+        C: serde::de::DeserializeOwned,
+    {
         let mut producer_config = kafka.producer_config(client_id);
         producer_config.set("message.timeout.ms", config.delivery_timeout_ms.to_string());
         producer_config.set("message.max.bytes", config.max_message_bytes.to_string());
@@ -109,14 +114,20 @@ where
             counts.clone(),
         )
         .await?;
-        // The partition counts keys were spread over (read once the earlier writer is fenced).
-        let recorded: Option<keying::Counts> = super::read_checkpoint(
+        // Once the earlier writer is fenced: the connector's checkpoint, and the partition
+        // counts its keys are spread over, in one pass over the checkpoint topic.
+        let counts_key = keying::key_of(connector);
+        let mut last = super::checkpoint::read_last(
             kafka,
             &config.checkpoint_topic,
-            &keying::key_of(connector),
+            vec![connector.to_string(), counts_key.clone()],
             client_id,
         )
         .await?;
+        let resumed: Option<C> =
+            super::checkpoint::parse(&config.checkpoint_topic, last.remove(connector))?;
+        let recorded: Option<keying::Counts> =
+            super::checkpoint::parse(&config.checkpoint_topic, last.remove(&counts_key))?;
         counts.lock().expect("counts lock").counts = recorded.unwrap_or_default();
         let producer: KafkaProducer =
             producer_config.create_with_context(Ledger::new(metrics.produce_latency.clone()))?;
@@ -128,6 +139,7 @@ where
         let (tx, rx) = mpsc::channel(config.max_in_flight.clamp(1, 65536));
         let acker = tokio::spawn(ack_loop(
             rx,
+            resumed.clone(),
             producer.clone(),
             next.clone(),
             writer,
@@ -152,7 +164,7 @@ where
         let (schemas, checkpoints) = (config.schema_topic.clone(), config.checkpoint_topic.clone());
         p.ensure_topic(&schemas, true).await?;
         p.ensure_topic(&checkpoints, true).await?;
-        Ok(p)
+        Ok((p, resumed))
     }
 
     /// Create `topic` unless it exists; returns its partition count.

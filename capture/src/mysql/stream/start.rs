@@ -25,7 +25,7 @@ use crate::filter::Filter;
 use crate::mysql::gtid::GtidSet;
 use crate::mysql::position::{BinlogPos, Checkpoint, Start};
 use crate::mysql::Config;
-use crate::publish::{read_checkpoint, PublishMetrics, Publisher};
+use crate::publish::{PublishMetrics, Publisher};
 use crate::snapshot::SnapshotMetrics;
 
 impl Capture {
@@ -45,21 +45,14 @@ impl Capture {
         let metrics = StreamMetrics::new(registry).expect("metrics register once");
         let snapshot_metrics =
             Arc::new(SnapshotMetrics::new(registry).expect("metrics register once"));
-        // The publisher first: starting it fences an earlier capture of this connector, so
-        // the checkpoint read next is not overwritten by that one afterwards.
-        let publisher = Publisher::start(
+        // Starting the publisher fences an earlier capture of this connector, then reads the
+        // checkpoint (which that one can no longer overwrite).
+        let (publisher, checkpoint): (_, Option<Checkpoint>) = Publisher::start(
             &config.kafka,
             &config.publish,
             "capture-mysql",
             &config.connector,
             publish_metrics.clone(),
-        )
-        .await?;
-        let checkpoint: Option<Checkpoint> = read_checkpoint(
-            &config.kafka,
-            &config.publish.checkpoint_topic,
-            &config.connector,
-            "capture-mysql",
         )
         .await?;
         let source = v1::Source {
