@@ -215,9 +215,31 @@ async fn a_capture_follows_a_fail_over_to_the_promoted_replica_by_gtid() {
     assert!(log.contains("has not got domain 0 seq"), "{log}");
     assert!(log.contains("log_slave_updates"), "{log}");
 
-    // 3. The replica catches up, and the capture goes on from it while the primary is written.
+    // 3. The replica catches up, and the capture goes on from it. Its dump, opened by GTID
+    // set, is cut before it reads any commit: it opens it again by the set (the start of the
+    // replica's file is not where it read to).
     replica.root_sql("START SLAVE");
     caught_up(&primary, &replica).await;
+    cap.restart();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut rc = replica.conn().await;
+    let ids: Vec<u64> = rc
+        .query("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'")
+        .await
+        .unwrap();
+    assert!(!ids.is_empty(), "the capture reads the replica");
+    for id in ids {
+        rc.query_drop(format!("KILL {id}")).await.unwrap();
+    }
+    drop(rc);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !cap.exited(),
+        "a dump by GTID set cut before its first commit is opened again:\n{}",
+        cap.stop().1
+    );
+    // Then killed and started again while the primary is written.
+    cap.kill();
     let writer = {
         let mut w = w;
         let mut p = primary.conn().await;

@@ -293,7 +293,10 @@ impl Capture {
         }
         self.file = name;
         self.read_to = r.position().max(4);
-        if self.tx.is_none() {
+        // A dump opened by GTID set (a `gtid:` start, a fail-over) stays resumable by that set
+        // until its first commit: the server skips what the set holds, so the start of this
+        // file is not where reading resumes (and its PREVIOUS_GTIDS is not what was read).
+        if self.tx.is_none() && !self.resume.file.is_empty() {
             self.resume = BinlogPos {
                 file: self.file.clone(),
                 pos: r.position().max(4),

@@ -227,7 +227,7 @@ impl Capture {
                 p
             }
             Start::Gtid(set) => {
-                // Resolved by the server at dump time; the file comes with the first rotate.
+                // Resolved by the server at dump time; the position comes with the first commit.
                 self.gtid_set = Some(GtidSet::parse(&set, self.server.mariadb).map_err(|e| {
                     CaptureError::definite(Origin::Config, format!("mysql.start: {e}"))
                 })?);
@@ -521,7 +521,8 @@ impl Capture {
     }
 
     /// Open the binlog dump at the position after the last commit (or at the GTID set, for a
-    /// `gtid:` start not yet past its first rotate), with heartbeats every `heartbeat`.
+    /// `gtid:` start or a fail-over not yet past its first commit), with heartbeats every
+    /// `heartbeat`.
     pub(super) async fn open_binlog(
         &mut self,
         heartbeat: Duration,
