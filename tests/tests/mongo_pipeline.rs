@@ -1859,6 +1859,19 @@ async fn a_change_too_large_to_publish_refuses_its_collection_and_the_rest_flows
     assert!(log.contains("collection refused"), "{log}");
     assert!(log.contains("_id 3"), "{log}");
     assert!(log.contains("publish.max_message_bytes (1048576)"), "{log}");
+    // The capture itself published nothing of the collection after the refusal (not only
+    // apply-mongo's stop holding it back): its topic has the two inserts before it.
+    let topic = cap.topic(&db, "big");
+    let events = tokio::task::spawn_blocking(move || {
+        sluice_tests::capture::read_events(&topic, Duration::from_secs(10), |_| false)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        sluice_tests::capture::count_rows(&events),
+        2,
+        "row events of the refused collection's topic"
+    );
     let (code, out) = app.stop();
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("collection stopped"), "{out}");

@@ -127,16 +127,30 @@ impl Held {
     }
 }
 
+/// The counter in spill files' names.
+static SPILL_SEQ: AtomicU64 = AtomicU64::new(0);
+
 impl Spill {
     fn create(dir: &std::path::Path) -> std::io::Result<Self> {
-        static N: AtomicU64 = AtomicU64::new(0);
         std::fs::create_dir_all(dir)?;
-        let path = dir.join(format!(
-            "sluice-capture-mongo-{}-{}.bson",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = File::create(&path)?;
+        // Never over an existing file: another capture sharing the folder (pid 1 in its
+        // container too) or one a killed capture left.
+        let (path, file) = loop {
+            let path = dir.join(format!(
+                "sluice-capture-mongo-{}-{}.bson",
+                std::process::id(),
+                SPILL_SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(f) => break (path, f),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        };
         Ok(Self {
             path,
             writer: Some(BufWriter::with_capacity(1 << 20, file)),
@@ -279,5 +293,19 @@ mod tests {
         assert_eq!(it.next().unwrap().unwrap(), entry(1));
         let e = it.next().unwrap().unwrap_err();
         assert!(e.contains(&path.display().to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_spill_file_never_opens_over_an_existing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let next = SPILL_SEQ.load(Ordering::Relaxed);
+        let taken = dir.path().join(format!(
+            "sluice-capture-mongo-{}-{next}.bson",
+            std::process::id()
+        ));
+        std::fs::write(&taken, b"another capture's").unwrap();
+        let spill = Spill::create(dir.path()).unwrap();
+        assert_ne!(spill.path, taken);
+        assert_eq!(std::fs::read(&taken).unwrap(), b"another capture's");
     }
 }
