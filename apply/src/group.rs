@@ -496,8 +496,9 @@ pub fn block_on<F: std::future::Future>(runtime: &tokio::runtime::Handle, fut: F
 pub const DEAD_LETTER_MAX_BYTES: usize = 64 << 20;
 
 /// Sends events that can never be written to the dead-letter topic, with the reason and where
-/// they came from in headers (`sluice.reason`, `sluice.topic`, `sluice.partition`,
-/// `sluice.offset`); the payload and key are the original ones.
+/// they came from in headers (`sluice.reason`, its label `sluice.reason.kind`, `sluice.topic`,
+/// `sluice.partition`, `sluice.offset`); the payload and key are the original ones
+/// ([`crate::replay`] reads them back).
 ///
 /// The producer is made at the first dead letter. rdkafka's producer keeps a thread polling
 /// in 100 ms slices, and each slice's last millisecond spins (the remaining time is rounded
@@ -556,7 +557,12 @@ impl DeadLetters {
         Ok(self.producer.get().expect("set just now"))
     }
 
-    pub async fn send<M: Message>(&self, m: &M, reason: &str) -> Result<(), String> {
+    pub async fn send<M: Message>(
+        &self,
+        m: &M,
+        bad: &crate::error::BadEvent,
+    ) -> Result<(), String> {
+        let reason = bad.message.as_str();
         let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
         tracing::warn!(at = %where_, reason, "dead-lettering an event");
         let partition = m.partition().to_string();
@@ -565,6 +571,10 @@ impl DeadLetters {
             .insert(Header {
                 key: "sluice.reason",
                 value: Some(reason),
+            })
+            .insert(Header {
+                key: "sluice.reason.kind",
+                value: Some(bad.reason.label()),
             })
             .insert(Header {
                 key: "sluice.topic",

@@ -408,6 +408,20 @@ pub fn dead_letters(topic: &str, n: usize) -> Vec<(Vec<u8>, String)> {
     out
 }
 
+/// Run `sluice ARGS` against the test bed's Kafka: (exit code, stdout, stderr).
+pub fn sluice(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(crate::bin("sluice"))
+        .args(args)
+        .env("SLUICE_KAFKA_BROKERS", crate::kafka_brokers())
+        .output()
+        .expect("sluice runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 impl CaptureProcess {
     /// An apply-clickhouse process reading the topics of `prefix` into ClickHouse database
     /// `ch_db` of `SLUICE_CLICKHOUSE_URL` (mirror tables, 200 ms batches), its dead letters

@@ -267,6 +267,16 @@ fn the_deployment_files_agree_with_each_other_and_with_the_example_configs() {
             "{b} built"
         );
     }
+    // The operator command ships in the apply images.
+    assert!(stages["build"].iter().any(|l| l.contains("--bin sluice ")));
+    for b in ["apply-clickhouse", "apply-mongo"] {
+        assert!(
+            stages[b]
+                .iter()
+                .any(|l| l.starts_with("COPY --from=build") && l.contains("/out/sluice ")),
+            "{b}: sluice in the image"
+        );
+    }
 
     // docker-compose.yml: the binaries run the mounted example configs; the overrides it sets
     // are keys the binaries accept; every server a config names is a service.

@@ -324,7 +324,7 @@ impl Sink {
             ));
         }
         self.dead
-            .send(m, &bad.message)
+            .send(m, bad)
             .await
             .map_err(|e| ApplyError::definite(Origin::Kafka, e))
     }

@@ -368,7 +368,7 @@ impl Writer {
             ));
         }
         self.dead
-            .send(m, &bad.message)
+            .send(m, bad)
             .await
             .map_err(|e| ApplyError::definite(Origin::Sink, e))
     }
