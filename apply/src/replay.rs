@@ -260,6 +260,9 @@ pub fn plan_partition(
     plan
 }
 
+/// Records of a source partition, each with its [`REPLAY`] header.
+pub type Window = Vec<(SourceEvent, Option<String>)>;
+
 /// Events the capture wrote into a partition while a replay wrote there: those of a replayed
 /// MongoDB document that landed before the replay's last write of it (so its older state would
 /// stand). `written` maps each replayed key to the offset of its last replayed write; `window`
@@ -438,7 +441,7 @@ impl Kafka {
         topic: &str,
         p: i32,
         from: i64,
-    ) -> Result<(Vec<(SourceEvent, Option<String>)>, i64), String> {
+    ) -> Result<(Window, i64), String> {
         let (_, hi) = self.bounds(c, topic, p)?;
         let mut out = Vec::new();
         self.read(c, topic, p, from, hi, |m| {
