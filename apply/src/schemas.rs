@@ -21,6 +21,8 @@ pub struct SchemaCache {
     topic: String,
     client_id: String,
     schemas: HashMap<u64, TableSchema>,
+    /// How long one read of the topic may take: three request timeouts unless set.
+    read_for: Option<Duration>,
 }
 
 impl SchemaCache {
@@ -30,7 +32,14 @@ impl SchemaCache {
             topic: topic.to_string(),
             client_id: client_id.to_string(),
             schemas: HashMap::new(),
+            read_for: None,
         }
+    }
+
+    /// Give one read of the topic `d` at most (instead of three request timeouts).
+    pub fn with_read_deadline(mut self, d: Duration) -> Self {
+        self.read_for = Some(d);
+        self
     }
 
     /// The schema with this id, reading the topic again if it is not known yet (a read cut
@@ -84,6 +93,7 @@ impl SchemaCache {
             .set("enable.auto.commit", "false");
         let topic = self.topic.clone();
         let timeout = self.kafka.request_timeout();
+        let read_for = self.read_for.unwrap_or(timeout * 3);
         let found = tokio::task::spawn_blocking(move || -> Result<Vec<TableSchema>, KafkaError> {
             let consumer: BaseConsumer = config.create()?;
             let md = consumer.fetch_metadata(Some(&topic), timeout)?;
@@ -108,7 +118,7 @@ impl SchemaCache {
                 return Ok(out);
             }
             consumer.assign(&tpl)?;
-            let deadline = Instant::now() + timeout * 3;
+            let deadline = Instant::now() + read_for;
             while !ends.is_empty() && Instant::now() < deadline {
                 match consumer.poll(Duration::from_millis(200)) {
                     Some(Ok(m)) => {

@@ -200,3 +200,45 @@ async fn the_capture_picks_the_partition_the_producer_would() {
         );
     }
 }
+
+/// A read of the schema topic that does not reach its end in time is an error (the stage
+/// retries, then stops, and reads the event again on restart), never "unknown schema" (which
+/// would dead-letter the event); a read to the end finds the schema, and an id the whole topic
+/// lacks is unknown.
+#[tokio::test]
+async fn a_schema_read_cut_short_is_an_error_never_an_unknown_schema() {
+    let topic = unique("schemas");
+    create_topic(&topic, 1).await;
+    let producer: FutureProducer = config().producer_config("sluice-tests").create().unwrap();
+    for id in 1..=300u64 {
+        let record = v1::SchemaRecord {
+            schema: Some(v1::TableSchema {
+                schema_id: id,
+                database: "db".into(),
+                table: format!("t{id}"),
+                ..Default::default()
+            }),
+            position: None,
+        }
+        .encode_to_vec();
+        let key = format!("db.t{id}/{id}");
+        producer
+            .send(
+                FutureRecord::to(&topic).key(&key).payload(&record),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    use sluice_apply::schemas::SchemaCache;
+    let mut slow = SchemaCache::new(&config(), &topic, "sluice-tests")
+        .with_read_deadline(Duration::from_millis(1));
+    match slow.get(300).await {
+        Err(e) => assert!(e.to_string().contains("Timed out"), "{e}"),
+        Ok(found) => panic!("a read cut short answered {found:?}"),
+    }
+    let mut cache = SchemaCache::new(&config(), &topic, "sluice-tests");
+    let s = cache.get(300).await.unwrap().expect("schema 300");
+    assert_eq!(s.table, "t300");
+    assert_eq!(cache.get(301).await.unwrap(), None);
+}
