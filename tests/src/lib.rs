@@ -127,6 +127,7 @@ pub mod edge;
 pub mod private_clickhouse;
 pub mod private_mariadb;
 pub mod private_mongo;
+pub mod relay;
 
 /// The W1 table of the reference workload (`deploy/workloads/w1.mysql.sql`), in database `db`.
 pub fn w1_create_table(db: &str) -> String {
@@ -158,4 +159,25 @@ pub fn replica_server_id() -> u32 {
     h.write_u32(std::process::id());
     h.write_u32(N.fetch_add(1, Ordering::Relaxed));
     100_000 + (h.finish() % 2_000_000_000) as u32
+}
+
+/// xorshift64*: small, and the same sequence for the same seed on every machine.
+pub struct Rng(pub u64);
+
+impl Rng {
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
 }

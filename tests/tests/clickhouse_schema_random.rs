@@ -12,27 +12,7 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use sluice_tests::capture::{binlog_end, clickhouse_tsv, dead_letters, metric_at, CaptureProcess};
-use sluice_tests::{clickhouse_url, mysql_url, unique};
-
-/// xorshift64*: small, and the same sequence for the same seed on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use sluice_tests::{clickhouse_url, mysql_url, unique, Rng};
 
 #[derive(Clone, Debug)]
 enum Kind {

@@ -1,0 +1,319 @@
+//! Faults under load, at random moments: MariaDB -> capture-mysql -> Kafka -> two
+//! apply-clickhouse instances of one group -> ClickHouse, while a writer inserts, updates and
+//! deletes. One after the other, in a seeded order and at seeded moments: an applier killed
+//! (-9) and restarted, an applier stopped (SIGTERM, which must exit 0) and restarted, the Kafka
+//! broker restarted, ClickHouse cut off for a while (a relay between the appliers and the
+//! server), a partition added to the table's topic. Every kind happens at least once. Then the
+//! writer stops, and the mirror must equal the source: nothing missing, nothing stale, nothing
+//! extra, no dead letter, and no process that exited on its own.
+//!
+//! The broker restart needs the test bed's broker (`deploy/testbed.sh`); with a broker of one's
+//! own (`SLUICE_KAFKA_BROKERS`) that fault is left out, and the test says so.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use sluice_tests::capture::{binlog_end, CaptureProcess};
+use sluice_tests::relay::Relay;
+use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, seed, unique, Rng};
+
+const FAULTS_FOR: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    KillApplier,
+    StopApplier,
+    RestartBroker,
+    TargetDown,
+    AddPartition,
+}
+
+const ALL: [Fault; 5] = [
+    Fault::KillApplier,
+    Fault::StopApplier,
+    Fault::RestartBroker,
+    Fault::TargetDown,
+    Fault::AddPartition,
+];
+
+fn applier(
+    prefix: &str,
+    ch_url: &str,
+    ch_db: &str,
+    group: &str,
+    name: &str,
+    dlq: &str,
+) -> CaptureProcess {
+    let config = format!(
+        "[clickhouse]\nurl = \"{ch_url}\"\ndatabase = \"{ch_db}\"\n\
+         [consumer]\ngroup_id = \"{group}\"\ninstance_id = \"{name}\"\ntopics = [\"^{}\\\\..*\"]\n\
+         [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n\
+         [kafka]\nbrokers = \"{}\"\n",
+        prefix.replace('.', "\\\\."),
+        kafka_brokers()
+    );
+    CaptureProcess::spawn_binary("apply-clickhouse", (config, String::new(), String::new()))
+}
+
+fn testbed(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/testbed.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("deploy/testbed.sh runs");
+    assert!(
+        out.status.success(),
+        "testbed.sh {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+type Row = (u64, i64, String);
+
+async fn source(db: &str) -> Vec<Row> {
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    c.query(format!("SELECT id, v, s FROM `{db}`.t ORDER BY id"))
+        .await
+        .unwrap()
+}
+
+async fn mirror(ch: &clickhouse::Client, ch_db: &str) -> Vec<Row> {
+    ch.query(&format!(
+        "SELECT id, toInt64(v), s FROM {ch_db}.t FINAL WHERE _deleted = 0 ORDER BY id"
+    ))
+    .fetch_all::<Row>()
+    .await
+    .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mirror_equals_the_source_after_random_faults_under_load() {
+    let seed = seed();
+    let mut rng = Rng(seed);
+    let db = unique("sluice_faults");
+    let ch_db = format!("{db}_m");
+    let own_broker = std::env::var("SLUICE_KAFKA_BROKERS")
+        .is_ok_and(|b| !b.ends_with(":19092") || !b.starts_with("127.0.0.1"));
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+        .await
+        .unwrap();
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.t (id BIGINT PRIMARY KEY, v INT NOT NULL, s VARCHAR(40) NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    let ch = clickhouse::Client::default()
+        .with_url(clickhouse_url())
+        .with_validation(false);
+    ch.query(&format!("CREATE DATABASE {ch_db}"))
+        .execute()
+        .await
+        .unwrap();
+    let relay = Relay::to(&clickhouse_url()).await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    let topic = cap.topic(&db, "t");
+    let (group, dlq) = (unique("g"), unique("dlq"));
+    let mut appliers = [
+        applier(&cap.prefix, &relay.http_url(), &ch_db, &group, "a", &dlq),
+        applier(&cap.prefix, &relay.http_url(), &ch_db, &group, "b", &dlq),
+    ];
+
+    // The load: each round a transaction of a few inserts, updates and a delete.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, db) = (stop.clone(), db.clone());
+        let mut rng = Rng(seed ^ 0x9e37_79b9_7f4a_7c15);
+        tokio::spawn(async move {
+            let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
+                .await
+                .unwrap();
+            let mut next = 1u64;
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let mut sql = String::from("START TRANSACTION;");
+                let n = 1 + rng.below(8);
+                let values: Vec<String> = (next..next + n)
+                    .map(|id| format!("({id}, {}, 's{id}')", rng.below(1000)))
+                    .collect();
+                sql += &format!("INSERT INTO `{db}`.t VALUES {};", values.join(","));
+                next += n;
+                for _ in 0..3 {
+                    let id = 1 + rng.below(next - 1);
+                    sql += &format!(
+                        "UPDATE `{db}`.t SET v = v + 1, s = 'u{}' WHERE id = {id};",
+                        rng.below(1_000_000)
+                    );
+                }
+                if rng.chance(60) {
+                    sql += &format!(
+                        "DELETE FROM `{db}`.t WHERE id = {};",
+                        1 + rng.below(next - 1)
+                    );
+                }
+                sql += "COMMIT";
+                c.query_drop(sql).await.unwrap();
+                rounds += 1;
+                tokio::time::sleep(Duration::from_millis(20 + rng.below(40))).await;
+            }
+            rounds
+        })
+    };
+
+    // Faults: every kind once in a seeded order, then seeded ones until the time is up.
+    let mut order: Vec<Fault> = ALL.to_vec();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let started = Instant::now();
+    let mut done: Vec<String> = Vec::new();
+    let mut unplanned: Vec<String> = Vec::new();
+    let mut partitions = 3;
+    let mut i = 0;
+    while i < order.len() || started.elapsed() < FAULTS_FOR {
+        let fault = if i < order.len() {
+            order[i]
+        } else {
+            ALL[rng.below(ALL.len() as u64) as usize]
+        };
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(2000 + rng.below(5000))).await;
+        // A process that exited on its own is a finding; it is started again (as a supervisor
+        // would) so that the run goes on.
+        for (k, p) in appliers.iter_mut().enumerate() {
+            if p.exited() {
+                let (code, log) = p.wait(Duration::from_secs(1));
+                unplanned.push(format!("applier {k} exited with {code:?}:\n{log}"));
+                p.restart();
+            }
+        }
+        if cap.exited() {
+            let (code, log) = cap.wait(Duration::from_secs(1));
+            unplanned.push(format!("the capture exited with {code:?}:\n{log}"));
+            cap.restart();
+        }
+        let at = started.elapsed().as_secs_f64();
+        match fault {
+            Fault::KillApplier | Fault::StopApplier => {
+                let k = rng.below(2) as usize;
+                let p = &mut appliers[k];
+                if fault == Fault::KillApplier {
+                    p.kill();
+                } else {
+                    let (code, log) = p.stop();
+                    assert_eq!(
+                        code,
+                        Some(0),
+                        "seed {seed}: applier {k} stopped with\n{log}"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(rng.below(3000))).await;
+                p.restart();
+                done.push(format!("{at:.1}s {fault:?} {k}"));
+            }
+            Fault::RestartBroker => {
+                if own_broker {
+                    done.push(format!(
+                        "{at:.1}s broker restart left out (SLUICE_KAFKA_BROKERS)"
+                    ));
+                    continue;
+                }
+                tokio::task::spawn_blocking(|| {
+                    testbed(&["stop", "kafka"]);
+                    testbed(&["start", "kafka"]);
+                })
+                .await
+                .unwrap();
+                done.push(format!("{at:.1}s {fault:?}"));
+            }
+            Fault::TargetDown => {
+                let down = Duration::from_millis(2000 + rng.below(8000));
+                relay.cut();
+                tokio::time::sleep(down).await;
+                relay.restore();
+                done.push(format!("{at:.1}s {fault:?} for {down:?}"));
+            }
+            Fault::AddPartition => {
+                use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
+                partitions += 1;
+                let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+                    rdkafka::ClientConfig::new()
+                        .set("bootstrap.servers", kafka_brokers())
+                        .create()
+                        .unwrap();
+                let r = admin
+                    .create_partitions(
+                        &[NewPartitions::new(&topic, partitions)],
+                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+                    )
+                    .await
+                    .unwrap();
+                assert!(r.iter().all(|r| r.is_ok()), "seed {seed}: {r:?}");
+                done.push(format!("{at:.1}s {fault:?} (now {partitions})"));
+            }
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let rounds = writer.await.unwrap();
+    eprintln!(
+        "seed {seed}: {rounds} writer rounds; faults:\n  {}",
+        done.join("\n  ")
+    );
+
+    // The mirror catches up and equals the source.
+    let want = source(&db).await;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let got = mirror(&ch, &ch_db).await;
+        if got == want {
+            break;
+        }
+        if Instant::now() > deadline {
+            let g: BTreeMap<u64, &Row> = got.iter().map(|r| (r.0, r)).collect();
+            let w: BTreeMap<u64, &Row> = want.iter().map(|r| (r.0, r)).collect();
+            let missing: Vec<_> = w.keys().filter(|k| !g.contains_key(k)).take(5).collect();
+            let extra: Vec<_> = g.keys().filter(|k| !w.contains_key(k)).take(5).collect();
+            let stale: Vec<_> = w
+                .iter()
+                .filter_map(|(k, v)| g.get(k).filter(|x| *x != v).map(|x| (v, *x)))
+                .take(5)
+                .collect();
+            let logs: Vec<String> = appliers.iter_mut().map(|p| p.stop().1).collect();
+            panic!(
+                "seed {seed}: mirror {} rows, source {}; missing {missing:?}, extra {extra:?}, \
+                 stale (source, mirror) {stale:?}\nfaults:\n  {}\nunplanned exits: {unplanned:#?}\n\
+                 logs:\n{}",
+                got.len(),
+                want.len(),
+                done.join("\n  "),
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (code, out, err) =
+        sluice_tests::capture::sluice(&["dead-letters", "list", "--topic", &dlq]);
+    // (no dead letter: the topic may not even exist)
+    assert!(
+        code == Some(0) && out.is_empty() || err.contains("does not exist"),
+        "seed {seed}: dead letters:\n{out}{err}"
+    );
+    assert!(
+        unplanned.is_empty(),
+        "seed {seed}: processes exited on their own:\n{unplanned:#?}"
+    );
+    for p in appliers.iter_mut().chain([&mut cap]) {
+        let (code, log) = p.stop();
+        assert_eq!(code, Some(0), "seed {seed}: {log}");
+    }
+    c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
