@@ -80,8 +80,18 @@ pub struct GroupMetrics {
     pub assigned: IntGauge,
     /// `sluice_apply_lag_seconds`: how far behind the source the target is.
     pub lag_seconds: prometheus::Gauge,
-    /// The source commit time (µs) of the newest event written to the target.
-    pub written_through: Arc<std::sync::atomic::AtomicI64>,
+    /// What the sink wrote, per partition, and what it is writing: for the lag in seconds.
+    progress: Arc<std::sync::Mutex<Progress>>,
+}
+
+/// What the sink wrote and is writing, as the lag in seconds needs it.
+#[derive(Default)]
+struct Progress {
+    /// Per partition: the last offset written, and the oldest source commit time (µs) of the
+    /// batch that wrote it (a bound below every event of the partition not yet written).
+    written: HashMap<(String, i32), (i64, Option<i64>)>,
+    /// The oldest source commit time (µs) of the batch being written (0: none is).
+    writing_since: i64,
 }
 
 impl GroupMetrics {
@@ -99,8 +109,8 @@ impl GroupMetrics {
         )?;
         let lag_seconds = prometheus::Gauge::new(
             "sluice_apply_lag_seconds",
-            "Now minus the source commit time of the newest event written, while events are \
-             left to write (0 once none is); it grows while the target refuses writes.",
+            "How old the oldest event not yet written is, over the partitions this instance \
+             holds (0 when every event is written); it grows while the target refuses writes.",
         )?;
         r.register(Box::new(lag.clone()))?;
         r.register(Box::new(assigned.clone()))?;
@@ -109,15 +119,72 @@ impl GroupMetrics {
             lag,
             assigned,
             lag_seconds,
-            written_through: Arc::new(std::sync::atomic::AtomicI64::new(0)),
+            progress: Arc::default(),
         })
     }
 
-    /// Events up to source commit time `micros` are written.
-    pub fn written(&self, micros: i64) {
-        self.written_through
-            .fetch_max(micros, std::sync::atomic::Ordering::Relaxed);
+    /// A batch whose oldest event has source commit time `oldest` (µs) is being written.
+    pub fn writing(&self, oldest: Option<i64>) {
+        let mut p = self.progress.lock().expect("progress lock");
+        if let Some(o) = oldest.filter(|o| *o > 0) {
+            p.writing_since = if p.writing_since == 0 {
+                o
+            } else {
+                p.writing_since.min(o)
+            };
+        }
     }
+
+    /// The batch with these offsets, whose oldest event has source commit time `oldest`, is
+    /// written.
+    pub fn written(&self, offsets: &Offsets, oldest: Option<i64>) {
+        let mut p = self.progress.lock().expect("progress lock");
+        p.writing_since = 0;
+        let oldest = oldest.filter(|o| *o > 0);
+        for (topic, partitions) in &offsets.0 {
+            for (partition, offset) in partitions {
+                // (a batch of heartbeats alone moves the offset, not the time)
+                let e = p
+                    .written
+                    .entry((topic.clone(), *partition))
+                    .or_insert((*offset, None));
+                *e = (*offset, oldest.or(e.1));
+            }
+        }
+    }
+}
+
+/// The lag in seconds of one partition, from what is known of it (times in µs): none when
+/// nothing is left to write; else the smaller of the age of the oldest event of the last batch
+/// written on it and the time since it was last seen with nothing left; unknown when neither
+/// is known (a partition not written since the start: the batch being written says it then).
+fn partition_lag(
+    now: i64,
+    left: bool,
+    written_oldest: Option<i64>,
+    caught_up_at: Option<i64>,
+) -> Option<i64> {
+    if !left {
+        return Some(0);
+    }
+    match (written_oldest, caught_up_at) {
+        (None, None) => None,
+        (a, b) => Some(now - a.unwrap_or(i64::MIN).max(b.unwrap_or(i64::MIN))),
+    }
+}
+
+/// The stage's lag in seconds: the largest of its partitions' and the age of the batch being
+/// written.
+fn lag_seconds(
+    now: i64,
+    partitions: impl IntoIterator<Item = Option<i64>>,
+    writing_since: i64,
+) -> f64 {
+    let mut worst = partitions.into_iter().flatten().max().unwrap_or(0);
+    if writing_since > 0 {
+        worst = worst.max(now - writing_since);
+    }
+    worst.max(0) as f64 / 1e6
 }
 
 /// Every 5 s, the lag of each assigned partition (its end minus the committed offset, or minus
@@ -129,10 +196,12 @@ async fn watch_lag<C: ConsumerContext + 'static>(
     metrics: GroupMetrics,
     timeout: Duration,
 ) {
+    // Per partition: when it was last seen with nothing left to write (µs).
+    let mut caught_up: HashMap<(String, i32), i64> = HashMap::new();
     loop {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let c = consumer.clone();
-        let lags = tokio::task::spawn_blocking(move || -> Vec<(String, i32, i64)> {
+        let lags = tokio::task::spawn_blocking(move || -> Vec<(String, i32, i64, i64)> {
             let Ok(assigned) = c.assignment() else {
                 return Vec::new();
             };
@@ -150,7 +219,12 @@ async fn watch_lag<C: ConsumerContext + 'static>(
                         _ => None,
                     })
                     .unwrap_or(low);
-                out.push((e.topic().to_string(), e.partition(), (high - at).max(0)));
+                out.push((
+                    e.topic().to_string(),
+                    e.partition(),
+                    (high - at).max(0),
+                    high,
+                ));
             }
             out
         })
@@ -159,23 +233,41 @@ async fn watch_lag<C: ConsumerContext + 'static>(
         if lags.is_empty() {
             continue;
         }
-        let mut total = 0i64;
-        for (topic, partition, lag) in &lags {
+        let now = sluice_common::clock::now_micros();
+        let (written, writing_since) = {
+            let p = metrics.progress.lock().expect("progress lock");
+            let written: Vec<Option<(i64, Option<i64>)>> = lags
+                .iter()
+                .map(|(t, part, ..)| p.written.get(&(t.clone(), *part)).copied())
+                .collect();
+            (written, p.writing_since)
+        };
+        let mut each = Vec::with_capacity(lags.len());
+        for ((topic, partition, lag, high), written) in lags.iter().zip(written) {
             metrics
                 .lag
                 .with_label_values(&[topic, &partition.to_string()])
                 .set(*lag);
-            total += lag;
+            // Left to write: past the last offset written (the committed offset trails it by
+            // up to the commit interval), or past the committed one when nothing was written.
+            let left = match written {
+                Some((offset, _)) => *high > offset + 1,
+                None => *lag > 0,
+            };
+            let key = (topic.clone(), *partition);
+            if !left {
+                caught_up.insert(key.clone(), now);
+            }
+            each.push(partition_lag(
+                now,
+                left,
+                written.and_then(|(_, t)| t),
+                caught_up.get(&key).copied(),
+            ));
         }
-        let through = metrics
-            .written_through
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let seconds = if total == 0 || through == 0 {
-            0.0
-        } else {
-            (sluice_common::clock::now_micros() - through).max(0) as f64 / 1e6
-        };
-        metrics.lag_seconds.set(seconds);
+        metrics
+            .lag_seconds
+            .set(lag_seconds(now, each, writing_since));
     }
 }
 
@@ -740,6 +832,69 @@ async fn run_loop<S: BatchSink>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const S: i64 = 1_000_000;
+
+    /// A partition behind shows the age of what it last wrote, or the time since it was last
+    /// seen caught up if that is shorter (an idle partition that just got an event is not
+    /// "an hour behind"); one caught up shows 0; one never written nor seen caught up is
+    /// unknown.
+    #[test]
+    fn a_partitions_lag_is_bounded_by_what_is_known_of_it() {
+        let now = 10_000 * S;
+        assert_eq!(
+            partition_lag(now, false, Some(now - 3600 * S), None),
+            Some(0)
+        );
+        assert_eq!(
+            partition_lag(now, true, Some(now - 30 * S), None),
+            Some(30 * S)
+        );
+        assert_eq!(
+            partition_lag(now, true, Some(now - 3600 * S), Some(now - 5 * S)),
+            Some(5 * S)
+        );
+        assert_eq!(
+            partition_lag(now, true, None, Some(now - 5 * S)),
+            Some(5 * S)
+        );
+        assert_eq!(partition_lag(now, true, None, None), None);
+    }
+
+    /// The stage's lag is its worst partition's (one current partition does not hide a stuck
+    /// one), or the age of the batch being written when that is older (after a restart,
+    /// before any write, while the target is down).
+    #[test]
+    fn the_stage_lag_is_the_worst_of_its_partitions_and_the_batch_being_written() {
+        let now = 10_000 * S;
+        assert_eq!(lag_seconds(now, [Some(0), Some(40 * S), None], 0), 40.0);
+        assert_eq!(lag_seconds(now, [None, Some(0)], now - 90 * S), 90.0);
+        assert_eq!(lag_seconds(now, [Some(0), Some(0)], 0), 0.0);
+        assert_eq!(lag_seconds(now, [None], 0), 0.0);
+    }
+
+    /// A written batch moves each of its partitions' offset; its oldest time (or, for a batch
+    /// of heartbeats alone, the time known before) goes with it, and nothing is being written.
+    #[test]
+    fn written_batches_move_each_partitions_offset_and_time() {
+        let r = Registry::new();
+        let m = GroupMetrics::new(&r).unwrap();
+        let offsets = |o: i64| {
+            Offsets(HashMap::from([(
+                "t".to_string(),
+                HashMap::from([(0, o), (1, o + 1)]),
+            )]))
+        };
+        m.writing(Some(50));
+        m.writing(Some(40));
+        assert_eq!(m.progress.lock().unwrap().writing_since, 40);
+        m.written(&offsets(7), Some(40));
+        m.written(&offsets(9), None);
+        let p = m.progress.lock().unwrap();
+        assert_eq!(p.writing_since, 0);
+        assert_eq!(p.written[&("t".to_string(), 0)], (9, Some(40)));
+        assert_eq!(p.written[&("t".to_string(), 1)], (10, Some(40)));
+    }
 
     /// Every dead-letter reason is exported at 0 from the start (rate() and alerts over a
     /// series that does not exist yet see nothing).

@@ -344,6 +344,7 @@ impl Sink {
         if batch.offsets.is_empty() {
             return Ok(());
         }
+        self.metrics.group.writing(batch.oldest_commit_micros);
         let started = Instant::now();
         let mut backoff = Duration::from_millis(500);
         let outcome = loop {
@@ -374,7 +375,9 @@ impl Sink {
         // Before the offsets: a restart must find the collection stopped.
         self.record_stops();
         batch.offsets.store(&*self.consumer);
-        self.metrics.group.written(batch.newest_commit_micros);
+        self.metrics
+            .group
+            .written(&batch.offsets, batch.oldest_commit_micros);
         // Collections other instances stopped meanwhile (their keys are on every partition).
         if let Err(e) = self.stopped.refresh().await {
             tracing::warn!(error = %e, "reading the stopped collections again failed; retrying after the next batch");

@@ -313,8 +313,10 @@ impl Sink {
         if batch.tables.is_empty() {
             // Only events without rows (heartbeats, dead letters): nothing to wait for.
             batch.offsets.store(&*self.consumer);
+            self.metrics.group.written(&batch.offsets, None);
             return Ok(());
         }
+        self.metrics.group.writing(batch.oldest_commit_micros);
         let (writer, metrics, shutdown) =
             (self.writer.clone(), self.metrics.clone(), shutdown.clone());
         let task = tokio::spawn(async move {
@@ -324,7 +326,9 @@ impl Sink {
                 // On failure nothing of this batch is stored; it is read again after a restart.
                 insert(&writer, &metrics, &name, tb, &shutdown).await?;
             }
-            metrics.group.written(batch.newest_commit_micros);
+            metrics
+                .group
+                .written(&batch.offsets, batch.oldest_commit_micros);
             metrics.batch_rows.observe(batch.rows as f64);
             metrics
                 .batch_seconds
