@@ -124,6 +124,8 @@ pub fn kafka_section() -> String {
 pub mod bench;
 pub mod capture;
 pub mod edge;
+pub mod faults;
+pub mod mongo;
 pub mod private_clickhouse;
 pub mod private_mariadb;
 pub mod private_mongo;

@@ -18,26 +18,9 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use sluice_tests::capture::{binlog_end, CaptureProcess};
 use sluice_tests::relay::Relay;
-use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, seed, unique, Rng};
+use sluice_tests::{clickhouse_url, faults, kafka_brokers, mysql_url, seed, unique, Rng};
 
 const FAULTS_FOR: Duration = Duration::from_secs(60);
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Fault {
-    KillApplier,
-    StopApplier,
-    RestartBroker,
-    TargetDown,
-    AddPartition,
-}
-
-const ALL: [Fault; 5] = [
-    Fault::KillApplier,
-    Fault::StopApplier,
-    Fault::RestartBroker,
-    Fault::TargetDown,
-    Fault::AddPartition,
-];
 
 fn applier(
     prefix: &str,
@@ -56,21 +39,6 @@ fn applier(
         kafka_brokers()
     );
     CaptureProcess::spawn_binary("apply-clickhouse", (config, String::new(), String::new()))
-}
-
-fn testbed(args: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/testbed.sh");
-    let out = std::process::Command::new("bash")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("deploy/testbed.sh runs");
-    assert!(
-        out.status.success(),
-        "testbed.sh {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 type Row = (u64, i64, String);
@@ -96,11 +64,8 @@ async fn mirror(ch: &clickhouse::Client, ch_db: &str) -> Vec<Row> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_mirror_equals_the_source_after_random_faults_under_load() {
     let seed = seed();
-    let mut rng = Rng(seed);
     let db = unique("sluice_faults");
     let ch_db = format!("{db}_m");
-    let own_broker = std::env::var("SLUICE_KAFKA_BROKERS")
-        .is_ok_and(|b| !b.ends_with(":19092") || !b.starts_with("127.0.0.1"));
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
         .await
         .unwrap();
@@ -169,99 +134,8 @@ async fn the_mirror_equals_the_source_after_random_faults_under_load() {
         })
     };
 
-    // Faults: every kind once in a seeded order, then seeded ones until the time is up.
-    let mut order: Vec<Fault> = ALL.to_vec();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    let started = Instant::now();
-    let mut done: Vec<String> = Vec::new();
-    let mut unplanned: Vec<String> = Vec::new();
-    let mut partitions = 3;
-    let mut i = 0;
-    while i < order.len() || started.elapsed() < FAULTS_FOR {
-        let fault = if i < order.len() {
-            order[i]
-        } else {
-            ALL[rng.below(ALL.len() as u64) as usize]
-        };
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(2000 + rng.below(5000))).await;
-        // A process that exited on its own is a finding; it is started again (as a supervisor
-        // would) so that the run goes on.
-        for (k, p) in appliers.iter_mut().enumerate() {
-            if p.exited() {
-                let (code, log) = p.wait(Duration::from_secs(1));
-                unplanned.push(format!("applier {k} exited with {code:?}:\n{log}"));
-                p.restart();
-            }
-        }
-        if cap.exited() {
-            let (code, log) = cap.wait(Duration::from_secs(1));
-            unplanned.push(format!("the capture exited with {code:?}:\n{log}"));
-            cap.restart();
-        }
-        let at = started.elapsed().as_secs_f64();
-        match fault {
-            Fault::KillApplier | Fault::StopApplier => {
-                let k = rng.below(2) as usize;
-                let p = &mut appliers[k];
-                if fault == Fault::KillApplier {
-                    p.kill();
-                } else {
-                    let (code, log) = p.stop();
-                    assert_eq!(
-                        code,
-                        Some(0),
-                        "seed {seed}: applier {k} stopped with\n{log}"
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(rng.below(3000))).await;
-                p.restart();
-                done.push(format!("{at:.1}s {fault:?} {k}"));
-            }
-            Fault::RestartBroker => {
-                if own_broker {
-                    done.push(format!(
-                        "{at:.1}s broker restart left out (SLUICE_KAFKA_BROKERS)"
-                    ));
-                    continue;
-                }
-                tokio::task::spawn_blocking(|| {
-                    testbed(&["stop", "kafka"]);
-                    testbed(&["start", "kafka"]);
-                })
-                .await
-                .unwrap();
-                done.push(format!("{at:.1}s {fault:?}"));
-            }
-            Fault::TargetDown => {
-                let down = Duration::from_millis(2000 + rng.below(8000));
-                relay.cut();
-                tokio::time::sleep(down).await;
-                relay.restore();
-                done.push(format!("{at:.1}s {fault:?} for {down:?}"));
-            }
-            Fault::AddPartition => {
-                use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
-                partitions += 1;
-                let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-                    rdkafka::ClientConfig::new()
-                        .set("bootstrap.servers", kafka_brokers())
-                        .create()
-                        .unwrap();
-                let r = admin
-                    .create_partitions(
-                        &[NewPartitions::new(&topic, partitions)],
-                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-                    )
-                    .await
-                    .unwrap();
-                assert!(r.iter().all(|r| r.is_ok()), "seed {seed}: {r:?}");
-                done.push(format!("{at:.1}s {fault:?} (now {partitions})"));
-            }
-        }
-    }
+    let report = faults::inject(seed, FAULTS_FOR, &mut cap, &mut appliers, &relay, &topic, 3).await;
+    let (done, unplanned) = (report.done, report.unplanned);
     stop.store(true, Ordering::SeqCst);
     let rounds = writer.await.unwrap();
     eprintln!(

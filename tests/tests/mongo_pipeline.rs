@@ -43,19 +43,7 @@ fn capture_at(uri: &str, db: &str, mongodb: &str, filter: &str) -> CaptureProces
 
 /// [`capture_at`] with more `[publish]` keys.
 fn capture_with(uri: &str, db: &str, mongodb: &str, filter: &str, publish: &str) -> CaptureProcess {
-    let connector = unique("mconn");
-    let prefix = unique("mcdc");
-    let text = format!(
-        "connector = \"{connector}\"\n\
-         [mongodb]\nuri = \"{}\"\nmax_await_ms = 200\n{mongodb}\n\
-         [filter]\ninclude = [\"{db}\\\\..*\"]\n{filter}\n\
-         [topics]\nprefix = \"{prefix}\"\n\
-         [publish]\npartitions = 3\nreplication_factor = 1\ncheckpoint_interval_ms = 100\n{publish}\n\
-         [kafka]\nbrokers = \"{}\"\n",
-        uri,
-        kafka_brokers()
-    );
-    CaptureProcess::spawn_binary("capture-mongo", (text, connector, prefix))
+    sluice_tests::mongo::capture(uri, db, mongodb, filter, publish)
 }
 
 /// apply-mongo reading the topics of `prefix` into the target server.
@@ -66,56 +54,11 @@ fn apply(prefix: &str, group: &str, extra: &str) -> CaptureProcess {
 /// apply-mongo writing to `uri`, its own records in `meta`; `extra` starts inside
 /// `[kafka.properties]`.
 fn apply_at(uri: &str, meta: &str, prefix: &str, group: &str, extra: &str) -> CaptureProcess {
-    let text = format!(
-        "[mongodb]\nuri = \"{}\"\nmeta_database = \"{}\"\n\
-         [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{}\\\\..*\"]\n\
-         [batch]\nmax_wait_ms = 200\n\
-         [kafka]\nbrokers = \"{}\"\n\
-         [kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n\
-         {extra}\n",
-        uri,
-        meta,
-        prefix.replace('.', "\\\\."),
-        kafka_brokers()
-    );
-    CaptureProcess::spawn_binary("apply-mongo", (text, String::new(), String::new()))
+    sluice_tests::mongo::apply(uri, meta, prefix, group, extra)
 }
 
-/// Wait until a capture reading from "now" has fixed its start: in oplog mode it stores that
-/// position as its first checkpoint; change streams get a few seconds to open.
-///
-/// On an empty oplog (a fresh server) "now" is a time, not an entry, and the capture stores
-/// its position at the first entry it reads: a write elsewhere every second gives it one.
 async fn started(cap: &CaptureProcess, oplog: bool) {
-    if !oplog {
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        return;
-    }
-    let source = Client::with_uri_str(mongo_source_url()).await.unwrap();
-    let elsewhere = source
-        .database(&unique("sluice_t_warm"))
-        .collection::<mongodb::bson::Document>("c");
-    let mut wrote = Instant::now() - Duration::from_secs(1);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if wrote.elapsed() >= Duration::from_secs(1) {
-            elsewhere.insert_one(doc! { "at": 1 }).await.unwrap();
-            wrote = Instant::now();
-        }
-        let c = cap.connector.clone();
-        let stored =
-            tokio::task::spawn_blocking(move || sluice_tests::capture::last_checkpoint(&c))
-                .await
-                .unwrap();
-        if stored.is_some() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the capture stored no start position in 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sluice_tests::mongo::started(cap, oplog).await
 }
 
 /// Every document of a collection, raw, in `_id` order (the server's own order of BSON values).
