@@ -154,7 +154,7 @@ pub async fn inject(
                         .unwrap();
                 let r = admin
                     .create_partitions(
-                        &[NewPartitions::new(&topic, partitions)],
+                        &[NewPartitions::new(topic, partitions)],
                         &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
                     )
                     .await
