@@ -1353,3 +1353,152 @@ async fn a_row_a_mirror_cannot_hold_stops_its_table_and_the_rest_flows() {
     assert_eq!(code, Some(0), "{out}");
     finish(&db, &mut [&mut cap]).await;
 }
+
+/// A rebalance while the target refuses writes: the member that cannot write its batch in hand
+/// before letting its partitions go stores nothing of it and stops (so that no later offset of
+/// a partition it keeps or gets back is stored over those events); the other member reads them
+/// again from the committed offsets, and nothing is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rebalance_while_the_target_refuses_writes_stops_the_member_and_loses_nothing() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_drainfail", "_mirror").await;
+    let prefix = cap.prefix.clone();
+    let mut c = w1_source(&db).await;
+    c.query_drop(w1_insert(&db, 1, 1)).await.unwrap();
+    let relay = sluice_tests::relay::Relay::to(&clickhouse_url()).await;
+    // A holds its batch for up to 20 s: only a drain would write it sooner.
+    let group = unique("g");
+    let extra = "[batch]\nmax_wait_ms = 20000\n";
+    let mut a = apply_to(&relay.http_url(), &prefix, &m_db, "mirror", &group, extra);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !assigned(a.metrics_port) {
+        assert!(Instant::now() < deadline, "a never got partitions");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.query_drop(w1_insert(&db, 2, 200)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The target goes away from A; B joins, and A must let its partitions go.
+    relay.cut();
+    let mut b = apply(&prefix, &m_db, "mirror", &group, "");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !a.exited() {
+        if Instant::now() > deadline {
+            relay.restore();
+            panic!("a did not stop:\n{}", a.stop().1);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, log) = a.wait(Duration::from_secs(1));
+    assert_ne!(code, Some(0), "a must stop:\n{log}");
+    assert!(
+        log.contains("could not write the batch in hand before letting partitions go")
+            && log.contains("before a rebalance"),
+        "{log}"
+    );
+    relay.restore();
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    finish(&db, &mut [&mut cap, &mut b]).await;
+}
+
+/// A table one instance stops is stopped by the group's other instances too, within 5 s (its
+/// keys are on every partition): rows of it read later, on any partition, are dead-lettered,
+/// not written, while another table flows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_one_instance_stops_is_stopped_by_the_others() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_stopall", "_mirror").await;
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.dated (id INT PRIMARY KEY, d DATE NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    c.query_drop(sluice_tests::w1_create_table(&db))
+        .await
+        .unwrap();
+    let (dlq, group) = (unique("dlq"), unique("g"));
+    let mut a = CaptureProcess::apply_clickhouse_with(&cap.prefix, &m_db, &dlq, &group, "");
+    let mut b = CaptureProcess::apply_clickhouse_with(&cap.prefix, &m_db, &dlq, &group, "");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(assigned(a.metrics_port) && assigned(b.metrics_port)) {
+        assert!(
+            Instant::now() < deadline,
+            "the two instances never shared the partitions"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Rows on every partition arrive; then one no ClickHouse Date holds stops the table.
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.dated VALUES (1, '2020-01-01'), (2, '2020-01-02'), (3, '2020-01-03'), \
+         (4, '2020-01-04'), (5, '2020-01-05'), (6, '2020-01-06')"
+    ))
+    .await
+    .unwrap();
+    let rows = |m_db: String| async move {
+        sluice_tests::capture::clickhouse_tsv(&format!("SELECT count() FROM {m_db}.dated FINAL"))
+            .await
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rows(m_db.clone()).await != "6" {
+        assert!(Instant::now() < deadline, "the first rows never arrived");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.dated VALUES (100, '1000-01-01')"
+    ))
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sluice_tests::capture::clickhouse_tsv(&format!(
+        "SELECT target FROM {m_db}._sluice_stopped"
+    ))
+    .await
+    .unwrap_or_default()
+    .contains("dated")
+    {
+        assert!(Instant::now() < deadline, "the table never stopped");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Past the 5 s re-read, rows of every partition: none is written, by either instance.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let values: Vec<String> = (7..40).map(|i| format!("({i}, '2021-01-01')")).collect();
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.dated VALUES {}",
+        values.join(",")
+    ))
+    .await
+    .unwrap();
+    c.query_drop(w1_insert(&db, 1, 50)).await.unwrap();
+    let want = source_rows(&db).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mirror_rows(&m_db).await != want {
+        if Instant::now() > deadline {
+            panic!(
+                "the other table never arrived\n{}\n----\n{}",
+                a.stop().1,
+                b.stop().1
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        rows(m_db.clone()).await,
+        "6",
+        "rows of the stopped table were written"
+    );
+    let (code, out_a) = a.stop();
+    assert_eq!(code, Some(0), "{out_a}");
+    let (code, out_b) = b.stop();
+    assert_eq!(code, Some(0), "{out_b}");
+    // Both instances dead-lettered rows of it (each holds some of its partitions).
+    for out in [&out_a, &out_b] {
+        assert!(out.contains("dead-lettering"), "{out}");
+    }
+    finish(&db, &mut [&mut cap]).await;
+}

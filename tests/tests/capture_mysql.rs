@@ -1370,3 +1370,35 @@ async fn partitions_added_to_a_topic_keep_every_key_on_its_partition() {
     );
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+/// A table with a YEAR column created while the capture is caught up: its CREATE is published
+/// with the schema read from information_schema, and its first rows' table map must agree with
+/// it (the binlog sets YEAR's signedness bit, information_schema gives it no sign); before,
+/// the table was refused as "the schema published with the table's last DDL disagrees".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_year_column_created_while_streaming_is_not_refused() {
+    let db = unique("sluice_t_cap_year");
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.y (id INT PRIMARY KEY, y YEAR NOT NULL, n INT UNSIGNED)"),
+    ])
+    .await;
+    // The capture reads the CREATE caught up, before any row.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sql(&[format!(
+        "INSERT INTO `{db}`.y VALUES (1, 2024, 7), (2, 1999, 8)"
+    )])
+    .await;
+    let events = events_of(cap.topic(&db, "y"), |m| count_rows(m) >= 2).await;
+    let all: Vec<&ChangeEvent> = events.values().flatten().collect();
+    assert!(
+        !all.iter()
+            .any(|e| e.ddl.as_ref().is_some_and(|d| d.kind == "refused")),
+        "{all:#?}"
+    );
+    assert_eq!(row_events(&events).len(), 2, "{all:#?}");
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

@@ -212,7 +212,13 @@ async fn a_capture_follows_a_fail_over_to_the_promoted_replica_by_gtid() {
     cap.restart();
     let (code, log) = cap.wait(Duration::from_secs(60));
     assert_eq!(code, Some(1), "{log}");
-    assert!(log.contains("has not got domain 0 seq"), "{log}");
+    // (named as a range, or as the one GTID when a single transaction is missing: how many
+    // the writer's statements made depends on the seed, as a statement changing no row writes
+    // none)
+    assert!(
+        log.contains("has not got domain 0 seq") || log.contains("has not got 0-"),
+        "{log}"
+    );
     assert!(log.contains("log_slave_updates"), "{log}");
 
     // 3. The replica catches up, and the capture goes on from it. Its dump, opened by GTID

@@ -214,6 +214,11 @@ impl Sink {
             Op::Insert | Op::Update | Op::Delete | Op::SnapshotRead => {
                 let target = self.target(event.database, event.table);
                 self.record_stops();
+                // Another instance may have stopped a collection (its keys are on every
+                // partition): read the record again before taking an event, once 5 s have gone by.
+                if let Err(e) = self.stopped.refresh().await {
+                    tracing::warn!(error = %e, "reading the stopped collections again failed; retrying in 5 s");
+                }
                 if !self.stopped.is_empty() {
                     let ns = format!("{}.{}", target.0, target.1);
                     if let Some(why) = self.stopped.why(&ns, event.version) {

@@ -316,9 +316,11 @@ pub fn from_table_map(
         let real = tme.get_column_type(i).ok().flatten()?;
         let meta = tme.get_column_metadata(i).unwrap_or(&[]);
         let m = |k: usize| u32::from(meta.get(k).copied().unwrap_or(0));
+        // (YEAR takes a signedness bit, set, but has no sign: information_schema gives it none,
+        // and a schema read there after a CREATE must agree with this one)
         let unsigned = if real.is_numeric_type() {
             num_i += 1;
-            unsigned_bits.get(num_i - 1).copied().unwrap_or(false)
+            unsigned_bits.get(num_i - 1).copied().unwrap_or(false) && real != My::MYSQL_TYPE_YEAR
         } else {
             false
         };

@@ -173,6 +173,9 @@ impl Sink {
 
     /// Add the row of `event` (its image is read where it lies).
     pub(super) async fn add_row(&mut self, event: &RowEvent<'_>) -> Result<(), Refusal> {
+        // Another instance may have stopped a table (its keys are on every partition): read
+        // them again before taking a row, once 5 s have gone by.
+        self.reread_stopped_if_due().await;
         let plan = match self.plans.get(&event.schema_id) {
             Some(p) => p.clone(),
             None => {
@@ -304,11 +307,7 @@ impl Sink {
     /// first); the next batch is gathered meanwhile. Its offsets are stored once it is written.
     pub(super) async fn flush(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
         self.settle().await?;
-        if self.stopped_read_at.elapsed() >= std::time::Duration::from_secs(5) {
-            if let Err(e) = self.reload_stopped().await {
-                tracing::warn!(error = %e, "reading the stopped tables again failed; retrying at the next batch");
-            }
-        }
+        self.reread_stopped_if_due().await;
         let batch = std::mem::take(&mut *self.batch());
         if batch.tables.is_empty() {
             // Only events without rows (heartbeats, dead letters): nothing to wait for.

@@ -255,7 +255,7 @@ impl Sink {
         })
         .await?
         .map_err(|e| refused(format_args!("{create}: {e}")))?;
-        self.reload_stopped().await?;
+        self.reload_stopped(true).await?;
         let t = format!(
             "{}.{}",
             quote(&self.config.clickhouse.database),
@@ -275,19 +275,41 @@ impl Sink {
 
     /// Read `tables.stopped_table` again: tables other instances stopped (a table's keys are
     /// on every partition), or taken up again by deleting their row.
-    pub(super) async fn reload_stopped(&mut self) -> Result<(), ApplyError> {
+    /// [`Self::reload_stopped`] once 5 s have gone by since the last read (or the last failed
+    /// one: a target that is down is not asked at every row).
+    pub(super) async fn reread_stopped_if_due(&mut self) {
+        if self.stopped_read_at.elapsed() < std::time::Duration::from_secs(5) {
+            return;
+        }
+        // One try: a target that is down is waited for where writes are, not here (a row taken
+        // must not hold the stage from noticing what a rebalance left behind).
+        if let Err(e) = self.reload_stopped(false).await {
+            tracing::warn!(error = %e, "reading the stopped tables again failed; retrying in 5 s");
+            self.stopped_read_at = std::time::Instant::now();
+        }
+    }
+
+    /// Read the stopped tables (`retry`: until the target answers).
+    pub(super) async fn reload_stopped(&mut self, retry: bool) -> Result<(), ApplyError> {
         let t = format!(
             "{}.{}",
             quote(&self.config.clickhouse.database),
             quote(&self.config.tables.stopped_table)
         );
         let select = format!("SELECT target, argMax(reason, at) FROM {t} GROUP BY target");
-        let rows = self
-            .answered("reading the stopped tables", || {
+        let rows = if retry {
+            self.answered("reading the stopped tables", || {
                 self.client.query(&select).fetch_all::<(String, String)>()
             })
             .await?
-            .map_err(|e| refused(format_args!("{select}: {e}")))?;
+            .map_err(|e| refused(format_args!("{select}: {e}")))?
+        } else {
+            self.client
+                .query(&select)
+                .fetch_all::<(String, String)>()
+                .await
+                .map_err(|e| ApplyError::from(e).context(format_args!("{select}")))?
+        };
         let now: std::collections::HashMap<String, String> = rows.into_iter().collect();
         for (target, reason) in &now {
             if !self.stopped.contains_key(target) {

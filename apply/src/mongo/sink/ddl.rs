@@ -152,7 +152,11 @@ impl Stopped {
             .read_at
             .is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
         {
-            self.read().await?;
+            if let Err(e) = self.read().await {
+                // (asked again in 5 s, not at every event of a target that is down)
+                self.read_at = Some(Instant::now());
+                return Err(e);
+            }
         }
         Ok(())
     }

@@ -748,9 +748,35 @@ fn disagreement(published: &v1::TableSchema, binlog: &v1::TableSchema) -> Option
         return None;
     }
     let names = |v: &[(String, i32, bool)]| v.iter().map(|c| c.0.clone()).collect::<Vec<_>>();
-    Some(format!(
-        "published columns {:?}, binlog columns {:?}",
-        names(&a),
-        names(&b)
-    ))
+    if names(&a) != names(&b) {
+        return Some(format!(
+            "published columns {:?}, binlog columns {:?}",
+            names(&a),
+            names(&b)
+        ));
+    }
+    let ty = |t: i32, unsigned: bool| {
+        let name = v1::ColumnType::try_from(t)
+            .map(|t| t.as_str_name().to_string())
+            .unwrap_or_else(|_| t.to_string());
+        if unsigned {
+            format!("{name} UNSIGNED")
+        } else {
+            name
+        }
+    };
+    let differ: Vec<String> = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| {
+            format!(
+                "{}: published {}, binlog {}",
+                x.0,
+                ty(x.1, x.2),
+                ty(y.1, y.2)
+            )
+        })
+        .collect();
+    Some(format!("columns of another type: {}", differ.join("; ")))
 }
