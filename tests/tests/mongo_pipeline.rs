@@ -1889,3 +1889,120 @@ async fn a_change_too_large_to_publish_refuses_its_collection_and_the_rest_flows
     src.database(&db).drop().await.unwrap();
     dst.database(&db).drop().await.unwrap();
 }
+
+/// A row event of a newer contract than this build's stops its collection (it would lack the
+/// change), recorded in `stopped_collections`; the collection's later events are not written,
+/// and another collection's are.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_event_of_a_newer_contract_stops_its_collection() {
+    use prost::Message as _;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use sluice_proto::v1::{ChangeEvent, MongoChange, Op};
+    let db = unique("sluice_m_contract");
+    let prefix = unique("mcdc");
+    let (meta, group) = (unique("meta"), unique("g"));
+    let config = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .clone();
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = config.create().unwrap();
+    let topic = |coll: &str| format!("{prefix}.{db}.{coll}");
+    let (tc, td) = (topic("c"), topic("d"));
+    for r in admin
+        .create_topics(
+            &[
+                NewTopic::new(&tc, 1, TopicReplication::Fixed(1)),
+                NewTopic::new(&td, 1, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let event = |coll: &str, contract: u32, id: i32, version: u64| {
+        let key = mongodb::bson::to_vec(&doc! { "_id": id }).unwrap();
+        ChangeEvent {
+            contract,
+            op: Op::Insert as i32,
+            database: db.clone(),
+            table: coll.into(),
+            version,
+            commit_time_micros: sluice_common::clock::now_micros(),
+            mongo: Some(MongoChange {
+                document_key: key,
+                full_document: mongodb::bson::to_vec(&doc! { "_id": id, "v": id }).unwrap(),
+                operation_type: "insert".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let mut app = apply_at(&mongo_target_url(), &meta, &prefix, &group, "");
+    let producer: FutureProducer = config.create().unwrap();
+    for (t, payload) in [
+        (&tc, event("c", 1, 1, 1)),
+        (&tc, event("c", 99, 2, 2)),
+        (&tc, event("c", 1, 3, 3)),
+        (&td, event("d", 1, 1, 4)),
+    ] {
+        producer
+            .send(
+                FutureRecord::<(), _>::to(t).partition(0).payload(&payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let dst = client(mongo_target_url()).await;
+    let (c, d) = (
+        dst.database(&db).collection::<Document>("c"),
+        dst.database(&db).collection::<Document>("d"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while d.count_documents(doc! {}).await.unwrap() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the other collection's document never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stopped = dst
+        .database(&meta)
+        .collection::<Document>("stopped_collections")
+        .find_one(doc! { "_id": format!("{db}.c") })
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut stopped = stopped;
+    while stopped.is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stopped = dst
+            .database(&meta)
+            .collection::<Document>("stopped_collections")
+            .find_one(doc! { "_id": format!("{db}.c") })
+            .await
+            .unwrap();
+    }
+    let stopped = stopped.expect("the collection is recorded as stopped");
+    assert!(
+        stopped
+            .get_str("reason")
+            .unwrap_or_default()
+            .contains("contract version 99"),
+        "{stopped:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ids: Vec<i32> = c
+        .find(doc! {})
+        .await
+        .unwrap()
+        .map(|d| d.unwrap().get_i32("_id").unwrap())
+        .collect()
+        .await;
+    assert_eq!(ids, vec![1], "only the document before the refused event");
+    stop_all(&mut [&mut app]).await;
+    dst.database(&db).drop().await.unwrap();
+}
