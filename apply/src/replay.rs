@@ -4,9 +4,12 @@
 //! A dead letter keeps its event's bytes and key and names where the event came from
 //! (`sluice.topic`, `sluice.partition`, `sluice.offset`). Replaying it writes the event again to
 //! that topic and partition, where the apply stage reads it like any other; the dead letter is
-//! marked replayed (a record of the dead-letter topic with the header `sluice.replayed`) in the
-//! same Kafka transaction, so a second replay skips it and a replay cut short re-offers nothing
-//! twice.
+//! marked replayed (a record of the dead-letter topic with the header `sluice.replayed`) once
+//! its events are written, so a second replay skips it. A replay cut short between the two
+//! writes them again the next time, which changes nothing (below: each re-offer is idempotent).
+//! No Kafka transaction is used: its commit markers take offsets in the source partitions, and
+//! a consumer that stores the offsets of the events it wrote (as the apply stages do) would show
+//! a lag of 1 there until the next event.
 //!
 //! What makes an old event safe to write again after newer ones:
 //! - **ClickHouse** (MySQL and MariaDB row events): the row carries its version, and a mirror
@@ -31,7 +34,7 @@ use std::time::Duration;
 use prost::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use sluice_proto::v1::Op;
 use sluice_proto::ChangeEvent;
@@ -515,22 +518,11 @@ pub async fn replay(kafka: &Kafka, filter: &Filter, dry_run: bool) -> Result<Out
             .config
             .producer_config(CLIENT)
             .set(
-                "transactional.id",
-                format!("sluice-replay.{}", kafka.dead_letter_topic),
-            )
-            .set(
                 "message.max.bytes",
                 crate::group::DEAD_LETTER_MAX_BYTES.to_string(),
             )
             .create()
             .map_err(|e| format!("could not make the replay's producer: {e}"))?;
-        p.init_transactions(kafka.config.request_timeout())
-            .map_err(|e| {
-                format!(
-                    "Kafka at {}: starting the replay's transactions: {e}",
-                    kafka.config.brokers
-                )
-            })?;
         Some(p)
     };
     let by_at: HashMap<(i32, i64), &DeadLetter> = letters.iter().map(|d| (d.at, d)).collect();
@@ -588,8 +580,9 @@ pub async fn replay(kafka: &Kafka, filter: &Filter, dry_run: bool) -> Result<Out
     Ok(outcome)
 }
 
-/// Write `offers` to `topic`/`p` and the markers of `replayed` to the dead-letter topic, in one
-/// transaction; the offset of each key's last write.
+/// Write `offers` to `topic`/`p` (in order: the producer is idempotent), then, once every one
+/// is acknowledged, the markers of `replayed` to the dead-letter topic; the offset of each key's
+/// last write.
 async fn write(
     kafka: &Kafka,
     producer: &FutureProducer,
@@ -599,10 +592,6 @@ async fn write(
     offers: &[Reoffer],
     replayed: &[(i32, i64)],
 ) -> Result<HashMap<Vec<u8>, i64>, String> {
-    let timeout = kafka.config.request_timeout();
-    producer
-        .begin_transaction()
-        .map_err(|e| format!("beginning the replay's transaction: {e}"))?;
     let mut sends = Vec::new();
     for o in offers {
         let of = format!("{run} {topic}/{p}@{}", o.offset);
@@ -620,6 +609,23 @@ async fn write(
         let key = o.key.clone();
         sends.push(async move { (key, producer.send(r, Duration::from_secs(60)).await) });
     }
+    let sent = futures::future::join_all(sends).await;
+    let mut last = HashMap::new();
+    for (key, r) in sent {
+        match r {
+            Ok(d) => {
+                if let Some(k) = key {
+                    last.insert(k, d.offset);
+                }
+            }
+            Err((e, _)) => {
+                return Err(format!(
+                    "writing to {topic}/{p}: {e}; its dead letters are not marked replayed \
+                     (run the replay again: what was written is written again harmlessly)"
+                ))
+            }
+        }
+    }
     let mut marks = Vec::new();
     for (dp, at) in replayed {
         let at = at.to_string();
@@ -632,37 +638,15 @@ async fn write(
             }));
         marks.push(producer.send(r, Duration::from_secs(60)));
     }
-    let sent = futures::future::join_all(sends).await;
-    let marked = futures::future::join_all(marks).await;
-    let mut last = HashMap::new();
-    let mut failed = None;
-    for (key, r) in sent {
-        match r {
-            Ok(d) => {
-                if let Some(k) = key {
-                    last.insert(k, d.offset);
-                }
-            }
-            Err((e, _)) => failed = Some(format!("writing to {topic}/{p}: {e}")),
-        }
-    }
-    for r in marked {
+    for r in futures::future::join_all(marks).await {
         if let Err((e, _)) = r {
-            failed = Some(format!(
-                "marking replayed in {}: {e}",
+            return Err(format!(
+                "the events of {topic}/{p} are written again, but marking their dead letters \
+                 replayed in {} failed: {e} (a replay run again writes them again, harmlessly)",
                 kafka.dead_letter_topic
             ));
         }
     }
-    if let Some(f) = failed {
-        let _ = producer.abort_transaction(timeout);
-        return Err(format!(
-            "{f}; nothing of this partition was replayed (the transaction was aborted)"
-        ));
-    }
-    producer
-        .commit_transaction(timeout)
-        .map_err(|e| format!("committing the replay of {topic}/{p}: {e}"))?;
     Ok(last)
 }
 
