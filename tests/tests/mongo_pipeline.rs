@@ -1969,22 +1969,15 @@ async fn a_row_event_of_a_newer_contract_stops_its_collection() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let stopped = dst
+    let stops = dst
         .database(&meta)
-        .collection::<Document>("stopped_collections")
-        .find_one(doc! { "_id": format!("{db}.c") })
-        .await
-        .unwrap();
+        .collection::<Document>("stopped_collections");
+    let record = || stops.find_one(doc! { "_id": format!("{db}.c") });
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut stopped = stopped;
+    let mut stopped = record().await.unwrap();
     while stopped.is_none() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        stopped = dst
-            .database(&meta)
-            .collection::<Document>("stopped_collections")
-            .find_one(doc! { "_id": format!("{db}.c") })
-            .await
-            .unwrap();
+        stopped = record().await.unwrap();
     }
     let stopped = stopped.expect("the collection is recorded as stopped");
     assert!(

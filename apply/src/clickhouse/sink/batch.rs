@@ -136,7 +136,6 @@ pub(crate) struct Batch {
     bytes: usize,
     started: Option<Instant>,
     oldest_commit_micros: Option<i64>,
-    newest_commit_micros: i64,
 }
 
 impl Sink {
@@ -288,7 +287,6 @@ impl Sink {
                 .oldest_commit_micros
                 .get_or_insert(event.commit_time_micros);
             *o = (*o).min(event.commit_time_micros);
-            batch.newest_commit_micros = batch.newest_commit_micros.max(event.commit_time_micros);
         }
         Ok(())
     }

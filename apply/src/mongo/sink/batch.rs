@@ -35,7 +35,6 @@ pub(super) struct Batch {
     pub(super) bytes: usize,
     pub(super) started: Option<Instant>,
     pub(super) oldest_commit_micros: Option<i64>,
-    pub(super) newest_commit_micros: i64,
 }
 
 impl Batch {
@@ -61,7 +60,6 @@ impl Batch {
         if commit_time_micros > 0 {
             let o = self.oldest_commit_micros.get_or_insert(commit_time_micros);
             *o = (*o).min(commit_time_micros);
-            self.newest_commit_micros = self.newest_commit_micros.max(commit_time_micros);
         }
         self.offsets.record(&m);
         self.messages.push(m);
