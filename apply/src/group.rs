@@ -80,6 +80,8 @@ pub struct GroupMetrics {
     pub assigned: IntGauge,
     /// `sluice_apply_lag_seconds`: how far behind the source the target is.
     pub lag_seconds: prometheus::Gauge,
+    /// `sluice_apply_consumer_rejoins_total`: consumers replaced after a fatal error.
+    pub rejoins: IntCounter,
     /// What the sink wrote, per partition, and what it is writing: for the lag in seconds.
     progress: Arc<std::sync::Mutex<Progress>>,
 }
@@ -114,11 +116,18 @@ impl GroupMetrics {
         )?;
         r.register(Box::new(lag.clone()))?;
         r.register(Box::new(assigned.clone()))?;
+        let rejoins = IntCounter::new(
+            "sluice_apply_consumer_rejoins_total",
+            "Times the Kafka consumer hit a fatal error (fenced: another member with the same \
+             consumer.instance_id, or a session that timed out) and a new one joined the group.",
+        )?;
         r.register(Box::new(lag_seconds.clone()))?;
+        r.register(Box::new(rejoins.clone()))?;
         Ok(Self {
             lag,
             assigned,
             lag_seconds,
+            rejoins,
             progress: Arc::default(),
         })
     }
@@ -346,6 +355,9 @@ pub struct GroupContext<D> {
     /// before it handles any event.
     pub expired: Arc<std::sync::Mutex<Option<String>>>,
     expired_flag: std::sync::atomic::AtomicBool,
+    /// Set once this consumer is replaced ([`BatchSink::rejoin`]): its callbacks no longer
+    /// touch the sink's batch, which belongs to the new consumer.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl<D> GroupContext<D> {
@@ -355,7 +367,18 @@ impl<D> GroupContext<D> {
             drain,
             expired: Default::default(),
             expired_flag: Default::default(),
+            retired: Default::default(),
         }
+    }
+
+    /// This consumer is being replaced: from now on its rebalances leave the sink alone.
+    pub fn retire(&self) {
+        self.retired
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn is_retired(&self) -> bool {
+        self.retired.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Why the stage must stop (events expired unread), if it must.
@@ -436,8 +459,22 @@ impl<D: Drain> ClientContext for GroupContext<D> {
 impl<D: Drain> ConsumerContext for GroupContext<D> {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, r: &Rebalance<'_>) {
         tracing::info!(rebalance = ?r, "rebalance");
+        if self.is_retired() {
+            return;
+        }
         if let Rebalance::Revoke(_) = r {
-            if let Some(offsets) = self.drain.drain() {
+            let drained = self.drain.drain();
+            if consumer.assignment_lost() {
+                // The session timed out: the partitions may already be another member's, and
+                // this member's id is gone. What was written is not stored (the next owner
+                // reads it again, harmlessly); a commit now would carry the old member id,
+                // which the broker refuses, for a static member (`consumer.instance_id`) with
+                // a fatal error.
+                tracing::warn!(
+                    "the group session timed out: the partitions were lost; the batch in hand \
+                     was written, and its events are read again by their next owner"
+                );
+            } else if let Some(offsets) = drained {
                 offsets.store(consumer);
                 if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
                     tracing::warn!(error = %e, "commit before letting partitions go failed");
@@ -447,6 +484,9 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, r: &Rebalance<'_>) {
+        if self.is_retired() {
+            return;
+        }
         match r {
             Rebalance::Assign(tpl) => {
                 self.metrics.assigned.set(tpl.count() as i64);
@@ -728,6 +768,39 @@ pub(crate) trait BatchSink {
     }
     /// The error that stops the stage for `why` (Kafka's state, not an event).
     fn fatal(&self, why: String) -> Self::Error;
+    /// The consumer hit a fatal error: replace it with a new one of the same settings,
+    /// subscribed, as a restart would ([`retire`] the old one). What it held is dropped
+    /// unstored: the new consumer reads on from the committed offsets.
+    /// Returns the old consumer, [`retire`]d, for the caller to close.
+    async fn rejoin(
+        &mut self,
+    ) -> Result<Arc<StreamConsumer<GroupContext<Self::Drain>>>, Self::Error>;
+}
+
+/// How long a stage waits before a new consumer joins after a fatal error: a member fenced by
+/// another with the same `consumer.instance_id` must not take the partitions back at once.
+const REJOIN_AFTER: Duration = Duration::from_secs(5);
+
+/// Why the consumer can no longer be used, if it cannot: librdkafka's fatal errors (a static
+/// member fenced, KIP-345) leave it dead, every later call failing.
+fn fatal_error<C: ConsumerContext>(
+    consumer: &StreamConsumer<C>,
+    e: &rdkafka::error::KafkaError,
+) -> Option<String> {
+    let fatal = consumer.client().fatal_error();
+    if !matches!(e, rdkafka::error::KafkaError::MessageConsumptionFatal(_)) && fatal.is_none() {
+        return None;
+    }
+    Some(match fatal {
+        Some((code, reason)) => format!("{code:?}: {reason}"),
+        None => e.to_string(),
+    })
+}
+
+/// A consumer being replaced: from now on its rebalances (its last one comes when it is
+/// closed) leave the sink's batch alone, which is the new consumer's.
+pub(crate) fn retire<D: Drain>(old: &StreamConsumer<GroupContext<D>>) {
+    old.context().retire();
 }
 
 /// Consume until shutdown or an error: a batch is written when full or `max_wait` after its
@@ -735,23 +808,45 @@ pub(crate) trait BatchSink {
 /// the group.
 pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), S::Error> {
     let max_wait = sink.max_wait();
-    let consumer = sink.consumer();
-    let watcher = tokio::spawn(watch_lag(
-        consumer.clone(),
-        consumer.context().metrics.clone(),
-        Duration::from_secs(10),
-    ));
-    let result = run_loop(sink, shutdown, max_wait, consumer).await;
-    watcher.abort();
-    result
+    run_loop(sink, shutdown, max_wait).await
+}
+
+/// The lag watcher of one consumer, stopped when dropped.
+struct Watcher(Option<tokio::task::JoinHandle<()>>);
+
+impl Watcher {
+    fn start<D: Drain>(consumer: &Arc<StreamConsumer<GroupContext<D>>>) -> Self {
+        Watcher(Some(tokio::spawn(watch_lag(
+            consumer.clone(),
+            consumer.context().metrics.clone(),
+            Duration::from_secs(10),
+        ))))
+    }
+
+    /// Stop it, and wait until it let go of its consumer.
+    async fn stop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
 }
 
 async fn run_loop<S: BatchSink>(
     sink: &mut S,
     shutdown: &Shutdown,
     max_wait: Duration,
-    consumer: Arc<StreamConsumer<GroupContext<S::Drain>>>,
 ) -> Result<(), S::Error> {
+    let mut consumer = sink.consumer();
+    let mut watcher = Watcher::start(&consumer);
     // Messages taken without waiting since the clock was last read.
     let mut unclocked = 0u32;
     let result = loop {
@@ -795,16 +890,23 @@ async fn run_loop<S: BatchSink>(
                 }
             }
         };
+        let mut fatal = None;
         let r = match step {
             None => sink.write_held(shutdown).await,
             Some(Err(e)) if no_topic_yet(&e) => {
                 tracing::debug!(error = %e, "no topic of the subscription yet");
                 Ok(())
             }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "consumer error");
-                Ok(())
-            }
+            Some(Err(e)) => match fatal_error(&consumer, &e) {
+                Some(why) => {
+                    fatal = Some(why);
+                    Ok(())
+                }
+                None => {
+                    tracing::warn!(error = %e, "consumer error");
+                    Ok(())
+                }
+            },
             // (the assignment that found it came inside this very receive)
             Some(Ok(_)) if consumer.context().expired().is_some() => {
                 return Err(sink.fatal(consumer.context().expired().unwrap_or_default()));
@@ -817,7 +919,32 @@ async fn run_loop<S: BatchSink>(
         if let Err(e) = r {
             break Err(e);
         }
+        if let Some(why) = fatal {
+            tracing::error!(
+                error = %why,
+                "the Kafka consumer hit a fatal error and cannot go on: fenced by another member \
+                 with the same consumer.instance_id (each instance needs its own), or its group \
+                 session timed out. A new consumer joins the group in {REJOIN_AFTER:?}, as a \
+                 restart would; the events not yet committed are read and written again"
+            );
+            tokio::select! {
+                _ = shutdown.wait() => break Ok(()),
+                _ = tokio::time::sleep(REJOIN_AFTER) => {}
+            }
+            watcher.stop().await;
+            let old = match sink.rejoin().await {
+                Ok(old) => old,
+                Err(e) => break Err(e),
+            };
+            consumer = sink.consumer();
+            // (the last reference: closing it leaves the group, on a thread of its own)
+            close_within(old, "replaced").await;
+            consumer.context().metrics.rejoins.inc();
+            watcher = Watcher::start(&consumer);
+            tracing::info!("a new Kafka consumer joined the group");
+        }
     };
+    drop(watcher);
     if result.is_ok() {
         // Write what is held (no longer interruptible), then commit synchronously.
         sink.write_held(&Shutdown::new()).await?;

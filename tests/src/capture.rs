@@ -337,6 +337,38 @@ pub fn metric_at(port: u16, name: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
+/// How many events of `topic` consumer group `group` has not committed: per partition, its
+/// end minus the committed offset (its start when nothing is committed). Blocking.
+pub fn group_lag(group: &str, topic: &str) -> i64 {
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let timeout = Duration::from_secs(10);
+    let md = c.fetch_metadata(Some(topic), timeout).expect("metadata");
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition(topic, p.id());
+    }
+    let committed = c
+        .committed_offsets(tpl, timeout)
+        .expect("committed offsets");
+    committed
+        .elements()
+        .iter()
+        .map(|e| {
+            let (low, high) = c
+                .fetch_watermarks(topic, e.partition(), timeout)
+                .expect("watermarks");
+            match e.offset() {
+                Offset::Offset(at) => high - at,
+                _ => high - low,
+            }
+        })
+        .sum()
+}
+
 /// Wait until a capture's snapshot has published rows and has no table left.
 pub async fn wait_snapshot_done(port: u16, limit: Duration) {
     let deadline = Instant::now() + limit;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use serde::Deserialize;
 use sluice_tests::capture::{
-    binlog_end, dead_letters, metric_at, wait_snapshot_done, wait_stored_snapshot_rows,
+    binlog_end, dead_letters, group_lag, metric_at, wait_snapshot_done, wait_stored_snapshot_rows,
     CaptureProcess,
 };
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
@@ -520,6 +520,82 @@ async fn two_instances_share_the_partitions() {
     );
     assert!(ra + rb >= 601, "{ra} + {rb}");
     finish(&db, &mut [&mut cap, &mut a, &mut b]).await;
+}
+
+/// Two members with one `consumer.instance_id` (a copied configuration): the broker fences the
+/// older one (KIP-345), a fatal error that leaves its librdkafka consumer dead. The fenced
+/// member says so and a new consumer of it joins again (fencing the other in turn); once the
+/// duplicate is gone, the first holds the partitions and nothing is lost. A member that stayed
+/// dead would leave the partitions to nobody once the duplicate stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_fenced_by_its_instance_id_joins_again_and_loses_nothing() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_fenced", "_mirror").await;
+    let prefix = cap.prefix.clone();
+    let mut c = w1_source(&db).await;
+    c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
+    let group = unique("g");
+    let consumer = format!("instance_id = \"{}\"", unique("inst"));
+    let member = || {
+        apply_to_with(
+            &clickhouse_url(),
+            &prefix,
+            &m_db,
+            "mirror",
+            &group,
+            "",
+            &consumer,
+        )
+    };
+    let mut a = member();
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    let mut b = member();
+    let rejoins = |port| metric_at(port, "sluice_apply_consumer_rejoins_total").unwrap_or(0.0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rejoins(a.metrics_port) < 1.0 {
+        if Instant::now() > deadline {
+            let (_, la) = a.stop();
+            let (_, lb) = b.stop();
+            panic!("the first member never joined again:\n{la}\n---\n{lb}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    c.query_drop(w1_insert(&db, 101, 100)).await.unwrap();
+    let (code, log_b) = b.stop();
+    assert_eq!(code, Some(0), "{log_b}");
+    c.query_drop(w1_insert(&db, 201, 100)).await.unwrap();
+    c.query_drop(format!(
+        "UPDATE `{db}`.binlog_field_test_1 SET testint = -id WHERE id % 7 = 0"
+    ))
+    .await
+    .unwrap();
+    converge(&db, &m_db, Duration::from_secs(90)).await;
+    // And its offsets are committed again (a fenced consumer left alive would write on, as a
+    // zombie, but never commit).
+    let topic = cap.topic(&db, "binlog_field_test_1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (g, t) = (group.clone(), topic.clone());
+        let lag = tokio::task::spawn_blocking(move || group_lag(&g, &t))
+            .await
+            .unwrap();
+        if lag == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            let (_, la) = a.stop();
+            panic!("{lag} events written but never committed:\n{la}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(!a.exited(), "the fenced member exited");
+    let (code, log_a) = a.stop();
+    assert_eq!(code, Some(0), "{log_a}");
+    assert!(
+        log_a.contains("fenced by another member with the same consumer.instance_id")
+            && log_a.contains("a new Kafka consumer joined the group"),
+        "{log_a}"
+    );
+    finish(&db, &mut [&mut cap]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

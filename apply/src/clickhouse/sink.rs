@@ -72,6 +72,8 @@ pub struct Sink {
     client: clickhouse::Client,
     features: Features,
     consumer: Arc<StreamConsumer<Context>>,
+    /// The consumer's settings, for a new one after a fatal error ([`BatchSink::rejoin`]).
+    consumer_config: rdkafka::ClientConfig,
     dead: DeadLetters,
     schemas: SchemaCache,
     targets: HashMap<String, Target>,
@@ -140,6 +142,29 @@ fn quote(name: &str) -> String {
     format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
 }
 
+/// The group's consumer, subscribed; its rebalances drain `batch` and `in_flight`.
+fn consumer(
+    cc: &rdkafka::ClientConfig,
+    config: &Config,
+    metrics: &Metrics,
+    batch: &Arc<Mutex<Batch>>,
+    in_flight: &Arc<Mutex<InFlight>>,
+    writer: &Writer,
+) -> Result<StreamConsumer<Context>, ApplyError> {
+    let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(
+        metrics.group.clone(),
+        ChDrain {
+            batch: batch.clone(),
+            in_flight: in_flight.clone(),
+            writer: writer.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        },
+    ))?;
+    let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    Ok(consumer)
+}
+
 impl Sink {
     pub async fn start(
         config: Config,
@@ -171,17 +196,7 @@ impl Sink {
                 std::time::Duration::from_millis(config.errors.degraded_after_ms),
             ),
         };
-        let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(
-            metrics.group.clone(),
-            ChDrain {
-                batch: batch.clone(),
-                in_flight: in_flight.clone(),
-                writer: writer.clone(),
-                runtime: tokio::runtime::Handle::current(),
-            },
-        ))?;
-        let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
+        let consumer = consumer(&cc, &config, &metrics, &batch, &in_flight, &writer)?;
         let dead = DeadLetters::start(
             &config.kafka,
             "apply-clickhouse",
@@ -194,6 +209,7 @@ impl Sink {
             client,
             features,
             consumer: Arc::new(consumer),
+            consumer_config: cc,
             dead,
             schemas,
             targets: HashMap::new(),

@@ -60,6 +60,8 @@ pub struct Sink {
     config: Config,
     client: mongodb::Client,
     consumer: Arc<StreamConsumer<Context>>,
+    /// The consumer's settings, for a new one after a fatal error ([`BatchSink::rejoin`]).
+    consumer_config: rdkafka::ClientConfig,
     batch: Arc<Mutex<Batch>>,
     writer: Writer,
     metrics: Metrics,
@@ -77,6 +79,29 @@ pub struct Sink {
 
 /// A target database and collection, shared by every write to them.
 type Target = (Arc<str>, Arc<str>);
+
+/// The group's consumer, subscribed; its rebalances drain `batch`.
+fn consumer(
+    cc: &rdkafka::ClientConfig,
+    config: &Config,
+    metrics: &Metrics,
+    batch: &Arc<Mutex<Batch>>,
+    writer: &Writer,
+    failed: &Arc<Mutex<Option<String>>>,
+) -> Result<StreamConsumer<Context>, ApplyError> {
+    let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(
+        metrics.group.clone(),
+        MongoDrain {
+            batch: batch.clone(),
+            writer: writer.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            failed: failed.clone(),
+        },
+    ))?;
+    let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    Ok(consumer)
+}
 
 impl Sink {
     pub async fn start(
@@ -119,17 +144,7 @@ impl Sink {
             ),
         );
         let drain_failed = Arc::new(Mutex::new(None));
-        let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(
-            metrics.group.clone(),
-            MongoDrain {
-                batch: batch.clone(),
-                writer: writer.clone(),
-                runtime: tokio::runtime::Handle::current(),
-                failed: drain_failed.clone(),
-            },
-        ))?;
-        let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
+        let consumer = consumer(&cc, &config, &metrics, &batch, &writer, &drain_failed)?;
         let mut applied = AppliedDdl::new(&client, &config.mongodb.meta_database);
         applied.read().await?;
         let outage = crate::group::Outage::new(
@@ -142,6 +157,7 @@ impl Sink {
             config,
             client,
             consumer: Arc::new(consumer),
+            consumer_config: cc,
             batch,
             writer,
             metrics,
@@ -462,5 +478,27 @@ impl BatchSink for Sink {
 
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
         self.flush(shutdown).await
+    }
+
+    async fn rejoin(&mut self) -> Result<Arc<StreamConsumer<Context>>, ApplyError> {
+        crate::group::retire(&self.consumer);
+        // Nothing of the batch in hand is stored: the new consumer reads it again. The
+        // partitions' claims go too; they are claimed again when assigned.
+        let dropped = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
+        tracing::info!(
+            events = dropped.events,
+            "the batch in hand is dropped; its events are read again"
+        );
+        self.writer.fence.forget();
+        *self.drain_failed.lock().expect("failed lock") = None;
+        let new = consumer(
+            &self.consumer_config,
+            &self.config,
+            &self.metrics,
+            &self.batch,
+            &self.writer,
+            &self.drain_failed,
+        )?;
+        Ok(std::mem::replace(&mut self.consumer, Arc::new(new)))
     }
 }

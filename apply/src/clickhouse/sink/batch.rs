@@ -415,4 +415,29 @@ impl BatchSink for Sink {
     async fn settle(&mut self) -> Result<(), ApplyError> {
         Sink::settle(self).await
     }
+
+    async fn rejoin(&mut self) -> Result<Arc<StreamConsumer<Context>>, ApplyError> {
+        crate::group::retire(&self.consumer);
+        // The write in flight ends first (written or not, nothing of it is stored: the new
+        // consumer reads from the committed offsets, and a replay collapses).
+        let task = self.in_flight.lock().expect("in-flight lock").task.take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        self.in_flight.lock().expect("in-flight lock").failed = None;
+        let dropped = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
+        tracing::info!(
+            rows = dropped.rows,
+            "the batch in hand is dropped; its events are read again"
+        );
+        let new = super::consumer(
+            &self.consumer_config,
+            &self.config,
+            &self.metrics,
+            &self.batch,
+            &self.in_flight,
+            &self.writer,
+        )?;
+        Ok(std::mem::replace(&mut self.consumer, Arc::new(new)))
+    }
 }
