@@ -14,7 +14,6 @@ pub mod logging;
 pub mod metrics;
 pub mod mongo;
 pub mod preflight;
-pub mod secret;
 pub mod shutdown;
 pub mod topics;
 
