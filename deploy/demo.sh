@@ -41,10 +41,12 @@ sqlq() { mariadb --no-defaults --default-character-set=utf8mb4 -h127.0.0.1 -P"$m
 run=$(date +%s)
 db=demo_$run
 demo_config=$(mktemp)
+if [ -n "${SLUICE_TLS_DIR:-}" ]; then mysql_tls="ssl_ca = \"$SLUICE_TLS_DIR/ca.pem\""; else mysql_tls='ssl_mode = "disabled"'; fi
 cat >"$demo_config" <<TOML
 connector = "demo-$run"
 [mysql]
 url = "$SLUICE_MYSQL_URL"
+$mysql_tls
 start = "end"
 [filter]
 include = ['$db\..*']

@@ -44,8 +44,10 @@ cache=${SLUICE_CACHE_DIR:-$HOME/.cache/sluice}
 mariadb_port=${SLUICE_MARIADB_PORT:-13306}
 kafka_port=${SLUICE_KAFKA_PORT:-19092}
 kafka_controller_port=$((kafka_port + 1))
+kafka_sasl_port=${SLUICE_KAFKA_SASL_PORT:-$((kafka_port + 2))}
 ch_http_port=${SLUICE_CLICKHOUSE_HTTP_PORT:-18123}
 ch_tcp_port=${SLUICE_CLICKHOUSE_TCP_PORT:-19000}
+ch_https_port=${SLUICE_CLICKHOUSE_HTTPS_PORT:-18443}
 chc_port=${SLUICE_CLICKHOUSE_CURRENT_PORT:-18124}
 mongo_source_port=${SLUICE_MONGO_SOURCE_PORT:-27117}
 mongo_target_port=${SLUICE_MONGO_TARGET_PORT:-27118}
@@ -190,12 +192,46 @@ venv_install() {
 # ---------------------------------------------------------------------------------------------
 # MariaDB
 
+# ---------------------------------------------------------------------------------------------
+# TLS: a CA of the test bed's own, made once with openssl, and a certificate for the servers
+# (names localhost and 127.0.0.1), one for a client, and a second CA that signed nothing the
+# servers show (to test a wrong CA).
+
+tls_dir=$state/tls
+
+tls_certs() {
+  if [ -f "$tls_dir/server.pem" ] && [ -f "$tls_dir/other-ca.pem" ]; then return 0; fi
+  command -v openssl >/dev/null || apt_install openssl
+  mkdir -p "$tls_dir"
+  log "making the test bed's CA and certificates in $tls_dir"
+  (
+    cd "$tls_dir"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=sluice test bed CA" \
+      -keyout ca.key -out ca.pem 2>/dev/null
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=another CA" \
+      -keyout other-ca.key -out other-ca.pem 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr 2>/dev/null
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile server.ext -out server.pem 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=sluice" -keyout client.key -out client.csr 2>/dev/null
+    printf 'extendedKeyUsage=clientAuth\n' >client.ext
+    openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile client.ext -out client.pem 2>/dev/null
+    # Kafka's PEM key store: the private key (PKCS#8, unencrypted) and the chain in one file.
+    cat server.key server.pem >kafka-keystore.pem
+    rm -f ./*.csr ./*.ext
+    chmod 644 ./*.pem ./*.key
+  ) || die "making the test bed's certificates failed"
+}
+
 mariadb_dir=$state/mariadb
 mariadb_sock=$mariadb_dir/mysqld.sock
 
 mariadb_start() {
   apt_install mariadb-server mariadb-client
   if pid_alive "$mariadb_dir/pid"; then log "mariadb already running"; return 0; fi
+  tls_certs
   mkdir -p "$mariadb_dir"
   if [ ! -d "$mariadb_dir/data/mysql" ]; then
     log "initialising MariaDB data directory"
@@ -210,19 +246,26 @@ mariadb_start() {
   spawn "$mariadb_dir/pid" "$mariadb_dir/server.log" \
     mariadbd --no-defaults --user=mysql \
     --datadir="$mariadb_dir/data" --socket="$mariadb_sock" --pid-file="$mariadb_dir/data/mariadbd.pid" \
-    --bind-address=127.0.0.1 --port="$mariadb_port" --skip-name-resolve \
+    --bind-address=127.0.0.1,127.0.0.2 --port="$mariadb_port" --skip-name-resolve \
     --server-id=1 --log-bin=mysql-bin --binlog-format=ROW --binlog-row-image=FULL \
     --binlog-row-metadata=FULL --max-binlog-size=64M --binlog-expire-logs-seconds=86400 \
     --gtid-strict-mode=1 --log-slave-updates=1 \
     --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
     --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2 --sync-binlog=0 \
-    --max-connections=500 --max-allowed-packet=256M
+    --max-connections=500 --max-allowed-packet=256M \
+    --ssl-ca="$tls_dir/ca.pem" --ssl-cert="$tls_dir/server.pem" --ssl-key="$tls_dir/server.key"
   wait_for mariadb "$mariadb_dir/pid" 60 "$mariadb_dir/server.log" \
     mariadb --no-defaults --socket="$mariadb_sock" -uroot -e "SELECT 1"
   # A TCP user for the tests and tools (root uses socket authentication).
   mariadb --no-defaults --socket="$mariadb_sock" -uroot <<'SQL'
 CREATE USER IF NOT EXISTS 'sluice'@'%' IDENTIFIED BY 'sluice';
 GRANT ALL PRIVILEGES ON *.* TO 'sluice'@'%' WITH GRANT OPTION;
+-- A capture's user as production has it: over TLS only, with the privileges a capture needs.
+CREATE USER IF NOT EXISTS 'sluice_tls'@'%' IDENTIFIED BY 'tls-Secret#1@x' REQUIRE SSL;
+GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT, RELOAD ON *.* TO 'sluice_tls'@'%';
+-- One that lacks REPLICATION SLAVE (a --check must name it).
+CREATE USER IF NOT EXISTS 'sluice_norepl'@'%' IDENTIFIED BY 'norepl-secret';
+GRANT REPLICATION CLIENT, SELECT ON *.* TO 'sluice_norepl'@'%';
 SQL
   log "mariadb up on 127.0.0.1:$mariadb_port"
 }
@@ -243,16 +286,23 @@ kafka_start() {
   need_java
   maven_fetch "$here/testbed/kafka-pom.xml" "$kafka_libs"
   if pid_alive "$kafka_dir/pid"; then log "kafka already running"; return 0; fi
+  tls_certs
   mkdir -p "$kafka_dir/data"
   cat >"$kafka_dir/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$kafka_controller_port
-listeners=PLAINTEXT://127.0.0.1:$kafka_port,CONTROLLER://127.0.0.1:$kafka_controller_port
-advertised.listeners=PLAINTEXT://127.0.0.1:$kafka_port
+listeners=PLAINTEXT://127.0.0.1:$kafka_port,CONTROLLER://127.0.0.1:$kafka_controller_port,SASL_SSL://127.0.0.1:$kafka_sasl_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$kafka_port,SASL_SSL://127.0.0.1:$kafka_sasl_port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_plainuser="plain-Secret#2";
+ssl.keystore.type=PEM
+ssl.keystore.location=$tls_dir/kafka-keystore.pem
 log.dirs=$kafka_dir/data
 auto.create.topics.enable=false
 num.partitions=1
@@ -280,7 +330,16 @@ EOF
   wait_for kafka "$kafka_dir/pid" 600 "$kafka_dir/server.log" \
     log_since "$kafka_dir/server.log" "$log_start" "Kafka Server started"
   wait_for kafka "$kafka_dir/pid" 60 "$kafka_dir/server.log" port_open "$kafka_port"
-  log "kafka $kafka_version up on 127.0.0.1:$kafka_port"
+  # SCRAM users, stored in the cluster's metadata: once per data folder.
+  local mech
+  [ -f "$kafka_dir/data/.scram-users" ] || for mech in SCRAM-SHA-256 SCRAM-SHA-512; do
+    "${kafka_java[@]}" kafka.admin.ConfigCommand --bootstrap-server "127.0.0.1:$kafka_port" --alter \
+      --add-config "$mech=[iterations=4096,password=scram-Secret#3]" \
+      --entity-type users --entity-name scramuser >>"$kafka_dir/scram.log" 2>&1 ||
+      { tail -n 20 "$kafka_dir/scram.log" >&2; die "adding the SCRAM user failed"; }
+  done
+  touch "$kafka_dir/data/.scram-users"
+  log "kafka $kafka_version up on 127.0.0.1:$kafka_port (SASL_SSL with SCRAM and PLAIN on $kafka_sasl_port)"
 }
 
 kafka_stop() { stop_pidfile kafka "$kafka_dir/pid"; }
@@ -293,6 +352,7 @@ ch_dir=$state/clickhouse
 ch_start() {
   apt_install clickhouse-server clickhouse-client curl
   if pid_alive "$ch_dir/pid"; then log "clickhouse already running"; return 0; fi
+  tls_certs
   mkdir -p "$ch_dir/data" "$ch_dir/tmp" "$ch_dir/user_files" "$ch_dir/format_schemas"
   cat >"$ch_dir/config.xml" <<EOF
 <?xml version="1.0"?>
@@ -305,7 +365,20 @@ ch_start() {
     <count>2</count>
   </logger>
   <listen_host>127.0.0.1</listen_host>
+  <listen_host>127.0.0.2</listen_host>
   <http_port>$ch_http_port</http_port>
+  <https_port>$ch_https_port</https_port>
+  <openSSL>
+    <server>
+      <certificateFile>$tls_dir/server.pem</certificateFile>
+      <privateKeyFile>$tls_dir/server.key</privateKeyFile>
+      <verificationMode>none</verificationMode>
+      <loadDefaultCAFile>false</loadDefaultCAFile>
+      <cacheSessions>true</cacheSessions>
+      <disableProtocols>sslv2,sslv3</disableProtocols>
+      <preferServerCiphers>true</preferServerCiphers>
+    </server>
+  </openSSL>
   <tcp_port>$ch_tcp_port</tcp_port>
   <path>$ch_dir/data/</path>
   <tmp_path>$ch_dir/tmp/</tmp_path>
@@ -336,6 +409,12 @@ EOF
       <profile>default</profile>
       <quota>default</quota>
     </default>
+    <sluice_tls>
+      <password>ch-Secret#4</password>
+      <networks><ip>::/0</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </sluice_tls>
   </users>
   <quotas>
     <default>
@@ -431,6 +510,9 @@ tools() {
 print_env() {
   cat <<EOF
 export SLUICE_MYSQL_URL=mysql://sluice:sluice@127.0.0.1:$mariadb_port
+export SLUICE_TLS_DIR=$tls_dir
+export SLUICE_KAFKA_SASL_BROKERS=127.0.0.1:$kafka_sasl_port
+export SLUICE_CLICKHOUSE_HTTPS_URL=https://127.0.0.1:$ch_https_port
 export SLUICE_KAFKA_BROKERS=127.0.0.1:$kafka_port
 export SLUICE_CLICKHOUSE_URL=http://127.0.0.1:$ch_http_port
 export SLUICE_CLICKHOUSE_CURRENT_URL=http://127.0.0.1:$chc_port

@@ -47,6 +47,13 @@ stop_started() {
 }
 trap stop_started EXIT
 [ ${#services[@]} -eq 0 ] || deploy/testbed.sh start "${services[@]}"
+# The test bed's TLS and authentication (tests/tests/tls.rs; the MySQL tests verify its CA),
+# for the servers it runs here.
+bed_env=$(deploy/testbed.sh env)
+pick() { sed -n "s/^export $1=//p" <<<"$bed_env"; }
+if [[ " ${services[*]} " == *" mariadb "* ]]; then export SLUICE_TLS_DIR; SLUICE_TLS_DIR=$(pick SLUICE_TLS_DIR); fi
+if [[ " ${services[*]} " == *" kafka "* ]]; then export SLUICE_KAFKA_SASL_BROKERS; SLUICE_KAFKA_SASL_BROKERS=$(pick SLUICE_KAFKA_SASL_BROKERS); fi
+if [[ " ${services[*]} " == *" clickhouse "* ]]; then export SLUICE_CLICKHOUSE_HTTPS_URL; SLUICE_CLICKHOUSE_HTTPS_URL=$(pick SLUICE_CLICKHOUSE_HTTPS_URL); fi
 
 cargo build --workspace --bins --tests
 # One closing line for the whole run: cargo prints a result per test binary.

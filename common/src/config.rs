@@ -60,16 +60,21 @@ pub fn load_with_env<T: DeserializeOwned + Validate>(
             text.parse::<toml::Table>()
                 .map_err(|e| ConfigError::Syntax {
                     path: p.to_path_buf(),
-                    message: e.to_string().trim_end().to_string(),
+                    message: without_source_lines(&e.to_string()),
                 })?
         }
         None => toml::Table::new(),
     };
     apply_env(&mut table, env)?;
+    read_files(&mut table, "", &origin)?;
     let value = toml::Value::Table(table);
     let config: T = serde_path_to_error::deserialize(value).map_err(|e| {
         let key = e.path().to_string();
-        let message = one_line(&e.into_inner().to_string());
+        let mut message = one_line(&e.into_inner().to_string());
+        if crate::secret::is_secret_name(&key) {
+            // (the message may quote the value)
+            message = "not a valid value (the value is a secret: not shown)".into();
+        }
         if key == "." || key.is_empty() {
             ConfigError::Invalid {
                 origin: origin.clone(),
@@ -139,6 +144,75 @@ fn apply_env(
         node.insert(path[path.len() - 1].clone(), value);
     }
     Ok(())
+}
+
+/// The suffix of a key whose value is read from a file: `password_file = "/run/secrets/pw"`
+/// sets `password` to the file's content (one trailing newline dropped), as Kubernetes and
+/// Docker mount secrets. Any key takes it, in any section (`[kafka.properties]`
+/// `"sasl.password_file"` too), from the file or the environment
+/// (`SLUICE__MYSQL__PASSWORD_FILE`).
+pub const FILE_SUFFIX: &str = "_file";
+
+fn read_files(table: &mut toml::Table, at: &str, origin: &str) -> Result<(), ConfigError> {
+    let keys: Vec<String> = table.keys().cloned().collect();
+    for key in keys {
+        let path = if at.is_empty() {
+            key.clone()
+        } else {
+            format!("{at}.{key}")
+        };
+        if let Some(toml::Value::Table(t)) = table.get_mut(&key) {
+            read_files(t, &path, origin)?;
+            continue;
+        }
+        let Some(target) = key.strip_suffix(FILE_SUFFIX).filter(|t| !t.is_empty()) else {
+            continue;
+        };
+        let err = |message: String| ConfigError::Key {
+            origin: origin.to_string(),
+            key: path.clone(),
+            message,
+        };
+        let file = match table.get(&key) {
+            Some(toml::Value::String(f)) => f.clone(),
+            _ => return Err(err("expected the path of a file (a string)".into())),
+        };
+        if table
+            .get(target)
+            .is_some_and(|v| v.as_str().is_none_or(|s| !s.is_empty()))
+        {
+            return Err(err(format!(
+                "`{target}` is set too: give the value or the file that holds it, not both"
+            )));
+        }
+        let mut text =
+            std::fs::read_to_string(&file).map_err(|e| err(format!("cannot read {file}: {e}")))?;
+        if text.ends_with('\n') {
+            text.pop();
+            if text.ends_with('\r') {
+                text.pop();
+            }
+        }
+        table.remove(&key);
+        table.insert(target.to_string(), toml::Value::String(text));
+    }
+    Ok(())
+}
+
+/// A TOML error without the lines of the file it quotes (one may hold a password).
+fn without_source_lines(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with('|')
+                && !l
+                    .split_once(" |")
+                    .is_some_and(|(n, _)| n.chars().all(|c| c.is_ascii_digit()))
+        })
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 fn one_line(s: &str) -> String {
@@ -260,6 +334,53 @@ mod tests {
             .to_string();
         assert!(e.contains(&f.path().display().to_string()), "{e}");
         assert!(e.contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn a_key_is_read_from_the_file_its_file_key_names() {
+        let dir = std::env::temp_dir().join(format!("sluice-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("brokers");
+        std::fs::write(&f, "from-file:9092\n").unwrap();
+        let text = format!("[kafka]\nbrokers_file = {:?}\n", f.display().to_string());
+        let c = load_text(&text, &[]).unwrap();
+        assert_eq!(
+            c.kafka.brokers, "from-file:9092",
+            "one trailing newline dropped"
+        );
+        // From the environment too.
+        let c = load_text("", &[("SLUICE__KAFKA__BROKERS_FILE", f.to_str().unwrap())]).unwrap();
+        assert_eq!(c.kafka.brokers, "from-file:9092");
+        // Both: refused, naming the key.
+        let both = format!(
+            "[kafka]\nbrokers = \"x\"\nbrokers_file = {:?}\n",
+            f.display().to_string()
+        );
+        let e = load_text(&both, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("kafka.brokers_file") && e.contains("not both"),
+            "{e}"
+        );
+        // A missing file: named, and nothing else read.
+        let e = load_text("[kafka]\nbrokers_file = \"/nonexistent/pw\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("kafka.brokers_file") && e.contains("/nonexistent/pw"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_syntax_error_does_not_quote_the_file() {
+        let dir = std::env::temp_dir().join(format!("sluice-config-syntax-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "[kafka]\nbrokers = \"hunter2\nlinger_ms = 1\n").unwrap();
+        let e = load::<Cfg>(Some(&f)).unwrap_err().to_string();
+        assert!(!e.contains("hunter2") && e.contains("line 2"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

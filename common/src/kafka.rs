@@ -12,6 +12,8 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::{Deserialize, Serialize};
 
+use crate::secret::Secret;
+
 /// Properties the pipeline's guarantees depend on; `[kafka.properties]` may not set them.
 const FIXED_PRODUCER: &[(&str, &str)] = &[
     ("enable.idempotence", "true"),
@@ -30,6 +32,41 @@ const FIXED_CONSUMER: &[(&str, &str)] = &[
     ("partition.assignment.strategy", "range,roundrobin"),
 ];
 
+/// A client-creation error without the value of the property it names (rdkafka's message
+/// quotes it, and it may be a password).
+pub fn config_error(e: &rdkafka::error::KafkaError) -> String {
+    match e {
+        rdkafka::error::KafkaError::ClientConfig(_, description, key, _value) => {
+            format!("property {key}: {description}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// A client context that keeps librdkafka's last error (for the preflight check's message).
+#[derive(Default)]
+struct LastError(std::sync::Mutex<Option<String>>);
+
+impl rdkafka::ClientContext for LastError {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        *self.0.lock().expect("last error lock") = Some(format!("{error}: {reason}"));
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for LastError {}
+
+/// librdkafka properties that have their own key in `[kafka]`.
+const OWN_KEYS: &[(&str, &str)] = &[
+    ("security.protocol", "security_protocol"),
+    ("sasl.mechanism", "sasl_mechanism"),
+    ("sasl.mechanisms", "sasl_mechanism"),
+    ("sasl.username", "sasl_username"),
+    ("sasl.password", "sasl_password"),
+    ("ssl.ca.location", "ssl_ca"),
+    ("ssl.certificate.location", "ssl_cert"),
+    ("ssl.key.location", "ssl_key"),
+];
+
 /// `[kafka]`: the cluster and client settings.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -40,8 +77,28 @@ pub struct KafkaConfig {
     pub client_id: String,
     /// Timeout of metadata and admin requests, in milliseconds. Default 10000.
     pub request_timeout_ms: u64,
-    /// Further librdkafka properties passed as they are (`security.protocol`, `sasl.*`,
-    /// `ssl.*`, `linger.ms`, `compression.type`, ...). Default: none.
+    /// `security.protocol`: `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`. Default
+    /// `plaintext`.
+    pub security_protocol: String,
+    /// `sasl.mechanism`: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`. Default empty
+    /// (librdkafka's: GSSAPI, which this build does not have).
+    pub sasl_mechanism: String,
+    /// `sasl.username`. Default empty.
+    pub sasl_username: String,
+    /// `sasl.password`; `sasl_password_file` reads it from a file. Default empty.
+    pub sasl_password: Secret,
+    /// `ssl.ca.location`: the CA certificate(s) (PEM) the brokers' certificates are checked
+    /// against (and their names, `ssl.endpoint.identification.algorithm = https`), instead
+    /// of the system's roots. Default empty.
+    pub ssl_ca: String,
+    /// `ssl.certificate.location`: a client certificate (PEM), with `ssl_key`. Default empty.
+    pub ssl_cert: String,
+    /// `ssl.key.location`: the client certificate's private key (PEM). Default empty.
+    pub ssl_key: String,
+    /// Further librdkafka properties passed as they are (`linger.ms`, `compression.type`,
+    /// `ssl.*`, `sasl.*`, ...); `--print-config` masks the values of those that hold
+    /// secrets. Default: none.
+    #[serde(serialize_with = "crate::secret::serialize_properties")]
     pub properties: BTreeMap<String, String>,
 }
 
@@ -51,6 +108,13 @@ impl Default for KafkaConfig {
             brokers: "127.0.0.1:9092".into(),
             client_id: String::new(),
             request_timeout_ms: 10_000,
+            security_protocol: "plaintext".into(),
+            sasl_mechanism: String::new(),
+            sasl_username: String::new(),
+            sasl_password: Secret::default(),
+            ssl_ca: String::new(),
+            ssl_cert: String::new(),
+            ssl_key: String::new(),
             properties: BTreeMap::new(),
         }
     }
@@ -79,14 +143,82 @@ impl KafkaConfig {
                 ));
             }
         }
-        for key in ["bootstrap.servers", "group.id", "client.id"] {
+        for key in ["bootstrap.servers", "group.id", "client.id"]
+            .into_iter()
+            .chain(OWN_KEYS.iter().map(|(k, _)| *k))
+        {
             if self.properties.contains_key(key) {
                 return Err((
                     format!("kafka.properties.{key}"),
-                    "has its own key in [kafka] (brokers, client_id) or in the stage's section"
+                    "has its own key in [kafka] (brokers, client_id, security_protocol, \
+                     sasl_mechanism, sasl_username, sasl_password, ssl_ca, ssl_cert, ssl_key) \
+                     or in the stage's section"
                         .into(),
                 ));
             }
+        }
+        let protocol = self.security_protocol.to_ascii_lowercase();
+        if !["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"].contains(&protocol.as_str()) {
+            return Err((
+                "kafka.security_protocol".into(),
+                format!(
+                    "expected plaintext, ssl, sasl_plaintext or sasl_ssl, got {:?}",
+                    self.security_protocol
+                ),
+            ));
+        }
+        if protocol.starts_with("sasl") {
+            let m = self.sasl_mechanism.to_ascii_uppercase();
+            if !["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"].contains(&m.as_str()) {
+                return Err((
+                    "kafka.sasl_mechanism".into(),
+                    format!(
+                        "expected PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER with {}, got {:?}",
+                        self.security_protocol, self.sasl_mechanism
+                    ),
+                ));
+            }
+            if m != "OAUTHBEARER"
+                && (self.sasl_username.is_empty() || self.sasl_password.is_empty())
+            {
+                return Err((
+                    "kafka.sasl_username".into(),
+                    "SASL needs sasl_username and sasl_password (or sasl_password_file)".into(),
+                ));
+            }
+        }
+        if protocol == "sasl_plaintext" && self.sasl_mechanism.eq_ignore_ascii_case("PLAIN") {
+            tracing::warn!(
+                "kafka.security_protocol = sasl_plaintext with PLAIN sends the password in clear: \
+                 use sasl_ssl"
+            );
+        }
+        for (key, path) in [
+            ("kafka.ssl_ca", &self.ssl_ca),
+            ("kafka.ssl_cert", &self.ssl_cert),
+            ("kafka.ssl_key", &self.ssl_key),
+        ] {
+            if !path.is_empty() && !std::path::Path::new(path).is_file() {
+                return Err((key.into(), format!("no such file: {path}")));
+            }
+        }
+        // librdkafka refuses a bad property when a client is made; its message (rdkafka's
+        // error) quotes the value, which may be a secret: checked here, shown without it.
+        if let Err(e) = self
+            .client_config("sluice-config-check")
+            .create::<BaseConsumer>()
+        {
+            return Err(("kafka".into(), config_error(&e)));
+        }
+        let tls_files = !(self.ssl_ca.is_empty() && self.ssl_cert.is_empty());
+        if tls_files && !protocol.ends_with("ssl") {
+            return Err((
+                "kafka.security_protocol".into(),
+                format!(
+                    "is {}, yet ssl_ca or ssl_cert is set: say ssl or sasl_ssl",
+                    self.security_protocol
+                ),
+            ));
         }
         Ok(())
     }
@@ -98,6 +230,14 @@ impl KafkaConfig {
     /// Settings common to producers, consumers and admin clients.
     pub fn client_config(&self, default_client_id: &str) -> ClientConfig {
         let mut c = ClientConfig::new();
+        self.set_client(&mut c, default_client_id);
+        c
+    }
+
+    /// Set the common settings on `c`. (Not copied from another `ClientConfig`: rdkafka's
+    /// `config_map` hands out the values of sensitive properties, `sasl.password` and the
+    /// like, as a placeholder.)
+    fn set_client(&self, c: &mut ClientConfig, default_client_id: &str) {
         c.set("bootstrap.servers", &self.brokers);
         c.set(
             "client.id",
@@ -107,10 +247,35 @@ impl KafkaConfig {
                 &self.client_id
             },
         );
+        c.set(
+            "security.protocol",
+            self.security_protocol.to_ascii_lowercase(),
+        );
+        for (key, value) in [
+            ("sasl.mechanism", &self.sasl_mechanism),
+            ("sasl.username", &self.sasl_username),
+            ("sasl.password", &self.sasl_password.expose().to_string()),
+            ("ssl.ca.location", &self.ssl_ca),
+            ("ssl.certificate.location", &self.ssl_cert),
+            ("ssl.key.location", &self.ssl_key),
+        ] {
+            if !value.is_empty() {
+                c.set(key, value);
+            }
+        }
         for (k, v) in &self.properties {
             c.set(k, v);
         }
-        c
+    }
+
+    /// Where the brokers are and how they are reached, for messages (no secret).
+    pub fn describe(&self) -> String {
+        let auth = if self.sasl_username.is_empty() {
+            String::new()
+        } else {
+            format!(", {} as {}", self.sasl_mechanism, self.sasl_username)
+        };
+        format!("{} ({}{auth})", self.brokers, self.security_protocol)
     }
 
     /// An idempotent, `acks=all` producer's settings.
@@ -120,9 +285,7 @@ impl KafkaConfig {
         c.set("linger.ms", "5");
         // The Java client's partitioner, so every Kafka tool agrees on a key's partition.
         c.set("partitioner", "murmur2_random");
-        for (k, v) in self.client_config(default_client_id).config_map() {
-            c.set(k, v);
-        }
+        self.set_client(&mut c, default_client_id);
         for (k, v) in FIXED_PRODUCER {
             c.set(*k, *v);
         }
@@ -151,9 +314,7 @@ impl KafkaConfig {
         // `consumer.instance_id` takes them back at once (docs/BENCHMARKS.md, recovery).
         c.set("session.timeout.ms", "10000");
         c.set("heartbeat.interval.ms", "3000");
-        for (k, v) in self.client_config(default_client_id).config_map() {
-            c.set(k, v);
-        }
+        self.set_client(&mut c, default_client_id);
         c.set("group.id", group_id);
         for (k, v) in FIXED_CONSUMER {
             c.set(*k, *v);
@@ -217,11 +378,30 @@ impl KafkaConfig {
     pub async fn check_reachable(&self, client_id: &str) -> Result<usize, String> {
         let config = self.client_config(client_id);
         let timeout = self.request_timeout();
+        let (describe, secret) = (self.describe(), self.sasl_password.expose().to_string());
         tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
-            let md = consumer
-                .fetch_metadata(None, timeout)
-                .map_err(|e| format!("no metadata within {timeout:?}: {e}"))?;
+            let consumer: BaseConsumer<LastError> = config
+                .create_with_context(LastError::default())
+                .map_err(|e| e.to_string())?;
+            let md = consumer.fetch_metadata(None, timeout).map_err(|e| {
+                // librdkafka says why only in its error events (a TLS handshake refused,
+                // SASL credentials refused, a broker that does not answer), served by a poll.
+                for _ in 0..5 {
+                    let _ = consumer.poll(Duration::from_millis(50));
+                }
+                let why = consumer
+                    .context()
+                    .0
+                    .lock()
+                    .expect("last error lock")
+                    .clone()
+                    .map(|w| format!(" ({w})"))
+                    .unwrap_or_default();
+                crate::secret::scrub(
+                    &format!("{describe}: no metadata within {timeout:?}: {e}{why}"),
+                    &[&secret],
+                )
+            })?;
             Ok(md.brokers().len())
         })
         .await

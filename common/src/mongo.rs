@@ -10,16 +10,32 @@ pub fn check_uri(key: &str, uri: &str) -> Result<(), (String, String)> {
     } else {
         Err((
             key.to_string(),
-            format!("expected a mongodb:// or mongodb+srv:// connection string, got {uri:?}"),
+            format!(
+                "expected a mongodb:// or mongodb+srv:// connection string, got {:?}",
+                crate::secret::redact_uri(uri)
+            ),
         ))
+    }
+}
+
+/// `message` with the password of `uri` masked wherever it appears (a driver's error may
+/// quote the connection string or its parts).
+pub fn scrubbed(uri: &str, message: String) -> String {
+    let password = mongodb::options::ConnectionString::parse(uri)
+        .ok()
+        .and_then(|c| c.credential.and_then(|c| c.password));
+    match password {
+        Some(p) => crate::secret::scrub(&message, &[&p]),
+        None => message,
     }
 }
 
 /// Connect and describe the server: "MongoDB x.y (wire n), replica set S" or why not.
 pub async fn describe_server(uri: &str) -> Result<(String, Document), String> {
+    let shown = crate::secret::redact_uri(uri);
     let client = mongodb::Client::with_uri_str(uri)
         .await
-        .map_err(|e| format!("bad connection string: {e}"))?;
+        .map_err(|e| scrubbed(uri, format!("bad connection string {shown}: {e}")))?;
     let admin = client.database("admin");
     // `hello` is MongoDB 4.4.2+; older servers (and some wire-compatible ones) know only the
     // legacy `isMaster`, which answers the same fields.
@@ -28,8 +44,8 @@ pub async fn describe_server(uri: &str) -> Result<(String, Document), String> {
         Err(e) if command_not_found(&e) => admin
             .run_command(doc! { "isMaster": 1 })
             .await
-            .map_err(|e| format!("cannot reach {uri}: {e}"))?,
-        Err(e) => return Err(format!("cannot reach {uri}: {e}")),
+            .map_err(|e| scrubbed(uri, format!("cannot reach {shown}: {e}")))?,
+        Err(e) => return Err(scrubbed(uri, format!("cannot reach {shown}: {e}"))),
     };
     let info = admin
         .run_command(doc! { "buildInfo": 1 })

@@ -64,11 +64,12 @@ impl CaptureProcess {
         let prefix = unique("cdc");
         let text = format!(
             "connector = \"{connector}\"\n\
-             [mysql]\nurl = \"{}\"\nstart = \"{start}\"\nserver_id = {}\nheartbeat_ms = 1000\n\
+             [mysql]\n{}url = \"{}\"\nstart = \"{start}\"\nserver_id = {}\nheartbeat_ms = 1000\n\
              [filter]\ninclude = [\"{db}\\\\..*\"]\n\
              [topics]\nprefix = \"{prefix}\"\n\
              [publish]\npartitions = 3\nreplication_factor = 1\ncheckpoint_interval_ms = 100\n\
              [kafka]\nbrokers = \"{}\"\n{extra}\n",
+            crate::mysql_tls(),
             mysql_url(),
             crate::replica_server_id(),
             kafka_brokers()

@@ -29,6 +29,26 @@ fn var(name: &str, default: &str) -> String {
 pub fn mysql_url() -> String {
     var("SLUICE_MYSQL_URL", "mysql://sluice:sluice@127.0.0.1:13306")
 }
+/// The `[mysql]` TLS keys for [`mysql_url`]'s server: its CA when the test bed's TLS folder is
+/// known (`SLUICE_TLS_DIR`; the default `ssl_mode`, verify_identity, then checks the
+/// server), else TLS off (a server of one's own without it).
+pub fn mysql_tls() -> String {
+    match std::env::var("SLUICE_TLS_DIR")
+        .ok()
+        .filter(|d| !d.is_empty())
+    {
+        Some(dir) => format!("ssl_ca = \"{dir}/ca.pem\"\n"),
+        None => "ssl_mode = \"disabled\"\n".to_string(),
+    }
+}
+
+/// The test bed's TLS folder (CA, certificates: `deploy/testbed.sh`).
+pub fn tls_dir() -> Option<String> {
+    std::env::var("SLUICE_TLS_DIR")
+        .ok()
+        .filter(|d| !d.is_empty())
+}
+
 pub fn kafka_brokers() -> String {
     var("SLUICE_KAFKA_BROKERS", "127.0.0.1:19092")
 }

@@ -18,7 +18,11 @@ const BINARIES: [&str; 4] = [
 /// A config file pointing the binary at the test servers, plus `extra` lines.
 fn config_for(binary: &str, extra: &str) -> tempfile::NamedTempFile {
     let source = match binary {
-        "capture-mysql" => format!("[mysql]\nurl = \"{}\"\n", mysql_url()),
+        "capture-mysql" => format!(
+            "[mysql]\nurl = \"{}\"\n{}",
+            mysql_url(),
+            sluice_tests::mysql_tls()
+        ),
         // The oplog mode works on every test server (mongo-java-server has no cluster-wide
         // change streams).
         "capture-mongo" => format!(
@@ -165,6 +169,12 @@ fn example_config(binary: &str) -> (String, Vec<(&'static str, String)>) {
         "apply-clickhouse" => ("SLUICE__CLICKHOUSE__URL", clickhouse_url()),
         _ => ("SLUICE__MONGODB__URI", mongo_target_url()),
     });
+    if binary == "capture-mysql" {
+        env.push(match tls_dir() {
+            Some(dir) => ("SLUICE__MYSQL__SSL_CA", format!("{dir}/ca.pem")),
+            None => ("SLUICE__MYSQL__SSL_MODE", "disabled".to_string()),
+        });
+    }
     (path, env)
 }
 

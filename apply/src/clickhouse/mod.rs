@@ -11,6 +11,7 @@ pub mod types;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use sluice_common::secret::Secret;
 use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, Validate};
 
 use crate::consumer::ConsumerConfig;
@@ -201,12 +202,22 @@ fn default_metrics() -> MetricsConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClickhouseConfig {
-    /// The HTTP interface, `http://host:8123`. Default `http://127.0.0.1:8123`.
+    /// The HTTP interface, `http://host:8123`, or `https://host:8443` over TLS (the server's
+    /// certificate is checked against `ssl_ca`, or the public roots without it, and must name
+    /// the host). Default `http://127.0.0.1:8123`.
     pub url: String,
     /// Default `default`.
     pub user: String,
-    /// Default empty.
-    pub password: String,
+    /// `password_file` reads it from a file. Default empty.
+    pub password: Secret,
+    /// The CA certificate(s) (PEM) an https server's certificate is checked against, instead
+    /// of the public roots. Default empty.
+    pub ssl_ca: String,
+    /// A client certificate (PEM, with its chain) for servers that ask for one; with
+    /// `ssl_key`. Default empty.
+    pub ssl_cert: String,
+    /// The client certificate's private key (PEM). Default empty.
+    pub ssl_key: String,
     /// The database target tables live in. Default `default`.
     pub database: String,
     /// How INSERT bodies travel: `lz4` (ClickHouse's native block compression) or `none`
@@ -227,7 +238,10 @@ impl Default for ClickhouseConfig {
         Self {
             url: "http://127.0.0.1:8123".into(),
             user: "default".into(),
-            password: String::new(),
+            password: Secret::default(),
+            ssl_ca: String::new(),
+            ssl_cert: String::new(),
+            ssl_key: String::new(),
             database: "default".into(),
             compression: Compression::Lz4,
         }
@@ -237,17 +251,74 @@ impl Default for ClickhouseConfig {
 impl ClickhouseConfig {
     /// A client for this server. Row validation against `DESCRIBE` is off: ClickHouse before
     /// 22.x knows neither the setting nor the format it needs.
-    pub fn client(&self) -> clickhouse::Client {
-        clickhouse::Client::default()
+    pub fn client(&self) -> Result<clickhouse::Client, String> {
+        let http =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(std::time::Duration::from_secs(2))
+                .build(self.connector()?);
+        Ok(clickhouse::Client::with_http_client(http)
             .with_url(&self.url)
             .with_user(&self.user)
-            .with_password(&self.password)
+            .with_password(self.password.expose())
             .with_database(&self.database)
             .with_validation(false)
             .with_compression(match self.compression {
                 Compression::Lz4 => clickhouse::Compression::Lz4,
                 Compression::None => clickhouse::Compression::None,
-            })
+            }))
+    }
+
+    /// The connector: plain HTTP, or HTTPS with rustls (the CA and client certificate of
+    /// this section, or the public roots); TCP keepalive and the idle timeout as the
+    /// clickhouse crate's own client has them.
+    fn connector(
+        &self,
+    ) -> Result<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+        String,
+    > {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        if self.ssl_ca.is_empty() {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        } else {
+            let certs = CertificateDer::pem_file_iter(&self.ssl_ca)
+                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("clickhouse.ssl_ca {}: {e}", self.ssl_ca))?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(format!(
+                    "clickhouse.ssl_ca {}: no certificate in it",
+                    self.ssl_ca
+                ));
+            }
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots);
+        let tls = if self.ssl_cert.is_empty() {
+            builder.with_no_client_auth()
+        } else {
+            let chain = CertificateDer::pem_file_iter(&self.ssl_cert)
+                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("clickhouse.ssl_cert {}: {e}", self.ssl_cert))?;
+            let key = PrivateKeyDer::from_pem_file(&self.ssl_key)
+                .map_err(|e| format!("clickhouse.ssl_key {}: {e}", self.ssl_key))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("clickhouse.ssl_cert/ssl_key: {e}"))?
+        };
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.set_keepalive(Some(std::time::Duration::from_secs(60)));
+        http.enforce_http(false);
+        Ok(hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http))
     }
 }
 
@@ -264,13 +335,24 @@ impl Validate for Config {
                 ),
             ));
         }
-        if self.clickhouse.url.starts_with("https://") {
+        for (key, path) in [
+            ("clickhouse.ssl_ca", &self.clickhouse.ssl_ca),
+            ("clickhouse.ssl_cert", &self.clickhouse.ssl_cert),
+            ("clickhouse.ssl_key", &self.clickhouse.ssl_key),
+        ] {
+            if !path.is_empty() && !std::path::Path::new(path).is_file() {
+                return Err((key.into(), format!("no such file: {path}")));
+            }
+        }
+        if self.clickhouse.ssl_cert.is_empty() != self.clickhouse.ssl_key.is_empty() {
             return Err((
-                "clickhouse.url".into(),
-                "https is not supported by this build; use http:// (or a TLS-terminating proxy)"
-                    .into(),
+                "clickhouse.ssl_key".into(),
+                "a client certificate needs both ssl_cert and ssl_key".into(),
             ));
         }
+        self.clickhouse
+            .connector()
+            .map_err(|e| ("clickhouse".to_string(), e))?;
         if self.clickhouse.database.is_empty() {
             return Err(("clickhouse.database".into(), "must not be empty".into()));
         }
@@ -302,14 +384,56 @@ impl Validate for Config {
 
 sluice_common::app_config!(Config);
 
+/// A ClickHouse client error with its causes (a TLS refusal is buried in the chain of a
+/// network error) and, where it is known, what to change.
+pub fn explain(e: &clickhouse::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let m = s.to_string();
+        if !text.contains(&m) {
+            text = format!("{text}: {m}");
+        }
+        source = s.source();
+    }
+    let lower = text.to_ascii_lowercase();
+    let hint = if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
+        " (the server's certificate is not signed by a CA trusted here: set clickhouse.ssl_ca \
+         to the CA that signed it)"
+    } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
+        " (the server's certificate does not name the host of clickhouse.url: connect by a \
+         name it holds)"
+    } else if lower.contains("authentication failed")
+        || lower.contains("wrong password")
+        || lower.contains("code: 516")
+        || lower.contains("code: 192")
+        || lower.contains("code: 193")
+    {
+        " (a wrong user or password: clickhouse.user, clickhouse.password)"
+    } else {
+        ""
+    };
+    format!("{text}{hint}")
+}
+
 pub async fn preflight(config: &Config) -> Vec<Check> {
     let mut checks = vec![config.kafka.check("apply-clickhouse").await];
-    let client = config.clickhouse.client();
+    let client = match config.clickhouse.client() {
+        Ok(c) => c,
+        Err(e) => {
+            checks.push(Check::fail("clickhouse", e));
+            return checks;
+        }
+    };
     match client.query("SELECT version()").fetch_one::<String>().await {
         Ok(v) => {
             checks.push(Check::pass(
                 "clickhouse",
-                format!("ClickHouse {v} at {}", config.clickhouse.url),
+                format!(
+                    "ClickHouse {v} at {} as {}",
+                    sluice_common::secret::redact_uri(&config.clickhouse.url),
+                    config.clickhouse.user
+                ),
             ));
             let exists = client
                 .query("SELECT count() FROM system.databases WHERE name = ?")
@@ -329,7 +453,14 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
             });
         }
         Err(e) => {
-            let what = format!("cannot query {}: {e}", config.clickhouse.url);
+            let what = format!(
+                "cannot query {}: {}",
+                sluice_common::secret::redact_uri(&config.clickhouse.url),
+                sluice_common::secret::scrub(
+                    &crate::clickhouse::explain(&e),
+                    &[config.clickhouse.password.expose()]
+                )
+            );
             let group = &config.consumer.group_id;
             // Only a server that does not answer is waited for; one that answers with an
             // error (a wrong user or password) is a configuration to fix.

@@ -172,7 +172,10 @@ impl Sink {
         health: sluice_common::metrics::Health,
     ) -> Result<Self, ApplyError> {
         let metrics = Metrics::new(registry).expect("metrics register once");
-        let client = config.clickhouse.client();
+        let client = config
+            .clickhouse
+            .client()
+            .map_err(|e| ApplyError::definite(Origin::Sink, e))?;
         let version: String = client.query("SELECT version()").fetch_one().await?;
         let features = Features::of_version(&version);
         tracing::info!(%version, ?features, "ClickHouse");

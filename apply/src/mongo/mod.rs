@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sluice_common::mongo::{check_uri, describe_server};
+use sluice_common::secret::Uri;
 use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, Validate};
 
 use crate::consumer::{ConsumerConfig, ErrorsConfig};
@@ -56,7 +57,9 @@ fn default_metrics() -> MetricsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct MongoTargetConfig {
     /// A MongoDB connection string. Default `mongodb://127.0.0.1:27017`.
-    pub uri: String,
+    /// A password in it is percent-encoded (`@` is `%40`, `#` is `%23`, `:` is `%3A`);
+    /// `uri_file` reads the whole string from a file. Shown with its password as `***`.
+    pub uri: Uri,
     /// Write concern `w`: `majority`, a number of members (at least 1), or a tag set name.
     /// Default `majority`.
     pub write_concern: String,
@@ -78,7 +81,7 @@ pub struct MongoTargetConfig {
 impl Default for MongoTargetConfig {
     fn default() -> Self {
         Self {
-            uri: "mongodb://127.0.0.1:27017".into(),
+            uri: Uri::new("mongodb://127.0.0.1:27017"),
             write_concern: "majority".into(),
             journal: true,
             wtimeout_ms: 0,
@@ -176,7 +179,7 @@ impl DdlConfig {
 
 impl Validate for Config {
     fn validate(&self) -> Result<(), (String, String)> {
-        check_uri("mongodb.uri", &self.mongodb.uri)?;
+        check_uri("mongodb.uri", self.mongodb.uri.expose())?;
         let w = self.mongodb.write_concern.trim();
         if w.is_empty() || w == "0" {
             return Err((
@@ -243,7 +246,7 @@ sluice_common::app_config!(Config);
 pub async fn preflight(config: &Config) -> Vec<Check> {
     let mut checks = vec![config.kafka.check("apply-mongo").await];
     let group = &config.consumer.group_id;
-    checks.push(match describe_server(&config.mongodb.uri).await {
+    checks.push(match describe_server(config.mongodb.uri.expose()).await {
         Ok((d, _)) => Check::pass("mongodb", d),
         // Only a server that does not answer is waited for; a refused login is a
         // configuration to fix.

@@ -110,7 +110,7 @@ impl Sink {
         health: sluice_common::metrics::Health,
     ) -> Result<Self, ApplyError> {
         let metrics = Metrics::new(registry).expect("metrics register once");
-        let client = mongodb::Client::with_uri_str(&config.mongodb.uri).await?;
+        let client = mongodb::Client::with_uri_str(config.mongodb.uri.expose()).await?;
         let mut cc = config
             .kafka
             .consumer_config("apply-mongo", &config.consumer.group_id);

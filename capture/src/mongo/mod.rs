@@ -5,6 +5,7 @@ pub mod stream;
 
 use serde::{Deserialize, Serialize};
 use sluice_common::mongo::{check_uri, describe_server};
+use sluice_common::secret::Uri;
 use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate};
 
 use crate::filter::{Filter, FilterConfig};
@@ -88,7 +89,9 @@ pub enum BeforeChange {
 pub struct MongoConfig {
     /// A MongoDB connection string of a replica set or sharded cluster.
     /// Default `mongodb://127.0.0.1:27017`.
-    pub uri: String,
+    /// A password in it is percent-encoded (`@` is `%40`, `#` is `%23`, `:` is `%3A`);
+    /// `uri_file` reads the whole string from a file. Shown with its password as `***`.
+    pub uri: Uri,
     /// `change_stream` or `oplog`. Default `change_stream`.
     pub mode: Mode,
     /// Change stream scope: with `database` only, that database; with `collection` too, that
@@ -123,7 +126,7 @@ pub struct MongoConfig {
 impl Default for MongoConfig {
     fn default() -> Self {
         Self {
-            uri: "mongodb://127.0.0.1:27017".into(),
+            uri: Uri::new("mongodb://127.0.0.1:27017"),
             mode: Mode::ChangeStream,
             database: String::new(),
             collection: String::new(),
@@ -177,7 +180,7 @@ impl Validate for Config {
         if self.connector.is_empty() {
             return Err(("connector".into(), "must not be empty".into()));
         }
-        check_uri("mongodb.uri", &self.mongodb.uri)?;
+        check_uri("mongodb.uri", self.mongodb.uri.expose())?;
         let m = &self.mongodb;
         parse_point(&m.start).map_err(|e| ("mongodb.start".to_string(), e))?;
         if !m.end.is_empty() {
@@ -211,7 +214,7 @@ sluice_common::app_config!(Config);
 
 pub async fn preflight(config: &Config) -> Vec<Check> {
     let mut checks = vec![config.kafka.check("capture-mongo").await];
-    match describe_server(&config.mongodb.uri).await {
+    match describe_server(config.mongodb.uri.expose()).await {
         Ok((desc, hello)) => {
             checks.push(Check::pass("mongodb", desc));
             match hello.get_str("setName") {
@@ -226,7 +229,7 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
         Err(e) => checks.push(Check::fail("mongodb", e)),
     }
     if config.mongodb.mode == Mode::Oplog {
-        checks.push(oplog_check(&config.mongodb.uri).await);
+        checks.push(oplog_check(config.mongodb.uri.expose()).await);
     }
     checks
 }

@@ -133,8 +133,8 @@ pub struct Capture {
 
 impl Capture {
     pub async fn start(config: Config, registry: &Registry) -> Result<Self, CaptureError> {
-        let client = mongodb::Client::with_uri_str(&config.mongodb.uri).await?;
-        let (_, hello) = sluice_common::mongo::describe_server(&config.mongodb.uri)
+        let client = mongodb::Client::with_uri_str(config.mongodb.uri.expose()).await?;
+        let (_, hello) = sluice_common::mongo::describe_server(config.mongodb.uri.expose())
             .await
             .map_err(|e| CaptureError::definite(Origin::Mongo, e))?;
         let replica_set = hello.get_str("setName").unwrap_or_default().to_string();

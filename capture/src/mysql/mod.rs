@@ -11,6 +11,7 @@ pub mod stream;
 
 use mysql_async::prelude::Queryable;
 use serde::{Deserialize, Serialize};
+use sluice_common::secret::{Secret, Uri};
 use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate};
 
 use crate::filter::FilterConfig;
@@ -57,8 +58,31 @@ fn default_metrics() -> MetricsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct MysqlConfig {
     /// `mysql://user:password@host:port`. The user needs REPLICATION SLAVE, REPLICATION CLIENT
-    /// and SELECT. Default `mysql://root@127.0.0.1:3306`.
-    pub url: String,
+    /// and SELECT. A password in the URL is percent-encoded (`@` is `%40`, `#` is `%23`); or
+    /// give it as `password` (or `password_file`), which needs no encoding. Default
+    /// `mysql://root@127.0.0.1:3306`.
+    pub url: Uri,
+    /// The user, instead of the URL's. Default empty (the URL's).
+    pub user: String,
+    /// The password, instead of the URL's; `password_file` reads it from a file. Default empty
+    /// (the URL's).
+    pub password: Secret,
+    /// TLS: `verify_identity` (the server's certificate is checked against `ssl_ca`, or the
+    /// public roots without it, and must name the host of the URL), `required` (encrypted, the
+    /// certificate not checked: a man in the middle goes unnoticed), or `disabled` (no TLS:
+    /// the password and every row cross the network in clear). There is no `preferred`: a
+    /// silent fall-back to clear text is what an attacker asks for; and no `verify_ca`: the
+    /// driver cannot check the chain without the name (docs/operations.md, Security). Default
+    /// `verify_identity`.
+    pub ssl_mode: SslMode,
+    /// The CA certificate(s) (PEM) the server's certificate is checked against, instead of the
+    /// public roots. Default empty.
+    pub ssl_ca: String,
+    /// A client certificate (PEM, with its chain), for servers that require one
+    /// (`REQUIRE X509`); with `ssl_key`. Default empty.
+    pub ssl_cert: String,
+    /// The client certificate's private key (PEM). Default empty.
+    pub ssl_key: String,
     /// The server_id this capture presents as a replica; must differ from the source's and
     /// every other replica's. Default 5400.
     pub server_id: u32,
@@ -84,10 +108,25 @@ pub struct MysqlConfig {
     pub generation: u8,
 }
 
+/// `mysql.ssl_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SslMode {
+    Disabled,
+    Required,
+    VerifyIdentity,
+}
+
 impl Default for MysqlConfig {
     fn default() -> Self {
         Self {
-            url: "mysql://root@127.0.0.1:3306".into(),
+            url: Uri::new("mysql://root@127.0.0.1:3306"),
+            user: String::new(),
+            password: Secret::default(),
+            ssl_mode: SslMode::VerifyIdentity,
+            ssl_ca: String::new(),
+            ssl_cert: String::new(),
+            ssl_key: String::new(),
             server_id: 5400,
             start: "end".into(),
             heartbeat_ms: 5000,
@@ -97,13 +136,87 @@ impl Default for MysqlConfig {
     }
 }
 
+impl MysqlConfig {
+    /// The connection options: the URL's, with `user`, `password` and the TLS settings.
+    pub fn opts(&self) -> Result<mysql_async::Opts, String> {
+        let url = mysql_async::Opts::from_url(self.url.expose())
+            .map_err(|e| format!("not a mysql:// URL ({}): {e}", self.url))?;
+        let mut b = mysql_async::OptsBuilder::from_opts(url);
+        if !self.user.is_empty() {
+            b = b.user(Some(&self.user));
+        }
+        if !self.password.is_empty() {
+            b = b.pass(Some(self.password.expose()));
+        }
+        let ssl = match self.ssl_mode {
+            SslMode::Disabled => None,
+            mode => {
+                let mut ssl = mysql_async::SslOpts::default();
+                if !self.ssl_ca.is_empty() {
+                    ssl = ssl
+                        .with_root_certs(vec![std::path::PathBuf::from(&self.ssl_ca).into()])
+                        .with_disable_built_in_roots(true);
+                }
+                if !self.ssl_cert.is_empty() {
+                    ssl = ssl.with_client_identity(Some(mysql_async::ClientIdentity::new(
+                        std::path::PathBuf::from(&self.ssl_cert).into(),
+                        std::path::PathBuf::from(&self.ssl_key).into(),
+                    )));
+                }
+                match mode {
+                    SslMode::Required => ssl
+                        .with_danger_accept_invalid_certs(true)
+                        .with_danger_skip_domain_validation(true),
+                    _ => ssl,
+                }
+                .into()
+            }
+        };
+        Ok(b.ssl_opts(ssl).into())
+    }
+
+    /// Where the server is, for messages: the URL without its password, and the TLS mode.
+    pub fn describe(&self) -> String {
+        let user = if self.user.is_empty() {
+            String::new()
+        } else {
+            format!(" as {}", self.user)
+        };
+        format!("{}{user} (ssl_mode {:?})", self.url, self.ssl_mode)
+    }
+}
+
 impl Validate for Config {
     fn validate(&self) -> Result<(), (String, String)> {
         if self.connector.is_empty() {
             return Err(("connector".into(), "must not be empty".into()));
         }
-        mysql_async::Opts::from_url(&self.mysql.url)
-            .map_err(|e| ("mysql.url".to_string(), format!("not a mysql:// URL: {e}")))?;
+        self.mysql
+            .opts()
+            .map_err(|e| ("mysql.url".to_string(), e))?;
+        for (key, path) in [
+            ("mysql.ssl_ca", &self.mysql.ssl_ca),
+            ("mysql.ssl_cert", &self.mysql.ssl_cert),
+            ("mysql.ssl_key", &self.mysql.ssl_key),
+        ] {
+            if !path.is_empty() && !std::path::Path::new(path).is_file() {
+                return Err((key.into(), format!("no such file: {path}")));
+            }
+        }
+        if self.mysql.ssl_cert.is_empty() != self.mysql.ssl_key.is_empty() {
+            return Err((
+                "mysql.ssl_key".into(),
+                "a client certificate needs both ssl_cert and ssl_key".into(),
+            ));
+        }
+        if self.mysql.ssl_mode == SslMode::Disabled
+            && !(self.mysql.ssl_ca.is_empty() && self.mysql.ssl_cert.is_empty())
+        {
+            return Err((
+                "mysql.ssl_mode".into(),
+                "is disabled, yet ssl_ca or ssl_cert is set: say verify_identity".into(),
+            ));
+        }
         if self.mysql.server_id == 0 {
             return Err((
                 "mysql.server_id".into(),
@@ -250,14 +363,51 @@ pub fn binlog_checks(vars: &[(String, String)], accept_without_metadata: bool) -
     checks
 }
 
+/// A connection error in words that name the cause: TLS (which check failed, and the
+/// setting that changes it), a refused password, an unknown host.
+pub fn connect_error(e: &mysql_async::Error, mysql: &MysqlConfig) -> String {
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    let hint = if matches!(
+        e,
+        mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer)
+    ) {
+        " (the server offers no TLS: configure TLS on it, or set mysql.ssl_mode = \"disabled\" \
+         to send the password and the rows in clear)"
+    } else if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
+        " (the server's certificate is not signed by a CA this capture trusts: set mysql.ssl_ca \
+         to the CA that signed it)"
+    } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
+        " (the server's certificate does not name the host of mysql.url: connect by a name \
+         or address the certificate holds)"
+    } else if lower.contains("access denied") && lower.contains("using password: yes") {
+        " (a wrong password, or this user may not connect from this host)"
+    } else if lower.contains("access denied") && lower.contains("using password: no") {
+        " (no password was given: set mysql.password or mysql.password_file)"
+    } else if lower.contains("requires secure transport") || lower.contains("require ssl") {
+        " (this user must connect over TLS: set mysql.ssl_mode)"
+    } else {
+        ""
+    };
+    let secrets = [mysql.password.expose()];
+    sluice_common::secret::scrub(&format!("{text}{hint}"), &secrets)
+}
+
 /// What the binlog reader needs from the server, checked one by one.
 pub async fn preflight(config: &Config) -> Vec<Check> {
     let mut checks = vec![config.kafka.check("capture-mysql").await];
-    let opts = mysql_async::Opts::from_url(&config.mysql.url).expect("validated at load");
+    let opts = config.mysql.opts().expect("validated at load");
     let mut conn = match mysql_async::Conn::new(opts).await {
         Ok(c) => c,
         Err(e) => {
-            checks.push(Check::fail("mysql", format!("cannot connect: {e}")));
+            checks.push(Check::fail(
+                "mysql",
+                format!(
+                    "cannot connect to {}: {}",
+                    config.mysql.describe(),
+                    connect_error(&e, &config.mysql)
+                ),
+            ));
             return checks;
         }
     };
@@ -271,7 +421,149 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
         Ok(mut c) => checks.append(&mut c),
         Err(e) => checks.push(Check::fail("mysql", format!("query failed: {e}"))),
     }
+    if let Ok(filter) = crate::filter::Filter::new(&config.filter, stream::SYSTEM_DATABASES) {
+        checks.push(select_check(&mut conn, &filter).await);
+    }
     let _ = conn.disconnect().await;
+    checks
+}
+
+/// SELECT on each table the filter includes (the snapshot reads them): a table the user may
+/// not read is named. Only the tables the user can see are known; none at all is a warning.
+async fn select_check(conn: &mut mysql_async::Conn, filter: &crate::filter::Filter) -> Check {
+    let tables: Vec<(String, String)> = match conn
+        .query(
+            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES \
+             WHERE TABLE_TYPE = 'BASE TABLE'",
+        )
+        .await
+    {
+        Ok(t) => t,
+        Err(e) => return Check::fail("privileges", format!("listing the tables failed: {e}")),
+    };
+    let wanted: Vec<&(String, String)> =
+        tables.iter().filter(|(d, t)| filter.wants(d, t)).collect();
+    if wanted.is_empty() {
+        return Check::warn(
+            "privileges",
+            "no table the filter includes is visible to this user: none exists yet, or SELECT \
+             on them is missing",
+        );
+    }
+    let mut refused_on = Vec::new();
+    for (d, t) in wanted.iter().take(500) {
+        let sql = format!(
+            "SELECT 1 FROM `{}`.`{}` LIMIT 0",
+            d.replace('`', "``"),
+            t.replace('`', "``")
+        );
+        if let Err(e) = conn.query_drop(&sql).await {
+            refused_on.push(format!("`{d}`.`{t}` ({e})"));
+        }
+    }
+    if refused_on.is_empty() {
+        Check::pass(
+            "privileges",
+            format!(
+                "SELECT on the {} table(s) the filter includes",
+                wanted.len()
+            ),
+        )
+    } else {
+        Check::fail(
+            "privileges",
+            format!(
+                "SELECT refused on {}: GRANT SELECT ON those tables (or their databases) TO the \
+                 capture user",
+                refused_on.join(", ")
+            ),
+        )
+    }
+}
+
+/// A statement refused: which privilege it needs, and the GRANT that gives it.
+fn refused(e: &mysql_async::Error, privilege: &str, statement: &str) -> String {
+    match e {
+        mysql_async::Error::Server(s) if [1227, 1142, 1143, 1044, 1045].contains(&s.code) => {
+            format!(
+                "{statement} was refused ({}): GRANT {privilege} ON *.* TO the capture user",
+                s.message
+            )
+        }
+        other => format!("{statement} failed: {other}"),
+    }
+}
+
+/// The statements the capture runs, run here: each one refused names the privilege it lacks
+/// (grants are not read: roles, wildcards and MariaDB's names make their text a poor guide).
+async fn privilege_checks(conn: &mut mysql_async::Conn, version: &str) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let client = if version.to_ascii_lowercase().contains("mariadb") {
+        "BINLOG MONITOR"
+    } else {
+        "REPLICATION CLIENT"
+    };
+    let status = binlog_status_sql(version);
+    let at: Option<(String, u64)> = match conn.query_first::<mysql_async::Row, _>(status).await {
+        Ok(Some(row)) => {
+            let file: Option<String> = row.get(0);
+            let pos: Option<u64> = row.get(1);
+            file.zip(pos)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            checks.push(Check::fail("privileges", refused(&e, client, status)));
+            None
+        }
+    };
+    match conn.query_drop("SHOW BINARY LOGS").await {
+        Ok(()) if at.is_some() => checks.push(Check::pass(
+            "privileges",
+            format!("{status} and SHOW BINARY LOGS answer ({client})"),
+        )),
+        Ok(()) => {}
+        Err(e) => checks.push(Check::fail(
+            "privileges",
+            refused(&e, client, "SHOW BINARY LOGS"),
+        )),
+    }
+    // The binlog dump the capture opens, as a non-blocking reader with server_id 0: it
+    // registers no replica, so a capture running meanwhile is not disturbed.
+    if let Some((file, pos)) = &at {
+        let opts = conn.opts().clone();
+        let dump = async {
+            let c = mysql_async::Conn::new(opts).await?;
+            let request = mysql_async::BinlogStreamRequest::new(0)
+                .with_non_blocking()
+                .with_filename(file.as_bytes())
+                .with_pos(*pos);
+            let mut stream = c.get_binlog_stream(request).await?;
+            use futures::StreamExt;
+            match stream.next().await {
+                Some(Err(e)) => Err(e),
+                _ => Ok(()),
+            }
+        };
+        let slave = if version.to_ascii_lowercase().contains("mariadb") {
+            "REPLICATION SLAVE (REPLICATION REPLICA)"
+        } else {
+            "REPLICATION SLAVE"
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(10), dump).await {
+            Ok(Ok(())) => checks.push(Check::pass(
+                "privileges",
+                "a binlog dump is accepted (REPLICATION SLAVE)",
+            )),
+            Ok(Err(e)) => checks.push(Check::fail(
+                "privileges",
+                refused(&e, slave, "a binlog dump (COM_BINLOG_DUMP)"),
+            )),
+            Err(_) => checks.push(Check::warn(
+                "privileges",
+                "a binlog dump did not answer within 10 s",
+            )),
+        }
+    }
     checks
 }
 
@@ -307,24 +599,7 @@ async fn server_checks(
         )
         .await?;
     checks.extend(binlog_checks(&vars, accept_without_metadata));
-    let grants: Vec<String> = conn.query("SHOW GRANTS FOR CURRENT_USER()").await?;
-    let all = grants.join(" ").to_uppercase();
-    let has_all = all.contains("ALL PRIVILEGES ON *.*");
-    for privilege in ["REPLICATION SLAVE", "REPLICATION CLIENT", "SELECT"] {
-        // MariaDB 10.5+ names REPLICATION CLIENT "BINLOG MONITOR"; both are accepted.
-        let ok = has_all
-            || all.contains(privilege)
-            || (privilege == "REPLICATION CLIENT" && all.contains("BINLOG MONITOR"))
-            || (privilege == "REPLICATION SLAVE" && all.contains("REPLICATION REPLICA"));
-        if ok {
-            checks.push(Check::pass("privileges", format!("{privilege} granted")));
-        } else {
-            checks.push(Check::fail(
-                "privileges",
-                format!("{privilege} missing: GRANT {privilege} ON *.* TO the capture user"),
-            ));
-        }
-    }
+    checks.extend(privilege_checks(conn, &version).await);
     Ok(checks)
 }
 

@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let prefix = unique("recovery");
     let capture_config = format!(
-        "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"end\"\n\
+        "connector = \"{prefix}\"\n[mysql]\nssl_mode = \"disabled\"\nurl = \"{}\"\nstart = \"end\"\n\
          server_id = {}\n[filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
          [publish]\npartitions = {PARTITIONS}\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
         mysql_url(),

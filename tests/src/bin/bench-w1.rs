@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
         )
     };
     let capture_config = format!(
-        "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"{start}\"\n\
+        "connector = \"{prefix}\"\n[mysql]\nssl_mode = \"disabled\"\nurl = \"{}\"\nstart = \"{start}\"\n\
          server_id = {}\n[filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
          [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n{extra}\n",
         mysql_url(),
@@ -490,7 +490,7 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
     let (capture, _, _cf) = spawn_stage(
         &release.join("capture-mysql"),
         &format!(
-            "connector = \"{prefix}\"\n[mysql]\nurl = \"{}\"\nstart = \"end\"\nserver_id = {}\n\
+            "connector = \"{prefix}\"\n[mysql]\nssl_mode = \"disabled\"\nurl = \"{}\"\nstart = \"end\"\nserver_id = {}\n\
              [filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
              [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
             mysql_url(),

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mysql_async::prelude::Queryable;
-use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn};
 use prometheus::Registry;
 use sluice_proto::v1;
 
@@ -35,7 +35,7 @@ impl Capture {
         config: Config,
         registry: &Registry,
     ) -> Result<(Self, Option<Checkpoint>), CaptureError> {
-        let opts = Opts::from_url(&config.mysql.url).expect("validated at load");
+        let opts = config.mysql.opts().expect("validated at load");
         let mut schema_conn = Conn::new(opts.clone()).await?;
         let server = server_info(&mut schema_conn).await?;
         let filter = Filter::new(&config.filter, SYSTEM_DATABASES)
