@@ -387,6 +387,44 @@ pub async fn wait_snapshot_done(port: u16, limit: Duration) {
     }
 }
 
+/// Wait until the capture counts a snapshot row it published (or has exited, or 20 s passed).
+pub async fn first_snapshot_row(cap: &mut CaptureProcess) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && !cap.exited() {
+        if metric_at(cap.metrics_port, "sluice_capture_snapshot_rows_total")
+            .is_some_and(|r| r > 0.0)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Wait until the capture's stored checkpoint lists the initial snapshot as done (a restart
+/// after that copies nothing, so the metrics would not tell).
+pub async fn wait_initial_snapshot_stored(cap: &CaptureProcess, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let c = cap.connector.clone();
+        let stored = tokio::task::spawn_blocking(move || last_checkpoint(&c))
+            .await
+            .unwrap();
+        let done = stored.as_ref().is_some_and(|c| {
+            c["snapshots_done"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|s| s == "initial"))
+        });
+        if done {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the initial snapshot is not stored as done after {limit:?}: {stored:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Wait until the connector's stored checkpoint counts at least `at_least` snapshot rows
 /// (as `count` reads them from the checkpoint's JSON); returns the count.
 pub async fn wait_stored_snapshot_rows(

@@ -17,7 +17,8 @@ use mongodb::bson::{
 };
 use mongodb::Client;
 use sluice_tests::capture::{
-    metric_at, wait_snapshot_done, wait_stored_snapshot_rows, CaptureProcess,
+    first_snapshot_row, metric_at, wait_initial_snapshot_stored, wait_snapshot_done,
+    wait_stored_snapshot_rows, CaptureProcess,
 };
 use sluice_tests::relay::Relay;
 use sluice_tests::{
@@ -102,13 +103,24 @@ async fn converge(
         }
         if Instant::now() > deadline {
             let logs: Vec<String> = procs.iter_mut().map(|p| p.stop().1).collect();
+            let (a, b) = (decoded(&a), decoded(&b));
+            let ids = |d: &[serde_json::Value]| -> Vec<String> {
+                d.iter().map(|d| d["_id"].to_string()).collect()
+            };
+            let (ia, ib) = (ids(&a), ids(&b));
+            let missing: Vec<_> = ia.iter().filter(|i| !ib.contains(i)).take(10).collect();
+            let extra: Vec<_> = ib.iter().filter(|i| !ia.contains(i)).take(10).collect();
+            let differ: Vec<_> = a
+                .iter()
+                .filter(|d| b.iter().any(|e| e["_id"] == d["_id"] && e != *d))
+                .take(3)
+                .collect();
             panic!(
-                "{db}.{coll}: target differs after {limit:?}: source {} documents, target {}\n\
-                 first source {:?}\nfirst target {:?}\nlogs:\n{}",
+                "{db}.{coll}: target differs after {limit:?}: source {} documents, target {}; \
+                 missing _id {missing:?}, extra _id {extra:?}, differing (source side) \
+                 {differ:?}\nlogs:\n{}",
                 a.len(),
                 b.len(),
-                decoded(&a).first(),
-                decoded(&b).first(),
                 logs.join("\n----\n")
             );
         }
@@ -436,6 +448,98 @@ async fn changes_of_every_kind_through_a_change_stream() {
         return;
     }
     changes_of_every_kind("change_stream").await;
+}
+
+/// capture-mongo killed (-9) at seeded moments of its first second, again and again,
+/// during its first copy (`snapshot+stream`, oplog mode), while a writer deletes, updates and
+/// inserts documents of the collection being copied; then it runs to the end, and the target
+/// must equal the source, every document compared. A restart must go on from the snapshot's
+/// stored start T0: one that began a new copy at a later time would leave on the target the
+/// copies of documents deleted in between (their deletes never published).
+#[tokio::test(flavor = "multi_thread")]
+async fn kills_in_the_first_second_of_the_first_copy_leave_nothing_stale() {
+    let seed = sluice_tests::seed();
+    let mut rng = sluice_tests::Rng(seed);
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    const DOCS: i64 = 10_000;
+    for round in 0..3 {
+        let db = unique("sluice_m_first");
+        let coll = src.database(&db).collection::<Document>("c");
+        let docs: Vec<Document> = (0..DOCS)
+            .map(|i| doc! { "_id": i, "v": i, "s": format!("s{i}") })
+            .collect();
+        coll.insert_many(docs).await.unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (stop, coll) = (stop.clone(), coll.clone());
+            let mut rng = sluice_tests::Rng(seed ^ (round + 1));
+            tokio::spawn(async move {
+                let mut next = DOCS;
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let id = rng.below(DOCS as u64) as i64;
+                    coll.delete_one(doc! { "_id": id }).await.unwrap();
+                    let id = rng.below(DOCS as u64) as i64;
+                    coll.update_one(doc! { "_id": id }, doc! { "$inc": { "v": 1 } })
+                        .await
+                        .unwrap();
+                    coll.insert_one(doc! { "_id": next, "v": 0 }).await.unwrap();
+                    next += 1;
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                n
+            })
+        };
+        let mut cap = capture(
+            &db,
+            "mode = \"oplog\"",
+            "[snapshot]\nmode = \"snapshot+stream\"\n",
+        );
+        let mut app = apply(&cap.prefix, &unique("g"), "");
+        // Each kill comes at a seeded moment of the first second after the copy began (its
+        // first document counted), or after the start when the seed says so.
+        let mut kills = Vec::new();
+        for _ in 0..1 + rng.below(3) {
+            let from_copy = rng.chance(75);
+            if from_copy {
+                first_snapshot_row(&mut cap).await;
+            }
+            let after = Duration::from_millis(rng.below(1000));
+            tokio::time::sleep(after).await;
+            cap.kill();
+            kills.push(format!(
+                "{after:?} after {}",
+                if from_copy {
+                    "the first copy"
+                } else {
+                    "the start"
+                }
+            ));
+            cap.restart();
+        }
+        eprintln!("round {round}: capture killed {kills:?}");
+        wait_initial_snapshot_stored(&cap, Duration::from_secs(120)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let writes = writer.await.unwrap();
+        assert!(writes > 10, "{writes} writes");
+        converge(
+            &src,
+            &dst,
+            &db,
+            "c",
+            Duration::from_secs(120),
+            &mut [&mut cap, &mut app],
+        )
+        .await;
+        stop_all(&mut [&mut cap, &mut app]).await;
+        src.database(&db).drop().await.unwrap();
+        dst.database(&db).drop().await.unwrap();
+    }
 }
 
 /// kill -9 of capture and of apply while writes go on; after restarts the target equals the

@@ -3,7 +3,9 @@
 //! (compacted, key = connector) at most every `checkpoint_interval_ms`, and always at the end;
 //! an unchanged one again every [`KEEPALIVE`] (see `checkpoint`: a fenced capture learns it
 //! there). A failed delivery ends it with the failure: the capture stops, and resumes from the
-//! last checkpoint written.
+//! last checkpoint written. A [`Mark::Store`] is written at once, whatever the interval, and
+//! answered once it is committed: a capture that must not publish before its position is
+//! durable (a new connector's start, a snapshot's start) waits for that answer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::Producer;
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::checkpoint::{CheckpointWriter, KEEPALIVE};
 use super::ledger::KafkaProducer;
@@ -21,6 +23,13 @@ use super::{PublishError, PublishMetrics};
 pub(super) enum Mark<C> {
     /// ... makes `checkpoint` safe to resume from.
     At { upto: u64, checkpoint: C },
+    /// ... makes `checkpoint` safe to resume from, written at once; `done` is answered once it
+    /// is committed (dropped unanswered when the write failed: the acker ends with the error).
+    Store {
+        upto: u64,
+        checkpoint: C,
+        done: oneshot::Sender<()>,
+    },
     /// ... and then the acker writes the last checkpoint and returns.
     End { upto: u64 },
 }
@@ -81,10 +90,15 @@ pub(super) async fn ack_loop<C: Serialize + Clone>(
                 continue;
             }
         };
-        let (upto, checkpoint) = match mark {
-            Some(Mark::At { upto, checkpoint }) => (upto, Some(checkpoint)),
-            Some(Mark::End { upto }) => (upto, None),
-            None => (next.load(Ordering::Relaxed), None),
+        let (upto, checkpoint, done) = match mark {
+            Some(Mark::At { upto, checkpoint }) => (upto, Some(checkpoint), None),
+            Some(Mark::Store {
+                upto,
+                checkpoint,
+                done,
+            }) => (upto, Some(checkpoint), Some(done)),
+            Some(Mark::End { upto }) => (upto, None, None),
+            None => (next.load(Ordering::Relaxed), None, None),
         };
         // Wait for the mark's records, writing a held checkpoint when its interval is up.
         loop {
@@ -107,10 +121,13 @@ pub(super) async fn ack_loop<C: Serialize + Clone>(
             Some(c) => {
                 safe = Some(c);
                 written = false;
-                if last_write.elapsed() >= interval {
+                if done.is_some() || last_write.elapsed() >= interval {
                     write(safe.clone().expect("set")).await?;
                     written = true;
                     last_write = Instant::now();
+                }
+                if let Some(done) = done {
+                    let _ = done.send(());
                 }
             }
             None => {

@@ -367,6 +367,26 @@ where
             .map_err(|_| PublishError::AckerGone)
     }
 
+    /// Like [`Self::mark`], and wait until the checkpoint is stored (every record sent before
+    /// it acknowledged, the checkpoint written at once and committed). For positions that must
+    /// be durable before anything after them is published: a restart must not find events of
+    /// a run whose starting point it cannot know.
+    pub async fn store(&mut self, checkpoint: C) -> Result<(), PublishError> {
+        let upto = self.next.load(Ordering::Relaxed);
+        let (done, stored) = tokio::sync::oneshot::channel();
+        self.marks
+            .send(Mark::Store {
+                upto,
+                checkpoint,
+                done,
+            })
+            .await
+            .map_err(|_| PublishError::AckerGone)?;
+        // Dropped unanswered: the write failed, and the acker ended with the reason (`finish`
+        // returns it).
+        stored.await.map_err(|_| PublishError::AckerGone)
+    }
+
     /// True when the acker stopped (a delivery failed): the caller should `finish` to learn why.
     pub fn failed(&self) -> bool {
         self.acker.is_finished()

@@ -26,6 +26,7 @@ use mongodb::options::{ChangeStreamOptions, FullDocumentBeforeChangeType, FullDo
 use sluice_common::Shutdown;
 
 use super::checkpoint::{token_document, Resume, MARK_EVERY, ZERO};
+use super::copy::just_before;
 use super::Capture;
 use crate::error::{CaptureError, Origin};
 use crate::mongo::change::{self, StreamEvent};
@@ -112,7 +113,15 @@ impl Capture {
             // change goes on from here, not from a later "now".
             if let Some(t) = stream.resume_token() {
                 let ts = token_document(&t).as_ref().and_then(change::token_time);
-                self.resume = Resume::Token(t, ts.unwrap_or(ZERO));
+                self.resume = Resume::Token(t.clone(), ts.unwrap_or(ZERO));
+                if let (None, Some(ts)) = (self.last_ts, ts) {
+                    // A new capture stores where it starts, committed before anything is
+                    // published: killed before its first change is checkpointed, it must not
+                    // start again at a later "now".
+                    self.last_token = Some(t);
+                    self.advance(ts);
+                    self.store().await?;
+                }
             }
         }
         let scope = {
@@ -152,6 +161,14 @@ impl Capture {
                                 return Ok(());
                             }
                             let ts = c.ts;
+                            if self.last_ts.is_none() && self.resume == Resume::Now {
+                                // Started at "now" on a server that gave no post-batch token:
+                                // the position just before this first change is committed
+                                // before it is published (a restart reads from there by
+                                // `startAtOperationTime`, not from a later "now").
+                                self.advance(just_before(ts));
+                                self.store().await?;
+                            }
                             self.publish(*c, token.as_ref()).await?;
                             // Published: a checkpoint, or a reopen, goes on after it.
                             self.last_token = token;

@@ -225,6 +225,16 @@ impl Capture {
 
     /// Queue a checkpoint at the last position reached.
     pub(super) async fn mark(&mut self) -> Result<(), CaptureError> {
+        self.checkpoint(false).await
+    }
+
+    /// Store a checkpoint at the last position reached and wait until it is committed: for a
+    /// position nothing may be published before (a new capture's start, a snapshot's start).
+    pub(super) async fn store(&mut self) -> Result<(), CaptureError> {
+        self.checkpoint(true).await
+    }
+
+    async fn checkpoint(&mut self, wait: bool) -> Result<(), CaptureError> {
         let Some(ts) = self.last_ts else {
             return Ok(());
         };
@@ -232,16 +242,19 @@ impl Capture {
             Mode::ChangeStream => self.last_token.as_ref().and_then(token_hex),
             Mode::Oplog => None,
         };
-        self.publisher
-            .mark(Checkpoint {
-                ts: (ts.time, ts.increment),
-                resume_token,
-                replica_set: self.source.server_uuid_or_replica_set.clone(),
-                written_at: now_secs(),
-                snapshot: self.snapshot.clone(),
-                snapshots_done: self.snapshots_done.clone(),
-            })
-            .await?;
+        let checkpoint = Checkpoint {
+            ts: (ts.time, ts.increment),
+            resume_token,
+            replica_set: self.source.server_uuid_or_replica_set.clone(),
+            written_at: now_secs(),
+            snapshot: self.snapshot.clone(),
+            snapshots_done: self.snapshots_done.clone(),
+        };
+        if wait {
+            self.publisher.store(checkpoint).await?;
+        } else {
+            self.publisher.mark(checkpoint).await?;
+        }
         self.since_mark = 0;
         self.marked = Some((ts, self.last_token.clone()));
         Ok(())

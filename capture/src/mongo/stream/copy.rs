@@ -2,7 +2,8 @@
 //! `SNAPSHOT_READ` events at one oplog time, before the stream goes on from that time.
 //!
 //! The order that makes it exact: the source's operation time T0 is read first and becomes the
-//! position; each collection's options and indexes are published as `create` / `createIndexes`
+//! position, stored (committed) with the snapshot's progress before the first document is
+//! published; each collection's options and indexes are published as `create` / `createIndexes`
 //! DDL events (`snapshot.copy_indexes`), then its documents in `_id` order; then the stream
 //! starts after T0, so every change made during the copy is replayed over the copied documents,
 //! which converge. Every `chunk_rows` documents the checkpoint stores the collection's last
@@ -56,6 +57,11 @@ impl Capture {
                 self.snapshot = Some(SnapshotProgress { id, tables });
             }
             self.snapshot_start_point().await?;
+            // The snapshot's position T0 and its progress are committed before its first
+            // document is published: a capture killed during the copy goes on from them. One
+            // that found copies on the topic but no stored T0 would start over at a later time,
+            // and the deletes made in between would never reach the target.
+            self.store().await?;
             let snap = self.snapshot.clone().expect("set above");
             tracing::info!(snapshot = %snap.id, collections = snap.tables.len(), "snapshot starts");
             for (name, progress) in &snap.tables {
@@ -127,20 +133,8 @@ impl Capture {
                 *ts
             }
             Resume::After(ts) => *ts,
-            Resume::At(ts) => {
-                // "At" is inclusive: stand just before it.
-                if ts.increment > 0 {
-                    Timestamp {
-                        time: ts.time,
-                        increment: ts.increment - 1,
-                    }
-                } else {
-                    Timestamp {
-                        time: ts.time.saturating_sub(1),
-                        increment: u32::MAX,
-                    }
-                }
-            }
+            // "At" is inclusive: stand just before it.
+            Resume::At(ts) => just_before(*ts),
             Resume::Now => {
                 let ts = self.operation_time().await?;
                 self.resume = Resume::After(ts);
@@ -389,5 +383,20 @@ impl Capture {
             .await?;
         }
         Ok(())
+    }
+}
+
+/// The oplog time just before `ts`: a position after which reading takes `ts` in.
+pub(super) fn just_before(ts: Timestamp) -> Timestamp {
+    if ts.increment > 0 {
+        Timestamp {
+            time: ts.time,
+            increment: ts.increment - 1,
+        }
+    } else {
+        Timestamp {
+            time: ts.time.saturating_sub(1),
+            increment: u32::MAX,
+        }
     }
 }

@@ -23,6 +23,7 @@ use sluice_common::clock::now_secs;
 use sluice_common::Shutdown;
 
 use super::checkpoint::{ts_string, Resume, MARK_EVERY};
+use super::copy::just_before;
 use super::held::{Held, SpillConfig};
 use super::Capture;
 use crate::error::{CaptureError, Origin};
@@ -92,10 +93,12 @@ impl Capture {
         }
         tracing::info!(from = %ts_string(from), inclusive, "tailing local.oplog.rs");
         if self.last_ts.is_none() && !inclusive {
-            // A new capture stores where it starts before anything else: killed before its
-            // first change is checkpointed, it must not start again at a later "now".
+            // A new capture stores where it starts before anything else, and waits for the
+            // checkpoint's commit: killed before its first change is checkpointed, it must not
+            // start again at a later "now" (what it published would stand without the changes
+            // made in between).
             self.advance(from);
-            self.mark().await?;
+            self.store().await?;
         }
         let await_time = Duration::from_millis(self.config.mongodb.max_await_ms);
         // Entries of a transaction whose last entry has not come yet. Dropped with a failure:
@@ -104,6 +107,9 @@ impl Capture {
         let mut partial_txn = Held::new();
         // The oplog time before the first entry of the transaction in `partial_txn`.
         let mut partial_before: Option<Timestamp> = None;
+        // The first entry read by a capture with no position yet (started at "now" on an empty
+        // oplog).
+        let mut first_read: Option<Timestamp> = None;
         // Prepared transactions not committed or aborted yet, by session and transaction
         // number. Dropped with a failure too: the position stays before the first of them.
         let mut prepared = Prepared::default();
@@ -143,6 +149,9 @@ impl Capture {
                         let before = from;
                         from = parsed.ts;
                         inclusive = false;
+                        if self.last_ts.is_none() {
+                            first_read.get_or_insert(parsed.ts);
+                        }
                         if parsed.partial || parsed.prepared {
                             partial_before.get_or_insert(before);
                             partial_txn
@@ -194,6 +203,12 @@ impl Capture {
                             }
                             None => (std::mem::replace(&mut partial_txn, Held::new()), None),
                         };
+                        if let (None, Some(first)) = (self.last_ts, first_read) {
+                            // Started at "now" on an empty oplog: the point just before the
+                            // first entry read is committed before anything is published.
+                            self.advance(just_before(first));
+                            self.store().await?;
+                        }
                         // The held entries' changes first, then this entry's own.
                         for e in entries.drain() {
                             let e = e.map_err(CaptureError::source)?;

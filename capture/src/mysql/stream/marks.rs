@@ -69,6 +69,22 @@ impl Capture {
         &mut self,
         snapshot: Option<std::sync::Arc<SnapshotProgress>>,
     ) -> Result<(), CaptureError> {
+        let checkpoint = self.checkpoint(snapshot);
+        self.publisher.mark(checkpoint).await?;
+        Ok(())
+    }
+
+    /// Store a checkpoint at the current position and wait until it is committed: nothing is
+    /// published before it (a new connector's start).
+    pub(super) async fn store_now(&mut self) -> Result<(), CaptureError> {
+        let progress = self.snapshot.as_ref().map(|s| s.progress());
+        let checkpoint = self.checkpoint(progress);
+        self.publisher.store(checkpoint).await?;
+        Ok(())
+    }
+
+    /// A checkpoint of the current position with this snapshot progress.
+    fn checkpoint(&self, snapshot: Option<std::sync::Arc<SnapshotProgress>>) -> Checkpoint {
         // Not past a prepared XA transaction still open: a restart reads it again.
         let (next, gtid_set) = match self.xa.before() {
             Some(b) if self.before_pos(b, &self.resume) => (
@@ -77,7 +93,7 @@ impl Capture {
             ),
             _ => (self.resume.clone(), self.gtid_text()),
         };
-        let checkpoint = Checkpoint {
+        Checkpoint {
             next,
             last_gtid: self.last_gtid.clone(),
             gtid_set,
@@ -89,9 +105,7 @@ impl Capture {
             snapshots_pending: self.snapshots_pending.clone(),
             ddl_pending: self.ddl_pending.clone(),
             generation: self.generation,
-        };
-        self.publisher.mark(checkpoint).await?;
-        Ok(())
+        }
     }
 
     /// The GTID set read so far, as text (empty: not known).

@@ -4,8 +4,10 @@
 //! source is the server the checkpoint was written reading (`server_id`, `server_uuid`) and
 //! that it still has that binlog file; either failing stops it with a message saying what to do.
 //! Without one it starts at `[mysql] start` (`end`, `earliest`, `FILE:POS`, `gtid:SET`,
-//! `time:...`), and stores that position at once, so that a capture killed before its first
-//! checkpointed transaction does not start again at a later `end`. Every (re)connection opens
+//! `time:...`), and stores that position before it publishes anything (waiting for the
+//! checkpoint's commit), so that a capture killed before its first checkpointed transaction
+//! does not start again at a later `end`: the events it published (snapshot rows among them)
+//! would stand on the topics with the changes between the two starts never published. Every (re)connection opens
 //! the binlog dump at the position after the last commit.
 
 use std::collections::{HashMap, HashSet};
@@ -141,9 +143,10 @@ impl Capture {
         self.ddl_pending = ddl_pending;
         self.next_snapshot(progress.map(|p| (*p).clone())).await?;
         if fresh && !self.resume.file.is_empty() && self.skip_until.is_none() {
-            // A new capture stores where it starts before anything else: killed before its
-            // first transaction is checkpointed, it must not start again at a later `end`.
-            self.mark_now().await?;
+            // A new capture stores where it starts before anything else, and waits for it to be
+            // committed: killed before its first transaction is checkpointed, it must not start
+            // again at a later `end`.
+            self.store_now().await?;
         }
         Ok(())
     }
