@@ -30,7 +30,8 @@ check() {
   say "$b --check (deploy/config/$b.toml)"
   env "$@" "$bin/$b" -c "deploy/config/$b.toml" --check
 }
-check capture-mysql SLUICE__MYSQL__URL="$SLUICE_MYSQL_URL"
+# The test bed's MariaDB serves TLS with a certificate of the test bed's CA.
+check capture-mysql SLUICE__MYSQL__URL="$SLUICE_MYSQL_URL" SLUICE__MYSQL__SSL_CA="$SLUICE_TLS_DIR/ca.pem"
 check capture-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_SOURCE_URL"
 check apply-clickhouse SLUICE__CLICKHOUSE__URL="$SLUICE_CLICKHOUSE_URL"
 check apply-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_TARGET_URL"

@@ -1,7 +1,8 @@
 //! MariaDB servers of a test's own (from the test bed's `mariadbd`), for tests that do what
 //! the shared server must not see: replication between two servers, a fail-over, a server
 //! killed. Each has its own data directory (deleted with it), port and server_id, the binlog
-//! settings a capture needs, and the user `sluice`/`sluice`.
+//! settings a capture needs, the user `sluice`/`sluice`, and TLS with the test bed's
+//! certificate when its folder is known (`SLUICE_TLS_DIR`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -105,6 +106,13 @@ impl PrivateMariaDb {
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        // TLS with the test bed's certificate (made for 127.0.0.1), as the shared server: a
+        // capture verifies it by the test bed's CA (`crate::mysql_tls`), as by default.
+        if let Some(tls) = crate::tls_dir() {
+            cmd.arg(format!("--ssl-ca={tls}/ca.pem"))
+                .arg(format!("--ssl-cert={tls}/server.pem"))
+                .arg(format!("--ssl-key={tls}/server.key"));
+        }
         if is_root() {
             cmd.arg("--user=root");
         }
