@@ -458,7 +458,7 @@ impl<D: Drain> ClientContext for GroupContext<D> {
 
 impl<D: Drain> ConsumerContext for GroupContext<D> {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, r: &Rebalance<'_>) {
-        tracing::info!(rebalance = ?r, "rebalance");
+        tracing::info!("rebalance: {}", describe_rebalance(r));
         if self.is_retired() {
             return;
         }
@@ -519,6 +519,40 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
             Rebalance::Error(_) => {}
         }
     }
+}
+
+/// A rebalance for the log: `assigned partitions=topic[0,1,2] other[0]`,
+/// `revoked partitions=...`, or the error.
+fn describe_rebalance(r: &Rebalance<'_>) -> String {
+    match r {
+        Rebalance::Assign(tpl) => format!("assigned partitions={}", partition_list(tpl)),
+        Rebalance::Revoke(tpl) => format!("revoked partitions={}", partition_list(tpl)),
+        Rebalance::Error(e) => format!("error: {e}"),
+    }
+}
+
+/// `topic[0,1,2] other[0]`, topics in name order, partitions in number order; `none` when
+/// empty.
+fn partition_list(tpl: &rdkafka::TopicPartitionList) -> String {
+    let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
+    for e in tpl.elements() {
+        by_topic
+            .entry(e.topic().to_string())
+            .or_default()
+            .push(e.partition());
+    }
+    if by_topic.is_empty() {
+        return "none".into();
+    }
+    by_topic
+        .into_iter()
+        .map(|(topic, mut ps)| {
+            ps.sort_unstable();
+            let ps: Vec<String> = ps.iter().map(ToString::to_string).collect();
+            format!("{topic}[{}]", ps.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The target failing for a while: after `after`, `/healthz` says degraded with the last
@@ -958,6 +992,23 @@ async fn run_loop<S: BatchSink>(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn rebalances_are_logged_as_topic_and_partition_lists() {
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition("cdc.db.b", 2);
+        tpl.add_partition("cdc.db.a", 1);
+        tpl.add_partition("cdc.db.b", 0);
+        assert_eq!(
+            describe_rebalance(&Rebalance::Assign(&tpl)),
+            "assigned partitions=cdc.db.a[1] cdc.db.b[0,2]"
+        );
+        assert_eq!(
+            describe_rebalance(&Rebalance::Revoke(&rdkafka::TopicPartitionList::new())),
+            "revoked partitions=none"
+        );
+    }
+
     use super::*;
 
     const S: i64 = 1_000_000;

@@ -27,7 +27,8 @@ use crate::logging::{self, LogConfig};
 use crate::metrics;
 use crate::shutdown::Shutdown;
 
-/// Arguments every binary takes.
+// The arguments every binary takes. (No doc comment: clap would show it as the binary's
+// description in `--help`, in place of what the binary does.)
 #[derive(Debug, clap::Args)]
 pub struct CommonArgs {
     /// The TOML configuration file. Every key has a default (see `--print-config`) and can be
@@ -140,6 +141,10 @@ where
             }
         };
     }
+    if let Err(e) = logging::check_env() {
+        eprintln!("{binary}: {e}");
+        return ExitCode::from(2);
+    }
     logging::init(config.log());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -207,6 +212,15 @@ where
             }
             health.restore();
             break;
+        }
+        let every = config.log().progress_interval_s;
+        if every > 0 {
+            tokio::spawn(crate::progress::run(
+                binary,
+                registry.clone(),
+                std::time::Duration::from_secs(every),
+                shutdown.clone(),
+            ));
         }
         let ctx = Context {
             config,

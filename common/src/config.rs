@@ -65,7 +65,18 @@ pub fn load_with_env<T: DeserializeOwned + Validate>(
         }
         None => toml::Table::new(),
     };
-    apply_env(&mut table, env)?;
+    let from_env = apply_env(&mut table, env)?;
+    // A bad value set by an environment variable is reported as coming from it.
+    let origin_of = |key: &str| -> String {
+        from_env
+            .iter()
+            .find(|(k, _)| {
+                let k = k.strip_suffix(FILE_SUFFIX).unwrap_or(k);
+                key == k || key.starts_with(&format!("{k}."))
+            })
+            .map(|(_, var)| format!("environment variable {var} (over {origin})"))
+            .unwrap_or_else(|| origin.clone())
+    };
     read_files(&mut table, "", &origin)?;
     let value = toml::Value::Table(table);
     let config: T = serde_path_to_error::deserialize(value).map_err(|e| {
@@ -82,7 +93,7 @@ pub fn load_with_env<T: DeserializeOwned + Validate>(
             }
         } else {
             ConfigError::Key {
-                origin: origin.clone(),
+                origin: origin_of(&key),
                 key,
                 message,
             }
@@ -91,7 +102,7 @@ pub fn load_with_env<T: DeserializeOwned + Validate>(
     config
         .validate()
         .map_err(|(key, message)| ConfigError::Key {
-            origin,
+            origin: origin_of(&key),
             key,
             message,
         })?;
@@ -105,10 +116,12 @@ pub trait Validate {
     }
 }
 
+/// Set the keys the environment overrides; returns each key set (dotted) with its variable.
 fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut set = Vec::new();
     let mut vars: Vec<(String, String)> = env
         .into_iter()
         .filter(|(k, _)| k.starts_with(ENV_PREFIX))
@@ -142,8 +155,9 @@ fn apply_env(
             };
         }
         node.insert(path[path.len() - 1].clone(), value);
+        set.push((path.join("."), var));
     }
-    Ok(())
+    Ok(set)
 }
 
 /// The suffix of a key whose value is read from a file: `password_file = "/run/secrets/pw"`
@@ -287,6 +301,40 @@ mod tests {
             Some(f.path()),
             env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
         )
+    }
+
+    #[test]
+    fn a_bad_value_from_the_environment_names_the_variable() {
+        let e = load_text(
+            "[kafka]\nbrokers = \"k:1\"\n",
+            &[("SLUICE__KAFKA__LINGER_MS", "soon")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("environment variable SLUICE__KAFKA__LINGER_MS (over file ")
+                && e.contains("key `kafka.linger_ms`"),
+            "{e}"
+        );
+        let e = load_text("", &[("SLUICE__BATCH__MAX_ROWS", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("environment variable SLUICE__BATCH__MAX_ROWS")
+                && e.contains("must be at least 1"),
+            "{e}"
+        );
+        // A bad value of the file itself names the file only.
+        let e = load_text(
+            "[batch]\nmax_rows = 0\n",
+            &[("SLUICE__KAFKA__BROKERS", "x:1")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("config file ") && !e.contains("environment"),
+            "{e}"
+        );
     }
 
     #[test]

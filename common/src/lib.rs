@@ -14,6 +14,7 @@ pub mod logging;
 pub mod metrics;
 pub mod mongo;
 pub mod preflight;
+pub mod progress;
 pub mod secret;
 pub mod shutdown;
 pub mod topics;

@@ -1079,7 +1079,13 @@ async fn a_new_capture_killed_in_its_first_second_leaves_nothing_stale() {
             "checkpoint_interval_ms = 1000\n",
         );
         let mut cap = CaptureProcess::spawn((text, connector, prefix));
-        let mut mirror = apply(&cap.prefix, &ch_db, "mirror", &unique("g"), "");
+        let mut mirror = apply(
+            &cap.prefix,
+            &ch_db,
+            "mirror",
+            &unique("g"),
+            "[log]\nprogress_interval_s = 1\n",
+        );
         // Each kill comes at a seeded moment of the first second after the snapshot's first
         // row was published, or after the start when the seed says so.
         let mut kills = Vec::new();
@@ -1108,7 +1114,14 @@ async fn a_new_capture_killed_in_its_first_second_leaves_nothing_stale() {
         let statements = writer.await.unwrap();
         assert!(statements > 10, "the writer ran {statements} statements");
         converge(&db, &ch_db, Duration::from_secs(120)).await;
-        finish(&db, &mut [&mut cap, &mut mirror]).await;
+        // The applier said how it went, once a second here.
+        let (code, log) = mirror.stop();
+        assert_eq!(code, Some(0), "{log}");
+        assert!(
+            log.contains("progress: rows=") && log.contains("partitions=3"),
+            "{log}"
+        );
+        finish(&db, &mut [&mut cap]).await;
     }
 }
 

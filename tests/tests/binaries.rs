@@ -64,6 +64,46 @@ fn help_describes_the_common_options() {
         for opt in ["--config", "--check", "--print-config", "--version"] {
             assert!(t.contains(opt), "{b} --help lacks {opt}: {t}");
         }
+        // It opens with what the binary does, not with a note about the options.
+        let first = t.lines().next().unwrap_or_default();
+        let does = match b {
+            "capture-mysql" => "binlog",
+            "capture-mongo" => "MongoDB",
+            "apply-clickhouse" => "ClickHouse",
+            _ => "MongoDB",
+        };
+        assert!(
+            first.contains(does) && !first.contains("Arguments"),
+            "{b} --help opens with {first:?}"
+        );
+    }
+}
+
+/// A log level that is no level (`warning`, `verbose`), in `[log] level` or in `RUST_LOG`,
+/// is refused at start with the levels listed (exit 2), not taken for a target that silences
+/// every line, the errors included.
+#[test]
+fn a_log_level_that_is_no_level_is_refused_with_the_levels() {
+    for b in BINARIES {
+        let cfg = config_for(b, "[log]\nlevel = \"warning\"\n");
+        let o = run(b, &["-c", cfg.path().to_str().unwrap(), "--check"], &[]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{b}: {t}");
+        assert!(
+            t.contains("log.level")
+                && t.contains("\"warning\" is not a level")
+                && t.contains("trace, debug, info, warn, error, off"),
+            "{b}: {t}"
+        );
+        let cfg = config_for(b, "");
+        let o = run(
+            b,
+            &["-c", cfg.path().to_str().unwrap(), "--check"],
+            &[("RUST_LOG", "verbose")],
+        );
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{b}: {t}");
+        assert!(t.contains("RUST_LOG=\"verbose\""), "{b}: {t}");
     }
 }
 
@@ -303,4 +343,41 @@ fn serves_metrics_and_exits_cleanly_on_sigterm() {
         assert_eq!(status.code(), Some(0), "{b} after SIGTERM: {err}");
         assert!(err.contains("stopped cleanly"), "{b}: {err}");
     }
+}
+
+/// The README's block of `--check` commands for the local test bed, run as written (with the
+/// binaries of this build for `target/release/`): every check passes. Only against the test
+/// bed's own servers (the block reads their addresses from `deploy/testbed.sh env`).
+#[test]
+fn the_readme_checks_pass_on_the_test_bed() {
+    if mysql_url() != "mysql://sluice:sluice@127.0.0.1:13306" || tls_dir().is_none() {
+        eprintln!("the_readme_checks_pass_on_the_test_bed: skipped (servers of one's own)");
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let marker = "<!-- the test bed's checks:";
+    let after = &readme[readme
+        .find(marker)
+        .expect("the README marks its test-bed block")..];
+    let start = after.find("```sh\n").unwrap() + "```sh\n".len();
+    let block = &after[start..start + after[start..].find("```").unwrap()];
+    assert!(block.contains("target/release/capture-mysql"), "{block}");
+    let bin_dir = bin("capture-mysql").parent().unwrap().display().to_string();
+    let script = block.replace("target/release", &bin_dir);
+    let o = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(
+        o.status.success(),
+        "the README's test-bed checks failed:\n{script}\n{t}"
+    );
+    // One report per binary, every check passed.
+    for b in BINARIES {
+        assert!(t.contains(&format!("{b}: all ")), "{b} did not pass: {t}");
+    }
+    assert!(!t.contains("[FAIL]"), "{t}");
 }

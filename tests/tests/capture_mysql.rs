@@ -846,12 +846,36 @@ async fn a_table_is_snapshotted_again_on_request_while_streaming_goes_on() {
     ])
     .await;
     let (text, connector, prefix) = CaptureProcess::config(&db, &binlog_end().await, "");
-    let mut cap = CaptureProcess::spawn((text.clone(), connector.clone(), prefix.clone()));
+    let progress = format!("{text}[log]\nprogress_interval_s = 1\n");
+    let mut cap = CaptureProcess::spawn((progress, connector.clone(), prefix.clone()));
     sql(&[format!("INSERT INTO `{db}`.b VALUES (2, 2)")]).await;
     let events = events_of(cap.topic(&db, "b"), |m| count_rows(m) >= 1).await;
     assert_eq!(row_events(&events).len(), 1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let (code, log) = cap.stop();
     assert_eq!(code, Some(0), "{log}");
+    // At start the capture names the tables it captures.
+    assert!(log.contains(&format!("capturing {db}.a, {db}.b")), "{log}");
+    // Then it says how it goes, once a second here (the binlog position, events and rate).
+    assert!(
+        log.contains("progress: binlog_file=") && log.contains(" events="),
+        "{log}"
+    );
+
+    // A request naming a table the server lacks and one outside the filter is refused at
+    // start, each named; its id is not used up.
+    let bad = format!(
+        "{text}[snapshot]\ntables = [\"{db}.a\", \"{db}.nope\", \"other_{db}.a\"]\nrequest_id = \"again-1\"\n"
+    );
+    let mut cap = CaptureProcess::spawn((bad, connector.clone(), prefix.clone()));
+    let (code, log) = cap.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains(&format!("{db}.nope: no such table on the server"))
+            && log.contains(&format!("other_{db}.a: outside the capture's [filter]"))
+            && !log.contains("snapshot starts"),
+        "{log}"
+    );
 
     // The request: table a again. Streaming goes on meanwhile.
     let request = format!(
@@ -887,6 +911,8 @@ async fn a_table_is_snapshotted_again_on_request_while_streaming_goes_on() {
     let (code, log) = cap.stop();
     assert_eq!(code, Some(0), "{log}");
     assert!(!log.contains("snapshot starts"), "{log}");
+    // Its `mysql.start` (a FILE:POS) is not used with a checkpoint: said at start.
+    assert!(log.contains("mysql.start is set, but connector"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 

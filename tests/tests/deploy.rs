@@ -398,9 +398,33 @@ fn the_deployment_files_agree_with_each_other_and_with_the_example_configs() {
         serde_json::from_str(&read("deploy/grafana/dashboards/sluice.json")).unwrap();
     let documented = documented_metrics();
     let mut asked = BTreeSet::new();
+    // Each panel shows data for every binary its row names (a deployment of only one of
+    // them included): at least one of its expressions asks only for metrics that binary's
+    // own docs list (docs/<binary>.md), or the process's.
+    let mut row_binaries: Vec<String> = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         if panel["type"] == "row" {
+            let title = panel["title"].as_str().unwrap();
+            row_binaries = BINARIES
+                .iter()
+                .filter(|b| title.contains(*b))
+                .map(|b| b.to_string())
+                .collect();
             continue;
+        }
+        for b in &row_binaries {
+            let own = metric_names_in(&read(&format!("docs/{b}.md")));
+            let shows = panel["targets"].as_array().unwrap().iter().any(|t| {
+                metric_names_in(t["expr"].as_str().unwrap())
+                    .iter()
+                    .all(|n| n.starts_with("process_") || own.contains(n))
+            });
+            assert!(
+                shows,
+                "panel {} shows nothing for a deployment of {b}: none of its expressions asks \
+                 only for metrics docs/{b}.md lists",
+                panel["title"]
+            );
         }
         assert_eq!(panel["datasource"]["uid"], uid, "panel {}", panel["title"]);
         for target in panel["targets"].as_array().unwrap() {

@@ -90,6 +90,7 @@ impl Sink {
         if let Some(why) = self.stopped.get(&name) {
             // Nothing more is written to a stopped table, its DDL included.
             tracing::warn!(table = %name, statement = %statement, stopped = %why, "DDL of a stopped table not applied");
+            self.count_ddl(&ddl.kind, "skipped");
             return Ok(());
         }
         let result: Result<(), Refusal> = async {
@@ -221,9 +222,13 @@ impl Sink {
         }
         .await;
         match result {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.count_ddl(&ddl.kind, "applied");
+                Ok(())
+            }
             Err(Refusal::Stop(e)) => Err(e),
             Err(Refusal::Bad(e)) => {
+                self.count_ddl(&ddl.kind, "stopped");
                 tracing::error!(table = %name, statement = %statement, error = %e, "DDL failed: stopping this table");
                 let reason = if ddl.kind == "refused" {
                     format!("{e} (at {statement:?})")
@@ -238,6 +243,11 @@ impl Sink {
 }
 
 impl Sink {
+    /// `sluice_apply_ddl_total{kind, outcome}`.
+    fn count_ddl(&self, kind: &str, outcome: &str) {
+        self.metrics.ddl.with_label_values(&[kind, outcome]).inc();
+    }
+
     /// The stopped tables kept in ClickHouse (`tables.stopped_table`, made if missing): a
     /// table stopped before a restart stays stopped.
     pub(super) async fn read_stopped(&mut self) -> Result<(), ApplyError> {

@@ -14,6 +14,9 @@ pub(super) struct Metrics {
     /// By [`crate::error::Reason::label`].
     pub(super) dead_letters: IntCounterVec,
     pub(super) latency: Histogram,
+    /// DDL and TRUNCATE events, by `kind` (the event's: alter, truncate, drop, rename,
+    /// renamed, create, refused) and `outcome` (applied, stopped, skipped).
+    pub(super) ddl: IntCounterVec,
     pub(super) group: GroupMetrics,
 }
 
@@ -38,7 +41,16 @@ impl Metrics {
             "every table's INSERT",
             "Statements retried because ClickHouse did not answer: INSERTs, and the lookups and changes of target tables.",
         )?;
+        let ddl = IntCounterVec::new(
+            Opts::new(
+                "sluice_apply_ddl_total",
+                "DDL and TRUNCATE events, by kind and outcome (applied; stopped: the table was \
+                 stopped by it; skipped: its table was stopped already).",
+            ),
+            &["kind", "outcome"],
+        )?;
         r.register(Box::new(rows.clone()))?;
+        r.register(Box::new(ddl.clone()))?;
         Ok(Self {
             rows,
             batch_rows,
@@ -46,6 +58,7 @@ impl Metrics {
             retries,
             dead_letters,
             latency,
+            ddl,
             group: GroupMetrics::new(r)?,
         })
     }

@@ -389,7 +389,13 @@ impl Capture {
                 }
             }
             Statement::Database { kind, name } => {
-                tracing::info!(kind, database = %name, "database statement");
+                // Said at info for a database whose tables the capture has read; the other
+                // databases' statements are none of its business.
+                if self.schemas.keys().any(|(db, _)| db == &name) {
+                    tracing::info!(kind, database = %name, "database statement");
+                } else {
+                    tracing::debug!(kind, database = %name, "database statement");
+                }
                 self.schemas.retain(|(db, _), _| db != &name);
                 self.commit(end).await?;
             }

@@ -49,6 +49,35 @@ impl Capture {
         let listed =
             snapshot::list_tables(&mut self.schema_conn, |db, t| filter.wants(db, t), &only)
                 .await?;
+        if progress.is_none() && id == config.request_id {
+            // A request naming a table the capture cannot take is refused whole, its id not
+            // used up: corrected, it runs.
+            let refused: Vec<String> = only
+                .iter()
+                .filter_map(|name| {
+                    let why = match crate::snapshot::split_name(name) {
+                        None => "not a `database.table` name",
+                        Some((db, t)) if !filter.wants(&db, &t) => "outside the capture's [filter]",
+                        Some((db, t)) if !listed.iter().any(|(d, x, _)| *d == db && *x == t) => {
+                            "no such table on the server"
+                        }
+                        Some(_) => return None,
+                    };
+                    Some(format!("{name}: {why}"))
+                })
+                .collect();
+            if !refused.is_empty() {
+                return Err(CaptureError::definite(
+                    crate::error::Origin::Config,
+                    format!(
+                        "snapshot.tables of request {:?} names tables the capture cannot copy \
+                         ({}); correct snapshot.tables (the request id is not used up)",
+                        config.request_id,
+                        refused.join("; ")
+                    ),
+                ));
+            }
+        }
         let mut tables = Vec::new();
         match &progress {
             Some(p) => {

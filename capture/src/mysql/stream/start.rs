@@ -132,6 +132,7 @@ impl Capture {
             p.generation.get_or_insert(self.generation);
         }
         self.resume = self.start_position(checkpoint).await?;
+        self.log_captured_tables().await?;
         if self.gtid_set.is_none() && !self.resume.file.is_empty() {
             let at = self.resume.clone();
             self.gtid_set = self.gtid_set_at(&at).await?;
@@ -148,6 +149,42 @@ impl Capture {
             // again at a later `end`.
             self.store_now().await?;
         }
+        Ok(())
+    }
+
+    /// Say at start which tables the filter takes (the first 50 named), or that it takes none
+    /// yet (tables created later are captured from their CREATE on).
+    async fn log_captured_tables(&mut self) -> Result<(), CaptureError> {
+        let filter = &self.filter;
+        let tables = crate::mysql::snapshot::list_tables(
+            &mut self.schema_conn,
+            |db, t| filter.wants(db, t),
+            &[],
+        )
+        .await?;
+        if tables.is_empty() {
+            tracing::warn!(
+                "the filter matches no table of the server yet: tables created later that it \
+                 matches are captured from their CREATE on (check [filter] include/exclude)"
+            );
+            return Ok(());
+        }
+        let names: Vec<String> = tables
+            .iter()
+            .take(50)
+            .map(|(db, t, _)| format!("{db}.{t}"))
+            .collect();
+        let more = tables.len().saturating_sub(names.len());
+        tracing::info!(
+            tables = tables.len(),
+            "capturing {}{}",
+            names.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
         Ok(())
     }
 
@@ -181,6 +218,16 @@ impl Capture {
             }
             self.check_not_purged(&c.next.file, "the stored checkpoint")?;
             tracing::info!(resume = %c.next, gtid = %c.last_gtid, "resuming from the checkpoint");
+            if self.config.mysql.start != "end" {
+                tracing::warn!(
+                    start = %self.config.mysql.start,
+                    resume = %c.next,
+                    "mysql.start is set, but connector {:?} has a checkpoint: the start applies \
+                     only to a connector without one, so it is not used. To start there, use a \
+                     new connector name (and re-snapshot where the target needs it)",
+                    self.config.connector
+                );
+            }
             self.last_gtid = c.last_gtid;
             if !c.gtid_set.is_empty() {
                 self.gtid_set = Some(GtidSet::parse(&c.gtid_set, self.server.mariadb).map_err(
