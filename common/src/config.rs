@@ -71,8 +71,9 @@ pub fn load_with_env<T: DeserializeOwned + Validate>(
         from_env
             .iter()
             .find(|(k, _)| {
+                // The key itself, a key inside it, or the section it made.
                 let k = k.strip_suffix(FILE_SUFFIX).unwrap_or(k);
-                key == k || key.starts_with(&format!("{k}."))
+                key == k || key.starts_with(&format!("{k}.")) || k.starts_with(&format!("{key}."))
             })
             .map(|(_, var)| format!("environment variable {var} (over {origin})"))
             .unwrap_or_else(|| origin.clone())
@@ -322,6 +323,15 @@ mod tests {
         assert!(
             e.contains("environment variable SLUICE__BATCH__MAX_ROWS")
                 && e.contains("must be at least 1"),
+            "{e}"
+        );
+        // A section the binary does not have, made by a variable.
+        let e = load_text("", &[("SLUICE__CLICKHOUSE__URL", "http://x")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("environment variable SLUICE__CLICKHOUSE__URL")
+                && e.contains("`clickhouse`"),
             "{e}"
         );
         // A bad value of the file itself names the file only.
