@@ -127,7 +127,7 @@ impl CheckpointWriter {
                 let key = super::keying::key_of(&self.connector);
                 self.send_blocking(key.as_bytes(), json)?;
             }
-            self.producer.commit_transaction(self.timeout)
+            self.commit()
         })();
         match result {
             Ok(()) => {
@@ -155,6 +155,34 @@ impl CheckpointWriter {
                 })
             }
         }
+    }
+}
+
+impl CheckpointWriter {
+    /// Commit the open transaction. Brokers away for a while (a restart, a leader election)
+    /// make the commit time out: that is retried, as librdkafka allows, for up to six request
+    /// timeouts, rather than stopping the capture at the first one; anything else, or a
+    /// longer outage, is the write's failure.
+    fn commit(&self) -> Result<(), KafkaError> {
+        let deadline = Instant::now() + self.timeout * 6;
+        loop {
+            match self.producer.commit_transaction(self.timeout) {
+                Err(e) if commit_retriable(&e) && Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "a checkpoint's commit was not answered in time (the brokers away?); trying again");
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// A commit that may be tried again: its flush or the commit itself timed out, or librdkafka
+/// says so.
+fn commit_retriable(e: &KafkaError) -> bool {
+    match e {
+        KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut) => true,
+        KafkaError::Transaction(t) => t.is_retriable(),
+        _ => false,
     }
 }
 
