@@ -425,6 +425,32 @@ pub async fn wait_initial_snapshot_stored(cap: &CaptureProcess, limit: Duration)
     }
 }
 
+/// Kill `cap` (-9) and start it again, 1 to 3 times, each at a seeded moment of the first
+/// second after its snapshot's first row was counted (three times in four) or after its start.
+/// Returns what was done, for the test to print.
+pub async fn kill_in_first_second(cap: &mut CaptureProcess, rng: &mut crate::Rng) -> Vec<String> {
+    let mut kills = Vec::new();
+    for _ in 0..1 + rng.below(3) {
+        let from_copy = rng.chance(75);
+        if from_copy {
+            first_snapshot_row(cap).await;
+        }
+        let after = Duration::from_millis(rng.below(1000));
+        tokio::time::sleep(after).await;
+        cap.kill();
+        kills.push(format!(
+            "{after:?} after {}",
+            if from_copy {
+                "the first snapshot row"
+            } else {
+                "the start"
+            }
+        ));
+        cap.restart();
+    }
+    kills
+}
+
 /// Wait until the connector's stored checkpoint counts at least `at_least` snapshot rows
 /// (as `count` reads them from the checkpoint's JSON); returns the count.
 pub async fn wait_stored_snapshot_rows(

@@ -17,7 +17,7 @@ use mongodb::bson::{
 };
 use mongodb::Client;
 use sluice_tests::capture::{
-    first_snapshot_row, metric_at, wait_initial_snapshot_stored, wait_snapshot_done,
+    kill_in_first_second, metric_at, wait_initial_snapshot_stored, wait_snapshot_done,
     wait_stored_snapshot_rows, CaptureProcess,
 };
 use sluice_tests::relay::Relay;
@@ -500,27 +500,7 @@ async fn kills_in_the_first_second_of_the_first_copy_leave_nothing_stale() {
             "[snapshot]\nmode = \"snapshot+stream\"\n",
         );
         let mut app = apply(&cap.prefix, &unique("g"), "");
-        // Each kill comes at a seeded moment of the first second after the copy began (its
-        // first document counted), or after the start when the seed says so.
-        let mut kills = Vec::new();
-        for _ in 0..1 + rng.below(3) {
-            let from_copy = rng.chance(75);
-            if from_copy {
-                first_snapshot_row(&mut cap).await;
-            }
-            let after = Duration::from_millis(rng.below(1000));
-            tokio::time::sleep(after).await;
-            cap.kill();
-            kills.push(format!(
-                "{after:?} after {}",
-                if from_copy {
-                    "the first copy"
-                } else {
-                    "the start"
-                }
-            ));
-            cap.restart();
-        }
+        let kills = kill_in_first_second(&mut cap, &mut rng).await;
         eprintln!("round {round}: capture killed {kills:?}");
         wait_initial_snapshot_stored(&cap, Duration::from_secs(120)).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
