@@ -198,6 +198,7 @@ impl Sink {
                 health,
                 std::time::Duration::from_millis(config.errors.degraded_after_ms),
             ),
+            server: sluice_common::secret::redact_uri(&config.clickhouse.url),
         };
         let consumer = consumer(&cc, &config, &metrics, &batch, &in_flight, &writer)?;
         let dead = DeadLetters::start(

@@ -383,7 +383,7 @@ impl Sink {
                             "stopping with an unwritten batch (it is read again on restart)",
                         ));
                     }
-                    tracing::warn!(error = %e, retry_in = ?backoff, "batch write failed; retrying");
+                    tracing::warn!(server = %self.config.mongodb.uri, error = %e, retry_in = ?backoff, "batch write failed; retrying");
                     tokio::select! {
                         _ = shutdown.wait() => {}
                         _ = tokio::time::sleep(backoff) => {}

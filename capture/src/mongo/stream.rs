@@ -229,7 +229,7 @@ impl Capture {
                 self.last_token.as_ref(),
             );
             let wait = backoff.next(self.progress() != before);
-            tracing::warn!(error = %e, from = %self.resume_description(), retry_in = ?wait, "reading MongoDB failed; reopening");
+            tracing::warn!(server = %self.config.mongodb.uri, error = %e, from = %self.resume_description(), retry_in = ?wait, "reading MongoDB failed; reopening");
             tokio::select! {
                 _ = shutdown.wait() => break Ok(()),
                 _ = tokio::time::sleep(wait) => {}

@@ -81,7 +81,7 @@ impl Capture {
                         .with_label_values(&[e.label()])
                         .inc();
                     self.metrics.reconnects.inc();
-                    tracing::warn!(error = %e, resume = %self.resume, retry_in = ?backoff, "binlog connection lost; reconnecting");
+                    tracing::warn!(server = %self.config.mysql.url, error = %e, resume = %self.resume, retry_in = ?backoff, "binlog connection lost; reconnecting");
                     tokio::select! {
                         _ = shutdown.wait() => break Ok(()),
                         _ = tokio::time::sleep(backoff) => {}

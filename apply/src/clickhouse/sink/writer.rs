@@ -37,6 +37,9 @@ pub(super) struct Writer {
     pub(super) rows: IntCounterVec,
     /// Failures in a row, for `/healthz`.
     pub(super) outage: std::sync::Arc<crate::group::Outage>,
+    /// The server's URL (a password in it masked), named in the failures logged while
+    /// retrying.
+    pub(super) server: String,
 }
 
 impl Writer {
@@ -114,10 +117,11 @@ pub(super) async fn insert(
             }
             Err(e) => {
                 metrics.retries.inc();
-                writer
-                    .outage
-                    .failing(&format!("ClickHouse: INSERT into {name}: {e}"));
-                tracing::warn!(table = name, error = %e, retry_in = ?backoff, "INSERT failed; retrying");
+                writer.outage.failing(&format!(
+                    "ClickHouse {}: INSERT into {name}: {e}",
+                    writer.server
+                ));
+                tracing::warn!(table = name, server = %writer.server, error = %e, retry_in = ?backoff, "INSERT failed; retrying");
                 if shutdown.is_triggered() {
                     return Err(ApplyError::transient(
                         Origin::ClickHouse,
@@ -156,8 +160,8 @@ impl Sink {
                     self.metrics.retries.inc();
                     self.writer
                         .outage
-                        .failing(&format!("ClickHouse: {what}: {e}"));
-                    tracing::warn!(what, error = %e, retry_in = ?backoff, "ClickHouse did not answer; retrying");
+                        .failing(&format!("ClickHouse {}: {what}: {e}", self.writer.server));
+                    tracing::warn!(what, server = %self.writer.server, error = %e, retry_in = ?backoff, "ClickHouse did not answer; retrying");
                     if self.shutdown.is_triggered() {
                         return Err(ApplyError::transient(
                             Origin::ClickHouse,

@@ -319,7 +319,7 @@ impl Sink {
             self.metrics.retries.inc();
             self.outage
                 .failing(&format!("MongoDB: a source command: {e}"));
-            tracing::warn!(error = %e, retry_in = ?backoff, "source command failed; retrying");
+            tracing::warn!(server = %self.config.mongodb.uri, error = %e, retry_in = ?backoff, "source command failed; retrying");
             if shutdown.is_triggered() {
                 return Err(e.context(
                     "stopping with a source command not applied (read again on restart)",
