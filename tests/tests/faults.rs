@@ -161,7 +161,14 @@ async fn the_mirror_equals_the_source_after_random_faults_under_load() {
                 .filter_map(|(k, v)| g.get(k).filter(|x| *x != v).map(|x| (v, *x)))
                 .take(5)
                 .collect();
-            let logs: Vec<String> = appliers.iter_mut().map(|p| p.stop().1).collect();
+            // The capture's log too: a capture that stopped after the last fault leaves the
+            // mirror behind.
+            let mut logs: Vec<String> = appliers.iter_mut().map(|p| p.stop().1).collect();
+            let capture_exited = cap.exited();
+            logs.push(format!(
+                "the capture (exited by itself: {capture_exited}):\n{}",
+                cap.stop().1
+            ));
             panic!(
                 "seed {seed}: mirror {} rows, source {}; missing {missing:?}, extra {extra:?}, \
                  stale (source, mirror) {stale:?}\nfaults:\n  {}\nunplanned exits: {unplanned:#?}\n\

@@ -125,7 +125,14 @@ async fn the_target_equals_the_source_after_random_faults_under_load() {
                 })
                 .take(5)
                 .collect();
-            let logs: Vec<String> = appliers.iter_mut().map(|p| p.stop().1).collect();
+            // The capture's log too: a capture that stopped after the last fault leaves the
+            // target behind.
+            let mut logs: Vec<String> = appliers.iter_mut().map(|p| p.stop().1).collect();
+            let capture_exited = cap.exited();
+            logs.push(format!(
+                "the capture (exited by itself: {capture_exited}):\n{}",
+                cap.stop().1
+            ));
             panic!(
                 "seed {seed}: target {} documents, source {}; missing {missing:?}, extra \
                  {extra:?}, stale (source, target) {stale:?}\nfaults:\n  {}\nunplanned exits: \

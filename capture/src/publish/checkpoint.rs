@@ -120,15 +120,34 @@ impl CheckpointWriter {
                 (c.version, json)
             })
         };
-        let result = (|| {
-            self.producer.begin_transaction()?;
-            self.send_blocking(self.connector.as_bytes(), payload)?;
-            if let Some((_, json)) = &counts {
-                let key = super::keying::key_of(&self.connector);
-                self.send_blocking(key.as_bytes(), json)?;
+        // Brokers away for a while (a restart, a coordinator moving) are waited for, up to six
+        // request timeouts: a commit that timed out is tried again, and a transaction that
+        // must be aborted is aborted and written again (a checkpoint written twice is
+        // harmless: the last one counts). Fencing and fatal errors are not retried.
+        let deadline = Instant::now() + self.timeout * 6;
+        let result = loop {
+            let attempt = (|| {
+                self.producer.begin_transaction()?;
+                self.send_blocking(self.connector.as_bytes(), payload)?;
+                if let Some((_, json)) = &counts {
+                    let key = super::keying::key_of(&self.connector);
+                    self.send_blocking(key.as_bytes(), json)?;
+                }
+                self.commit(deadline)
+            })();
+            match attempt {
+                Err(KafkaError::Transaction(t))
+                    if t.txn_requires_abort()
+                        && !fenced(&KafkaError::Transaction(t.clone()))
+                        && Instant::now() < deadline =>
+                {
+                    tracing::warn!(error = %t, "a checkpoint's transaction failed; aborting it and writing the checkpoint again");
+                    let _ = self.producer.abort_transaction(self.timeout);
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                other => break other,
             }
-            self.commit()
-        })();
+        };
         match result {
             Ok(()) => {
                 if let Some((version, _)) = counts {
@@ -160,11 +179,10 @@ impl CheckpointWriter {
 
 impl CheckpointWriter {
     /// Commit the open transaction. Brokers away for a while (a restart, a leader election)
-    /// make the commit time out: that is retried, as librdkafka allows, for up to six request
-    /// timeouts, rather than stopping the capture at the first one; anything else, or a
-    /// longer outage, is the write's failure.
-    fn commit(&self) -> Result<(), KafkaError> {
-        let deadline = Instant::now() + self.timeout * 6;
+    /// make the commit time out: that is retried, as librdkafka allows, until `deadline`,
+    /// rather than stopping the capture at the first one; anything else, or a longer outage,
+    /// is the commit's failure.
+    fn commit(&self, deadline: Instant) -> Result<(), KafkaError> {
         loop {
             match self.producer.commit_transaction(self.timeout) {
                 Err(e) if commit_retriable(&e) && Instant::now() < deadline => {
