@@ -317,7 +317,14 @@ share.coordinator.state.topic.min.isr=1
 EOF
   if [ ! -f "$kafka_dir/data/meta.properties" ]; then
     local cluster_id
-    cluster_id=$(python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    # An id that starts with '-' would be read as an option by the storage tool
+    # (1 in 64 random ids), so the first character is never '-'.
+    cluster_id=$(python3 -c 'import base64,uuid
+while True:
+    i = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not i.startswith("-"):
+        print(i)
+        break')
     log "formatting Kafka storage (cluster $cluster_id)"
     "${kafka_java[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" \
       >"$kafka_dir/format.log" 2>&1 || { cat "$kafka_dir/format.log" >&2; die "kafka storage format failed"; }
