@@ -177,7 +177,15 @@ impl CaptureProcess {
             }
             if Instant::now() > deadline {
                 self.kill();
-                panic!("{} did not exit within {limit:?}", self.binary);
+                let log = self
+                    .log
+                    .take()
+                    .map(|h| h.join().unwrap_or_default())
+                    .unwrap_or_default();
+                panic!(
+                    "{} did not exit within {limit:?}; its log:\n{}{log}",
+                    self.binary, self.earlier
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         };

@@ -121,7 +121,7 @@ impl CheckpointWriter {
             })
         };
         // Brokers away for a while (a restart, a coordinator moving) are waited for, up to six
-        // request timeouts: a commit that timed out is tried again, and a transaction that
+        // commit timeouts (each three request timeouts: 3 minutes by default): a commit that timed out is tried again, and a transaction that
         // must be aborted is aborted and written again (a checkpoint written twice is
         // harmless: the last one counts). Fencing and fatal errors are not retried.
         let deadline = Instant::now() + self.timeout * 6;
