@@ -14,5 +14,6 @@ pub mod group;
 pub mod mongo;
 pub mod replay;
 pub mod schemas;
+pub mod status;
 
 pub use error::{ApplyError, BadEvent, Origin, Reason};

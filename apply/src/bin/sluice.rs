@@ -1,5 +1,6 @@
 //! `sluice`: the operator's command.
 //!
+//!     sluice status [--connector NAME] [--group G] [--json]
 //!     sluice dead-letters list   [--table DB.T] [--reason R] [--all] [--json]
 //!     sluice dead-letters replay (--table DB.T | --reason R | --all) [--dry-run]
 //!
@@ -13,7 +14,8 @@ use prost::Message as _;
 use sluice_apply::replay::{self, DeadLetter, Filter, Kafka};
 use sluice_proto::v1::{value::Kind, EventKey};
 
-/// The operator's command: dead letters listed and replayed.
+/// The operator's command: where the captures stand and how far the apply groups are behind;
+/// dead letters listed and replayed.
 #[derive(Parser)]
 #[command(name = "sluice", version)]
 struct Cli {
@@ -23,6 +25,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Where each capture connector stands (its last stored checkpoint: binlog position and
+    /// GTID set, or oplog time and resume token; the snapshot under way) and how far each apply
+    /// group is behind (per partition: committed offset, end, events behind, how long the first
+    /// of them has waited; the members and their partitions).
+    Status {
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        /// The captures' checkpoint topic (`[publish] checkpoint_topic`).
+        #[arg(long, default_value = "_sluice_checkpoints")]
+        checkpoint_topic: String,
+        /// Only this connector (repeatable); default every connector of the checkpoint topic.
+        #[arg(long)]
+        connector: Vec<String>,
+        /// Only this consumer group (repeatable); default every group with committed offsets.
+        #[arg(long)]
+        group: Vec<String>,
+        /// One JSON document.
+        #[arg(long)]
+        json: bool,
+    },
     /// The events an apply stage could not write: list them, replay them once the cause is
     /// fixed.
     #[command(subcommand)]
@@ -153,6 +175,29 @@ fn filter(select: &Select, replayed: bool) -> Filter {
 
 async fn run(cli: Cli) -> Result<bool, String> {
     match cli.command {
+        Command::Status {
+            kafka,
+            checkpoint_topic,
+            connector,
+            group,
+            json,
+        } => {
+            let config = kafka.kafka()?.config;
+            let status = tokio::task::spawn_blocking(move || {
+                sluice_apply::status::read(&config, &checkpoint_topic, &connector, &group)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status).expect("status serializes")
+                );
+            } else {
+                print!("{}", sluice_apply::status::text(&status));
+            }
+            Ok(true)
+        }
         Command::DeadLetters(DeadLetters::List {
             kafka,
             select,

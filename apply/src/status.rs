@@ -1,0 +1,737 @@
+//! `sluice status`: where each capture connector stands and how far each apply group is
+//! behind, read from Kafka alone.
+//!
+//! - A connector's position is its last committed checkpoint in the checkpoint topic (read
+//!   with `isolation.level=read_committed`, as the captures read it): the binlog coordinate and
+//!   GTID set (capture-mysql) or the oplog time and resume token (capture-mongo), when it was
+//!   stored, and the snapshot under way.
+//! - An apply group's lag is, per partition, the partition's end minus the group's committed
+//!   offset (the partition's start when nothing is committed yet), and the age of the first
+//!   event not committed (its Kafka timestamp, which the capture sets when it publishes).
+//!   Its members and their partitions come from the group coordinator.
+//!
+//! The source's own current position (and so the capture's lag behind it) is not read here:
+//! the capture exports it as metrics (`sluice_capture_lag_seconds`).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::Serialize;
+use serde_json::Value as Json;
+use sluice_common::KafkaConfig;
+
+const CLIENT: &str = "sluice-status";
+
+/// Keys of the checkpoint topic that are not a connector's checkpoint: the partition counts a
+/// connector's keys are spread over (`sluice.key-partitions/<connector>`).
+const OTHER_KEYS: &str = "sluice.";
+
+/// What `sluice status` shows.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub checkpoint_topic: String,
+    pub connectors: Vec<Connector>,
+    pub groups: Vec<Group>,
+}
+
+/// One capture connector's last stored checkpoint.
+#[derive(Debug, Serialize)]
+pub struct Connector {
+    pub name: String,
+    /// `mysql` (a binlog position), `mongodb` (an oplog time), or `unknown`.
+    pub source: &'static str,
+    /// `file:pos` (MySQL/MariaDB) or `seconds.increment` (MongoDB).
+    pub position: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub gtid_set: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_token: Option<String>,
+    /// When it was stored, seconds since the epoch, and how long ago.
+    pub written_at: u64,
+    pub age_seconds: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Snapshot>,
+    pub snapshots_done: Vec<String>,
+    /// The checkpoint as stored.
+    pub checkpoint: Json,
+}
+
+/// The snapshot a checkpoint holds as under way.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Snapshot {
+    pub id: String,
+    pub tables: usize,
+    pub tables_done: usize,
+    pub rows: u64,
+}
+
+/// One consumer group.
+#[derive(Debug, Serialize)]
+pub struct Group {
+    pub name: String,
+    /// The coordinator's state: `Stable`, `Empty` (no member running), `PreparingRebalance`...
+    pub state: String,
+    pub members: Vec<Member>,
+    pub partitions: Vec<PartitionLag>,
+    /// Sums and maxima over the partitions.
+    pub lag_messages: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Member {
+    pub id: String,
+    pub client_id: String,
+    pub host: String,
+    /// topic -> partitions assigned.
+    pub partitions: BTreeMap<String, Vec<i32>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PartitionLag {
+    pub topic: String,
+    pub partition: i32,
+    /// The next offset the group reads (Kafka's committed offset); absent when nothing is
+    /// committed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed: Option<i64>,
+    pub start: i64,
+    pub end: i64,
+    /// Events not committed: the end minus the committed offset (or the start).
+    pub lag_messages: i64,
+    /// How long the first event not committed has waited (now minus its Kafka timestamp).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<f64>,
+    /// The committed offset is below the partition's start: events expired before the group
+    /// read them (the apply stage refuses to start on such a partition).
+    pub expired: bool,
+}
+
+/// Read the status: every connector of `checkpoint_topic` (or only `connectors`), and every
+/// consumer group that committed offsets on a topic (or only `groups`). Blocking.
+pub fn read(
+    kafka: &KafkaConfig,
+    checkpoint_topic: &str,
+    connectors: &[String],
+    groups: &[String],
+) -> Result<Status, String> {
+    let timeout = kafka.request_timeout();
+    let consumer = consumer(kafka, "")?;
+    let md = consumer
+        .fetch_metadata(None, timeout)
+        .map_err(|e| format!("cannot read the topics from {}: {e}", kafka.brokers))?;
+    let mut checkpoints = read_checkpoints(kafka, checkpoint_topic)?
+        .into_iter()
+        .filter(|(k, _)| connectors.is_empty() || connectors.contains(k))
+        .map(|(name, c)| connector(name, c, now_secs()))
+        .collect::<Vec<_>>();
+    checkpoints.sort_by(|a, b| a.name.cmp(&b.name));
+    for c in connectors {
+        if !checkpoints.iter().any(|k| &k.name == c) {
+            return Err(format!(
+                "connector {c:?}: no checkpoint in {checkpoint_topic} (never started, or another \
+                 checkpoint topic: --checkpoint-topic)"
+            ));
+        }
+    }
+
+    // Every topic a group may have committed on: all but Kafka's own.
+    let topics: Vec<(String, Vec<i32>)> = md
+        .topics()
+        .iter()
+        .filter(|t| !t.name().starts_with("__") && t.error().is_none())
+        .map(|t| {
+            (
+                t.name().to_string(),
+                t.partitions().iter().map(|p| p.id()).collect(),
+            )
+        })
+        .collect();
+    let list = consumer
+        .fetch_group_list(None, timeout)
+        .map_err(|e| format!("cannot list the consumer groups: {e}"))?;
+    let mut names: Vec<String> = list
+        .groups()
+        .iter()
+        .filter(|g| g.protocol_type() == "consumer" || g.protocol_type().is_empty())
+        .map(|g| g.name().to_string())
+        .filter(|n| groups.is_empty() || groups.contains(n))
+        .collect();
+    for g in groups {
+        if !names.contains(g) {
+            names.push(g.clone()); // a group may have offsets and no coordinator entry yet
+        }
+    }
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let info = list.groups().iter().find(|g| g.name() == name);
+        let g = group(kafka, &name, info, &topics, timeout)?;
+        if g.partitions.is_empty() && g.members.is_empty() && !groups.contains(&name) {
+            continue; // no offsets on any topic: a reader's group, not an apply stage's
+        }
+        out.push(g);
+    }
+    Ok(Status {
+        checkpoint_topic: checkpoint_topic.to_string(),
+        connectors: checkpoints,
+        groups: out,
+    })
+}
+
+fn consumer(kafka: &KafkaConfig, group: &str) -> Result<BaseConsumer, String> {
+    let mut c = kafka.client_config(CLIENT);
+    let id = if group.is_empty() {
+        format!("{CLIENT}-{}", std::process::id())
+    } else {
+        group.to_string()
+    };
+    c.set("group.id", id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    c.create()
+        .map_err(|e| format!("cannot make a Kafka client for {}: {e}", kafka.brokers))
+}
+
+/// The last checkpoint of each connector (committed transactions only).
+fn read_checkpoints(kafka: &KafkaConfig, topic: &str) -> Result<BTreeMap<String, Json>, String> {
+    let timeout = kafka.request_timeout();
+    let mut config = kafka.client_config(CLIENT);
+    config
+        .set("group.id", format!("{CLIENT}-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
+    let c: BaseConsumer = config
+        .create()
+        .map_err(|e| format!("cannot make a Kafka client: {e}"))?;
+    let err = |e: KafkaError| format!("checkpoint topic {topic}: {e}");
+    let md = c.fetch_metadata(Some(topic), timeout).map_err(err)?;
+    let Some(t) = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+    else {
+        return Ok(BTreeMap::new()); // no capture ever ran
+    };
+    let mut ends = BTreeMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in t.partitions() {
+        let (low, high) = c.fetch_watermarks(topic, p.id(), timeout).map_err(err)?;
+        if high > low {
+            ends.insert(p.id(), high);
+            tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+                .map_err(err)?;
+        }
+    }
+    let mut last = BTreeMap::new();
+    if ends.is_empty() {
+        return Ok(last);
+    }
+    c.assign(&tpl).map_err(err)?;
+    let deadline = Instant::now() + timeout * 3;
+    while !ends.is_empty() {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                if let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
+                    if !key.starts_with(OTHER_KEYS) {
+                        match m.payload().map(serde_json::from_slice::<Json>) {
+                            Some(Ok(v)) => {
+                                last.insert(key.to_string(), v);
+                            }
+                            Some(Err(e)) => {
+                                return Err(format!(
+                                    "checkpoint topic {topic}, partition {} offset {}: the \
+                                     checkpoint of {key:?} is not JSON: {e}",
+                                    m.partition(),
+                                    m.offset()
+                                ))
+                            }
+                            None => {
+                                last.remove(key); // deleted
+                            }
+                        }
+                    }
+                }
+                if ends
+                    .get(&m.partition())
+                    .is_some_and(|e| m.offset() + 1 >= *e)
+                {
+                    ends.remove(&m.partition());
+                }
+            }
+            Some(Err(e)) => return Err(err(e)),
+            None => {
+                // A transaction's commit marker takes the last offset and is never delivered:
+                // a partition is read once the position reaches its end.
+                if let Ok(pos) = c.position() {
+                    for e in pos.elements_for_topic(topic) {
+                        if let Offset::Offset(n) = e.offset() {
+                            if ends.get(&e.partition()).is_some_and(|end| n >= *end) {
+                                ends.remove(&e.partition());
+                            }
+                        }
+                    }
+                }
+                if !ends.is_empty() && Instant::now() > deadline {
+                    return Err(format!(
+                        "checkpoint topic {topic}: could not read it to its end in {:?}",
+                        timeout * 3
+                    ));
+                }
+            }
+        }
+    }
+    Ok(last)
+}
+
+/// A connector's status from its stored checkpoint (either capture's layout).
+pub fn connector(name: String, c: Json, now: u64) -> Connector {
+    let text = |k: &str| c.get(k).and_then(Json::as_str).unwrap_or("").to_string();
+    let (source, position) = if let Some(next) = c.get("next") {
+        (
+            "mysql",
+            format!(
+                "{}:{}",
+                next.get("file").and_then(Json::as_str).unwrap_or("?"),
+                next.get("pos").and_then(Json::as_u64).unwrap_or(0)
+            ),
+        )
+    } else if let Some(ts) = c.get("ts").and_then(Json::as_array) {
+        let n = |i: usize| ts.get(i).and_then(Json::as_u64).unwrap_or(0);
+        ("mongodb", format!("{}.{}", n(0), n(1)))
+    } else {
+        ("unknown", "?".to_string())
+    };
+    let written_at = c.get("written_at").and_then(Json::as_u64).unwrap_or(0);
+    let snapshot = c.get("snapshot").filter(|s| !s.is_null()).map(|s| {
+        let tables = s
+            .get("tables")
+            .or_else(|| s.get("collections"))
+            .and_then(Json::as_object);
+        let rows = |t: &Json| {
+            t.get("rows")
+                .or_else(|| t.get("docs"))
+                .and_then(Json::as_u64)
+                .unwrap_or(0)
+        };
+        Snapshot {
+            id: s.get("id").and_then(Json::as_str).unwrap_or("").to_string(),
+            tables: tables.map_or(0, |t| t.len()),
+            tables_done: tables.map_or(0, |t| {
+                t.values()
+                    .filter(|t| t.get("done").and_then(Json::as_bool) == Some(true))
+                    .count()
+            }),
+            rows: tables.map_or(0, |t| t.values().map(rows).sum()),
+        }
+    });
+    let snapshots_done = c
+        .get("snapshots_done")
+        .and_then(Json::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    Connector {
+        name,
+        source,
+        position,
+        gtid_set: text("gtid_set"),
+        resume_token: c
+            .get("resume_token")
+            .and_then(Json::as_str)
+            .map(str::to_string),
+        written_at,
+        age_seconds: now.saturating_sub(written_at),
+        snapshot,
+        snapshots_done,
+        checkpoint: c,
+    }
+}
+
+fn group(
+    kafka: &KafkaConfig,
+    name: &str,
+    info: Option<&rdkafka::groups::GroupInfo>,
+    topics: &[(String, Vec<i32>)],
+    timeout: Duration,
+) -> Result<Group, String> {
+    let members: Vec<Member> = info
+        .map(|g| {
+            g.members()
+                .iter()
+                .map(|m| Member {
+                    id: m.id().to_string(),
+                    client_id: m.client_id().to_string(),
+                    host: m.client_host().to_string(),
+                    partitions: m.assignment().and_then(assignment).unwrap_or_default(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let assigned = |topic: &str, p: i32| {
+        members
+            .iter()
+            .any(|m| m.partitions.get(topic).is_some_and(|ps| ps.contains(&p)))
+    };
+    let c = consumer(kafka, name)?;
+    let mut tpl = TopicPartitionList::new();
+    for (t, ps) in topics {
+        for p in ps {
+            tpl.add_partition(t, *p);
+        }
+    }
+    let committed = if tpl.count() == 0 {
+        TopicPartitionList::new()
+    } else {
+        c.committed_offsets(tpl, timeout)
+            .map_err(|e| format!("group {name}: cannot read its committed offsets: {e}"))?
+    };
+    let mut partitions = Vec::new();
+    for e in committed.elements() {
+        let at = match e.offset() {
+            Offset::Offset(n) => Some(n),
+            _ => None,
+        };
+        if at.is_none() && !assigned(e.topic(), e.partition()) {
+            continue;
+        }
+        let (start, end) = c
+            .fetch_watermarks(e.topic(), e.partition(), timeout)
+            .map_err(|x| format!("{}[{}]: {x}", e.topic(), e.partition()))?;
+        let from = at.unwrap_or(start);
+        partitions.push(PartitionLag {
+            topic: e.topic().to_string(),
+            partition: e.partition(),
+            committed: at,
+            start,
+            end,
+            lag_messages: (end - from).max(0),
+            lag_seconds: None,
+            expired: at.is_some_and(|n| n < start),
+        });
+    }
+    waiting_ages(kafka, &mut partitions, timeout)?;
+    let lag_messages = partitions.iter().map(|p| p.lag_messages).sum();
+    let lag_seconds = partitions
+        .iter()
+        .filter_map(|p| p.lag_seconds)
+        .fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.max(s))));
+    Ok(Group {
+        name: name.to_string(),
+        state: info.map_or_else(|| "unknown".into(), |g| g.state().to_string()),
+        members,
+        partitions,
+        lag_messages,
+        lag_seconds,
+    })
+}
+
+/// The age of the first event not committed on each partition that is behind: read that one
+/// event's timestamp.
+fn waiting_ages(
+    kafka: &KafkaConfig,
+    partitions: &mut [PartitionLag],
+    timeout: Duration,
+) -> Result<(), String> {
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions.iter().filter(|p| p.lag_messages > 0) {
+        let from = p.committed.unwrap_or(p.start).max(p.start);
+        tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(from))
+            .map_err(|e| e.to_string())?;
+    }
+    if tpl.count() == 0 {
+        return Ok(());
+    }
+    let c = consumer(kafka, "")?;
+    c.assign(&tpl).map_err(|e| e.to_string())?;
+    let mut left = tpl.count();
+    let deadline = Instant::now() + timeout;
+    let now_ms = now_secs() as f64 * 1000.0
+        + SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.subsec_millis() as f64);
+    while left > 0 && Instant::now() < deadline {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                if let Some(p) = partitions
+                    .iter_mut()
+                    .find(|p| p.topic == m.topic() && p.partition == m.partition())
+                {
+                    if p.lag_seconds.is_none() {
+                        left -= 1;
+                        if let Some(ms) = m.timestamp().to_millis() {
+                            p.lag_seconds = Some(((now_ms - ms as f64) / 1000.0).max(0.0));
+                        }
+                    }
+                }
+                let mut done = TopicPartitionList::new();
+                done.add_partition(m.topic(), m.partition());
+                let _ = c.incremental_unassign(&done);
+            }
+            Some(Err(e)) => return Err(format!("reading the first event waiting: {e}")),
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// A member's assignment, as the consumer protocol encodes it: version (int16), an array of
+/// (topic string, partitions int32 array), then user data. None when it does not parse.
+pub fn assignment(bytes: &[u8]) -> Option<BTreeMap<String, Vec<i32>>> {
+    let mut r = bytes;
+    fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (a, b) = (r.get(..n)?, r.get(n..)?);
+        *r = b;
+        Some(a)
+    }
+    let i16_ = |r: &mut &[u8]| take(r, 2).map(|b| i16::from_be_bytes([b[0], b[1]]));
+    let i32_ = |r: &mut &[u8]| take(r, 4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let mut out = BTreeMap::new();
+    if r.is_empty() {
+        return Some(out);
+    }
+    i16_(&mut r)?; // version
+    let topics = i32_(&mut r)?;
+    for _ in 0..topics.max(0) {
+        let len = i16_(&mut r)?;
+        let name = std::str::from_utf8(take(&mut r, len.max(0) as usize)?).ok()?;
+        let n = i32_(&mut r)?;
+        let mut ps = Vec::with_capacity(n.max(0) as usize);
+        for _ in 0..n.max(0) {
+            ps.push(i32_(&mut r)?);
+        }
+        ps.sort_unstable();
+        out.insert(name.to_string(), ps);
+    }
+    Some(out)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Seconds as text: `0.4 s`, `12 s`, `3 min 5 s`, `2 h 10 min`.
+pub fn duration_text(s: f64) -> String {
+    if s < 10.0 {
+        format!("{s:.1} s")
+    } else if s < 120.0 {
+        format!("{} s", s.round() as u64)
+    } else if s < 7200.0 {
+        let s = s.round() as u64;
+        format!("{} min {} s", s / 60, s % 60)
+    } else {
+        let m = (s / 60.0).round() as u64;
+        format!("{} h {} min", m / 60, m % 60)
+    }
+}
+
+/// The status as text, for people.
+pub fn text(s: &Status) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "captures (checkpoint topic {}):", s.checkpoint_topic);
+    if s.connectors.is_empty() {
+        let _ = writeln!(o, "  none");
+    }
+    for c in &s.connectors {
+        let _ = write!(o, "  {} ({}): at {}", c.name, c.source, c.position);
+        if !c.gtid_set.is_empty() {
+            let _ = write!(o, ", GTID set {}", c.gtid_set);
+        }
+        if let Some(t) = &c.resume_token {
+            let _ = write!(o, ", resume token {t}");
+        }
+        let _ = writeln!(o, "; stored {} ago", duration_text(c.age_seconds as f64));
+        if let Some(sn) = &c.snapshot {
+            let _ = writeln!(
+                o,
+                "    snapshot {:?} under way: {} of {} tables done, {} rows published",
+                sn.id, sn.tables_done, sn.tables, sn.rows
+            );
+        }
+        if !c.snapshots_done.is_empty() {
+            let _ = writeln!(o, "    snapshots done: {}", c.snapshots_done.join(", "));
+        }
+    }
+    let _ = writeln!(o, "apply groups:");
+    if s.groups.is_empty() {
+        let _ = writeln!(o, "  none");
+    }
+    for g in &s.groups {
+        let _ = write!(
+            o,
+            "  {}: {}, {} member{}, {} event{} behind",
+            g.name,
+            g.state,
+            g.members.len(),
+            if g.members.len() == 1 { "" } else { "s" },
+            g.lag_messages,
+            if g.lag_messages == 1 { "" } else { "s" },
+        );
+        if let Some(l) = g.lag_seconds {
+            let _ = write!(o, ", the oldest waiting {}", duration_text(l));
+        }
+        let _ = writeln!(o);
+        for m in &g.members {
+            let parts: Vec<String> = m
+                .partitions
+                .iter()
+                .map(|(t, ps)| {
+                    format!(
+                        "{t}[{}]",
+                        ps.iter().map(i32::to_string).collect::<Vec<_>>().join(",")
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                o,
+                "    member {} {}: {}",
+                m.client_id,
+                m.host,
+                if parts.is_empty() {
+                    "no partitions".to_string()
+                } else {
+                    parts.join(" ")
+                }
+            );
+        }
+        for p in &g.partitions {
+            let _ = write!(
+                o,
+                "    {}[{}]: committed {}, end {}, {} behind",
+                p.topic,
+                p.partition,
+                p.committed
+                    .map_or_else(|| "nothing".to_string(), |n| n.to_string()),
+                p.end,
+                p.lag_messages
+            );
+            if let Some(l) = p.lag_seconds {
+                let _ = write!(o, " (the first waiting {})", duration_text(l));
+            }
+            if p.expired {
+                let _ = write!(
+                    o,
+                    "; EXPIRED: events from {} to {} were deleted before the group read them",
+                    p.committed.unwrap_or(0),
+                    p.start
+                );
+            }
+            let _ = writeln!(o);
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(version: i16, topics: &[(&str, &[i32])], user: &[u8]) -> Vec<u8> {
+        let mut b = version.to_be_bytes().to_vec();
+        b.extend((topics.len() as i32).to_be_bytes());
+        for (t, ps) in topics {
+            b.extend((t.len() as i16).to_be_bytes());
+            b.extend(t.as_bytes());
+            b.extend((ps.len() as i32).to_be_bytes());
+            for p in *ps {
+                b.extend(p.to_be_bytes());
+            }
+        }
+        b.extend((user.len() as i32).to_be_bytes());
+        b.extend(user);
+        b
+    }
+
+    #[test]
+    fn a_members_assignment_is_read_from_the_consumer_protocol() {
+        let b = encode(1, &[("s.db.t", &[2, 0]), ("s.db.u", &[1])], b"xy");
+        let a = assignment(&b).unwrap();
+        assert_eq!(a["s.db.t"], vec![0, 2]);
+        assert_eq!(a["s.db.u"], vec![1]);
+        assert_eq!(a.len(), 2);
+        assert_eq!(assignment(&[]).unwrap().len(), 0, "no assignment yet");
+        // Cut short anywhere: not parsed, rather than half a list.
+        for n in 1..b.len() - 6 {
+            assert_eq!(assignment(&b[..n]), None, "cut at {n}");
+        }
+    }
+
+    #[test]
+    fn either_captures_checkpoint_reads_as_a_position() {
+        let my = serde_json::json!({
+            "next": {"file": "mariadb-bin.000007", "pos": 1234},
+            "gtid_set": "0-1-99", "server_id": 1, "written_at": 1000,
+            "snapshot": {"id": "initial", "tables": {
+                "db.a": {"after": "0a", "rows": 10, "done": true},
+                "db.b": {"rows": 5}}},
+            "snapshots_done": []
+        });
+        let c = connector("m".into(), my, 1030);
+        assert_eq!(
+            (c.source, c.position.as_str(), c.gtid_set.as_str()),
+            ("mysql", "mariadb-bin.000007:1234", "0-1-99")
+        );
+        assert_eq!(c.age_seconds, 30);
+        assert_eq!(
+            c.snapshot,
+            Some(Snapshot {
+                id: "initial".into(),
+                tables: 2,
+                tables_done: 1,
+                rows: 15
+            })
+        );
+        // capture-mongo's, with its older names (`collections`, `docs`).
+        let mo = serde_json::json!({
+            "ts": [1764720000u32, 3], "resume_token": "82aa", "replica_set": "rs0",
+            "written_at": 1000,
+            "snapshot": {"id": "r1", "collections": {"db.c": {"docs": 7, "done": true}}},
+            "snapshots_done": ["initial"]
+        });
+        let c = connector("g".into(), mo, 999);
+        assert_eq!(
+            (c.source, c.position.as_str(), c.resume_token.as_deref()),
+            ("mongodb", "1764720000.3", Some("82aa"))
+        );
+        assert_eq!(
+            c.age_seconds, 0,
+            "a clock behind the writer's is no negative age"
+        );
+        assert_eq!(
+            c.snapshot.as_ref().map(|s| (s.tables_done, s.rows)),
+            Some((1, 7))
+        );
+        assert_eq!(c.snapshots_done, vec!["initial".to_string()]);
+        let text = text(&Status {
+            checkpoint_topic: "_cp".into(),
+            connectors: vec![c],
+            groups: vec![],
+        });
+        assert!(
+            text.contains("g (mongodb): at 1764720000.3, resume token 82aa"),
+            "{text}"
+        );
+        assert!(
+            text.contains("snapshot \"r1\" under way: 1 of 1 tables done, 7 rows"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn durations_read_as_people_say_them() {
+        assert_eq!(duration_text(0.42), "0.4 s");
+        assert_eq!(duration_text(75.0), "75 s");
+        assert_eq!(duration_text(185.0), "3 min 5 s");
+        assert_eq!(duration_text(7800.0), "2 h 10 min");
+    }
+}
