@@ -12,6 +12,7 @@ pub mod consumer;
 pub mod error;
 pub mod group;
 pub mod mongo;
+pub mod position;
 pub mod replay;
 pub mod schemas;
 pub mod status;

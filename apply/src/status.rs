@@ -119,15 +119,10 @@ pub fn read(
     connectors: &[String],
     groups: &[String],
 ) -> Result<Status, String> {
-    let timeout = kafka.request_timeout();
-    let consumer = consumer(kafka, "")?;
-    let md = consumer
-        .fetch_metadata(None, timeout)
-        .map_err(|e| format!("cannot read the topics from {}: {e}", kafka.brokers))?;
     let mut checkpoints = read_checkpoints(kafka, checkpoint_topic)?
         .into_iter()
         .filter(|(k, _)| connectors.is_empty() || connectors.contains(k))
-        .map(|(name, c)| connector(name, c, now_secs()))
+        .map(|(name, c)| connector(name, c.json, now_secs()))
         .collect::<Vec<_>>();
     checkpoints.sort_by(|a, b| a.name.cmp(&b.name));
     for c in connectors {
@@ -138,7 +133,22 @@ pub fn read(
             ));
         }
     }
+    let out = read_groups(kafka, groups)?;
+    Ok(Status {
+        checkpoint_topic: checkpoint_topic.to_string(),
+        connectors: checkpoints,
+        groups: out,
+    })
+}
 
+/// Every consumer group that committed offsets on a topic (or only `groups`, each listed even
+/// without offsets).
+pub fn read_groups(kafka: &KafkaConfig, groups: &[String]) -> Result<Vec<Group>, String> {
+    let timeout = kafka.request_timeout();
+    let consumer = consumer(kafka, "")?;
+    let md = consumer
+        .fetch_metadata(None, timeout)
+        .map_err(|e| format!("cannot read the topics from {}: {e}", kafka.brokers))?;
     // Every topic a group may have committed on: all but Kafka's own.
     let topics: Vec<(String, Vec<i32>)> = md
         .topics()
@@ -176,14 +186,10 @@ pub fn read(
         }
         out.push(g);
     }
-    Ok(Status {
-        checkpoint_topic: checkpoint_topic.to_string(),
-        connectors: checkpoints,
-        groups: out,
-    })
+    Ok(out)
 }
 
-fn consumer(kafka: &KafkaConfig, group: &str) -> Result<BaseConsumer, String> {
+pub(crate) fn consumer(kafka: &KafkaConfig, group: &str) -> Result<BaseConsumer, String> {
     let mut c = kafka.client_config(CLIENT);
     let id = if group.is_empty() {
         format!("{CLIENT}-{}", std::process::id())
@@ -197,8 +203,17 @@ fn consumer(kafka: &KafkaConfig, group: &str) -> Result<BaseConsumer, String> {
         .map_err(|e| format!("cannot make a Kafka client for {}: {e}", kafka.brokers))
 }
 
+/// A connector's last checkpoint as stored: its JSON and the partition it is in.
+pub struct Stored {
+    pub json: Json,
+    pub partition: i32,
+}
+
 /// The last checkpoint of each connector (committed transactions only).
-fn read_checkpoints(kafka: &KafkaConfig, topic: &str) -> Result<BTreeMap<String, Json>, String> {
+pub fn read_checkpoints(
+    kafka: &KafkaConfig,
+    topic: &str,
+) -> Result<BTreeMap<String, Stored>, String> {
     let timeout = kafka.request_timeout();
     let mut config = kafka.client_config(CLIENT);
     config
@@ -239,8 +254,9 @@ fn read_checkpoints(kafka: &KafkaConfig, topic: &str) -> Result<BTreeMap<String,
                 if let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
                     if !key.starts_with(OTHER_KEYS) {
                         match m.payload().map(serde_json::from_slice::<Json>) {
-                            Some(Ok(v)) => {
-                                last.insert(key.to_string(), v);
+                            Some(Ok(json)) => {
+                                let partition = m.partition();
+                                last.insert(key.to_string(), Stored { json, partition });
                             }
                             Some(Err(e)) => {
                                 return Err(format!(
@@ -513,7 +529,7 @@ pub fn assignment(bytes: &[u8]) -> Option<BTreeMap<String, Vec<i32>>> {
     Some(out)
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
