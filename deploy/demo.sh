@@ -92,7 +92,7 @@ sqlq "CREATE DATABASE $db;
       DELETE FROM $db.orders WHERE id = 2;"
 echo "(4 row changes and a CREATE TABLE in $db.orders; the events on topic demo.$db.orders:)"
 sleep 1
-"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --count 8 --wait 30 ||
+"$bin/sluice" events --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --count 8 --wait 30 ||
   { echo "capture-mysql said:"; cat "$demo_config.log"; exit 1; }
 echo
 echo "(and the mirror table demo.orders in ClickHouse, SELECT ... FINAL WHERE _deleted = 0:)"
@@ -108,7 +108,7 @@ chq "DROP TABLE IF EXISTS demo.orders"
 
 say "The pipeline: documents written in MongoDB arrive in Kafka, then in the target MongoDB"
 mdb=mongo_demo_$run
-mongo() { "$bin/sluice-mongo" --uri "$1" --db "$mdb" "$2"; }
+mongo() { "$bin/sluice" mongo --uri "$1" --db "$mdb" "$2"; }
 mcap_config=$(mktemp)
 cat >"$mcap_config" <<TOML
 connector = "demo-mongo-$run"
@@ -155,7 +155,7 @@ mongo "$SLUICE_MONGO_SOURCE_URL" '{"update": "orders", "updates": [
   {"q": {"_id": 1}, "u": {"$set": {"price": {"$numberDecimal": "3.75"}}, "$unset": {"tags": ""}}}]}' >/dev/null
 mongo "$SLUICE_MONGO_SOURCE_URL" '{"delete": "orders", "deletes": [{"q": {"_id": 2}, "limit": 1}]}' >/dev/null
 echo "(2 inserts, an update and a delete in $mdb.orders; the events on topic demo.$mdb.orders:)"
-"$bin/sluice-events" --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$mdb.orders" --count 4 --wait 30 ||
+"$bin/sluice" events --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$mdb.orders" --count 4 --wait 30 ||
   { echo "capture-mongo said:"; cat "$mcap_config.log"; exit 1; }
 echo
 echo "(and $mdb.orders in the target MongoDB:)"

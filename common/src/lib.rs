@@ -17,6 +17,7 @@ pub mod preflight;
 pub mod progress;
 pub mod secret;
 pub mod shutdown;
+pub mod tools;
 pub mod topics;
 
 pub use app::{AppConfig, CommonArgs, Context, MetricsConfig};

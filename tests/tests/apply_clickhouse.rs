@@ -1811,12 +1811,234 @@ async fn sluice_status_shows_the_captures_position_and_the_groups_lag() {
         "{err}"
     );
 
+    // `sluice events`: merged, the topic reads in the source's order, its CREATE once.
+    let (code, out, err) = sluice(&["events", "--topic", &topic, "--merge", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let statements = lines
+        .iter()
+        .filter(|l| l.get("statement").is_some())
+        .count();
+    assert_eq!(
+        statements, 1,
+        "the CREATE is written to 3 partitions, shown once:\n{out}"
+    );
+    let ids: Vec<i64> = lines
+        .iter()
+        .filter_map(|l| l["after"]["id"].as_i64())
+        .collect();
+    let want: Vec<i64> = (1..=10).chain(100..150).collect();
+    assert_eq!(ids, want, "in the source's order");
+    for w in lines.windows(2) {
+        assert!(
+            w[0]["version"].as_u64() <= w[1]["version"].as_u64(),
+            "{w:?}"
+        );
+    }
+    for l in &lines {
+        assert!(
+            l["partition"].is_i64() && l["offset"].is_i64() && l["timestamp_ms"].is_i64(),
+            "{l}"
+        );
+    }
+    // Unmerged text: where each record is, and when.
+    let (code, out, err) = sluice(&["events", "--topic", &topic, "--count", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    let first = out.lines().next().unwrap_or_default().to_string();
+    let (at, rest) = first.split_once(' ').unwrap_or_default();
+    let (p, o) = at.split_once('@').unwrap_or_default();
+    assert!(
+        p.parse::<i32>().is_ok() && o.parse::<i64>().is_ok() && rest.trim_start().starts_with("20"),
+        "{out}"
+    );
+    assert_eq!(out.lines().count(), 3, "{out}");
+    // The schema and checkpoint topics decoded.
+    let (code, out, err) = sluice(&["events", "--topic", "_sluice_schemas"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&format!("SCHEMA   {db}.binlog_field_test_1 id "))
+            && out.contains("id bigint"),
+        "no schema of the table:\n{}",
+        out.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    );
+    let (code, out, err) = sluice(&["events", "--topic", "_sluice_checkpoints", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.lines().any(|l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| {
+                v["key"] == cap.connector.as_str() && v["checkpoint"]["next"]["pos"].is_u64()
+            })
+        }),
+        "no checkpoint of {}",
+        cap.connector
+    );
+
     // Started again, the group catches up to nothing behind.
     let mut a = apply(&prefix, &m_db, "mirror", &group, "");
     converge(&db, &m_db, Duration::from_secs(60)).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while group_of(&status(&[]))["lag_messages"] != 0 {
         assert!(Instant::now() < deadline, "{:#}", group_of(&status(&[])));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    finish(&db, &mut [&mut cap, &mut a]).await;
+}
+
+/// `sluice position set`: refused while the capture or the group runs; a stopped capture moved
+/// to a binlog coordinate resumes there (the rows before it are skipped, the rows after it
+/// arrive); a stopped group moved to its partitions' end skips what was published, moved to
+/// their start applies everything again.
+#[tokio::test(flavor = "multi_thread")]
+async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
+    use sluice_tests::capture::{binlog_status, sluice};
+    let (db, m_db, mut cap) = pipeline("sluice_t_position", "_mirror").await;
+    let prefix = cap.prefix.clone();
+    let mut c = w1_source(&db).await;
+    c.query_drop(w1_insert(&db, 1, 10)).await.unwrap();
+    let group = unique("g");
+    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    let connector = cap.connector.clone();
+    let ids = |m_db: String| async move {
+        let tsv = sluice_tests::capture::clickhouse_tsv(&format!(
+            "SELECT id FROM {m_db}.binlog_field_test_1 FINAL WHERE _deleted = 0 ORDER BY id"
+        ))
+        .await
+        .unwrap();
+        tsv.lines()
+            .map(|l| l.parse::<u64>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let wait_for = |id: u64, what: &'static str| {
+        let m_db = m_db.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !ids(m_db.clone()).await.contains(&id) {
+                assert!(Instant::now() < deadline, "row {id} never arrived ({what})");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let set_binlog =
+        |at: &str| sluice(&["position", "set", "--connector", &connector, "--binlog", at]);
+
+    // Refused while they run, naming why.
+    let (end_file, end_pos) = binlog_status(&mut c).await;
+    let end = format!("{end_file}:{end_pos}");
+    let (code, out, err) = set_binlog(&end);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(err.contains("a capture of it is running"), "{err}");
+    let (code, out, err) = sluice(&["position", "set", "--group", &group, "--to-end"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(err.contains("member(s) running"), "{err}");
+
+    // The capture stopped: rows 100.. are written, then the position is taken, then rows 200..
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    let stopped = Instant::now();
+    c.query_drop(w1_insert(&db, 100, 10)).await.unwrap();
+    let (file, pos) = binlog_status(&mut c).await;
+    let between = format!("{file}:{pos}");
+    c.query_drop(w1_insert(&db, 200, 10)).await.unwrap();
+    // Its last checkpoint must be 30 s old before the move is taken.
+    let moved = loop {
+        let (code, out, err) = set_binlog(&between);
+        if code == Some(0) {
+            break out;
+        }
+        assert!(err.contains("a capture of it is running"), "{err}");
+        assert!(
+            stopped.elapsed() < Duration::from_secs(60),
+            "still refused a minute after the stop: {err}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert!(moved.contains(&format!("to {between}")), "{moved}");
+    let (code, shown, err) = sluice(&["position", "show", "--connector", &connector]);
+    assert_eq!(code, Some(0), "{err}");
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["next"]["file"], file.as_str(), "{shown:#}");
+    assert_eq!(shown["next"]["pos"], pos, "{shown:#}");
+    cap.restart();
+    for id in 200..210 {
+        wait_for(id, "written after the moved position").await;
+    }
+    let got = ids(m_db.clone()).await;
+    assert!(
+        !got.iter().any(|id| (100..110).contains(id)),
+        "rows written before the moved position arrived: {got:?}"
+    );
+    assert_eq!(
+        got.iter().filter(|id| (200..210).contains(*id)).count(),
+        10,
+        "{got:?}"
+    );
+
+    // The group stopped: rows 300.. are published, the group is moved to the end, they are
+    // skipped and row 400 after them arrives.
+    let (code, log) = a.stop();
+    assert_eq!(code, Some(0), "{log}");
+    let topic = cap.topic(&db, "binlog_field_test_1");
+    let behind = || {
+        let (g, t) = (group.clone(), topic.clone());
+        async move {
+            tokio::task::spawn_blocking(move || group_lag(&g, &t))
+                .await
+                .unwrap()
+        }
+    };
+    c.query_drop(w1_insert(&db, 300, 10)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while behind().await < 10 {
+        assert!(Instant::now() < deadline, "rows 300.. never published");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, out, err) = sluice(&["position", "set", "--group", &group, "--to-end"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("3 partition(s) committed"), "{out}");
+    assert_eq!(behind().await, 0, "{out}");
+    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
+    c.query_drop(w1_insert(&db, 400, 1)).await.unwrap();
+    wait_for(400, "after the group's move to the end").await;
+    let got = ids(m_db.clone()).await;
+    assert!(
+        !got.iter().any(|id| (300..310).contains(id)),
+        "rows published before the move to the end were applied: {got:?}"
+    );
+
+    // Moved to the start, it applies everything again: rows 300.. too.
+    let (code, log) = a.stop();
+    assert_eq!(code, Some(0), "{log}");
+    let (code, out, err) = sluice(&["position", "set", "--group", &group, "--to-start"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(" -> 0"), "{out}");
+    let (code, shown, err) = sluice(&["position", "show", "--group", &group]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        shown.lines().filter(|l| l.ends_with("=0")).count(),
+        3,
+        "{shown}"
+    );
+    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
+    let want: Vec<u64> = (1..=10)
+        .chain(200..210)
+        .chain(300..310)
+        .chain([400])
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = ids(m_db.clone()).await;
+        if got == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after the move to the start, the mirror holds {got:?}, not everything the topic \
+             holds: {want:?}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     finish(&db, &mut [&mut cap, &mut a]).await;

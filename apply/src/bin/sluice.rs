@@ -1,6 +1,11 @@
 //! `sluice`: the operator's command.
 //!
 //!     sluice status [--connector NAME] [--group G] [--json]
+//!     sluice position show (--connector NAME | --group G)
+//!     sluice position set --connector NAME (--binlog FILE:POS | --oplog SECONDS[.INC])
+//!     sluice position set --group G (--to-end | --to-start | --to-time T | --to-offset T:P=O...)
+//!     sluice events --topic TOPIC [--merge] [--json] [--count N] [--follow] [--wait S]
+//!     sluice mongo --uri URI --db DB '{"find": "coll"}'
 //!     sluice dead-letters list   [--table DB.T] [--reason R] [--all] [--json]
 //!     sluice dead-letters replay (--table DB.T | --reason R | --all) [--dry-run]
 //!
@@ -14,8 +19,8 @@ use prost::Message as _;
 use sluice_apply::replay::{self, DeadLetter, Filter, Kafka};
 use sluice_proto::v1::{value::Kind, EventKey};
 
-/// The operator's command: where the captures stand and how far the apply groups are behind;
-/// dead letters listed and replayed.
+/// The operator's command: where the captures stand and how far the apply groups are behind,
+/// positions moved, dead letters listed and replayed, the records of a topic printed.
 #[derive(Parser)]
 #[command(name = "sluice", version)]
 struct Cli {
@@ -45,10 +50,74 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show or move a stopped capture's stored position, or a stopped apply group's offsets.
+    #[command(subcommand)]
+    Position(Position),
+    /// Print the records of a topic, one line each, with partition@offset and Kafka time:
+    /// change events (with column names), the checkpoint topic or the schema topic.
+    Events(sluice_common::tools::events::Args),
+    /// Run one MongoDB database command, given as extended JSON, and print the reply (a
+    /// find's documents one per line).
+    Mongo(sluice_common::tools::mongo_command::Args),
     /// The events an apply stage could not write: list them, replay them once the cause is
     /// fixed.
     #[command(subcommand)]
     DeadLetters(DeadLetters),
+}
+
+#[derive(Subcommand)]
+enum Position {
+    /// A connector's stored checkpoint (JSON, as stored), or a group's committed offsets.
+    Show {
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        #[command(flatten)]
+        which: Which,
+    },
+    /// Move a connector's position (a new checkpoint: the old one with the position moved;
+    /// refused while a capture of it runs, or while its checkpoint holds a snapshot or
+    /// statements tied to its position), or commit a group's offsets (refused while it has
+    /// members). Moving forward skips what lies between: the target misses it. Moving back
+    /// publishes or applies it again: a mirror is unchanged, a change log gets it twice.
+    Set {
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        #[command(flatten)]
+        which: Which,
+        /// capture-mysql: resume at this binlog coordinate, an event's start (as `SHOW BINLOG
+        /// EVENTS` lists them), e.g. `mysql-bin.000007:1234`.
+        #[arg(long, value_name = "FILE:POS")]
+        binlog: Option<String>,
+        /// capture-mongo: resume after this oplog time, `SECONDS[.INCREMENT]`.
+        #[arg(long, value_name = "SECONDS[.INC]")]
+        oplog: Option<String>,
+        /// A group: every partition it committed on to its end (skip everything published).
+        #[arg(long)]
+        to_end: bool,
+        /// A group: every partition it committed on to its start (apply all Kafka holds).
+        #[arg(long)]
+        to_start: bool,
+        /// A group: every partition to its first event at or after this time (seconds since
+        /// the epoch or `YYYY-MM-DDTHH:MM:SSZ`).
+        #[arg(long, value_name = "TIME")]
+        to_time: Option<String>,
+        /// A group: this partition to this offset, `TOPIC:PARTITION=OFFSET` (repeatable).
+        #[arg(long, value_name = "TOPIC:PARTITION=OFFSET")]
+        to_offset: Vec<String>,
+    },
+}
+
+#[derive(Args)]
+struct Which {
+    /// A capture connector (its checkpoint).
+    #[arg(long, conflicts_with = "group")]
+    connector: Option<String>,
+    /// An apply stage's consumer group (its offsets).
+    #[arg(long)]
+    group: Option<String>,
+    /// The captures' checkpoint topic (`[publish] checkpoint_topic`).
+    #[arg(long, default_value = "_sluice_checkpoints")]
+    checkpoint_topic: String,
 }
 
 #[derive(Subcommand)]
@@ -198,6 +267,22 @@ async fn run(cli: Cli) -> Result<bool, String> {
             }
             Ok(true)
         }
+        Command::Position(p) => position(p).await,
+        Command::Events(args) => {
+            let topic = args.topic.clone();
+            let found =
+                tokio::task::spawn_blocking(move || sluice_common::tools::events::run(&args))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            if !found {
+                return Err(format!("topic {topic} does not exist"));
+            }
+            Ok(true)
+        }
+        Command::Mongo(args) => {
+            sluice_common::tools::mongo_command::run(&args).await?;
+            Ok(true)
+        }
         Command::DeadLetters(DeadLetters::List {
             kafka,
             select,
@@ -288,6 +373,140 @@ async fn run(cli: Cli) -> Result<bool, String> {
             Ok(o.skipped.is_empty())
         }
     }
+}
+
+async fn position(p: Position) -> Result<bool, String> {
+    use sluice_apply::position::{self as pos, ConnectorTo, GroupTo};
+    let blocking = |f: Box<dyn FnOnce() -> Result<String, String> + Send>| async move {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    let (kafka, which) = match &p {
+        Position::Show { kafka, which } | Position::Set { kafka, which, .. } => (kafka, which),
+    };
+    let config = kafka.kafka()?.config;
+    let topic = which.checkpoint_topic.clone();
+    let out = match (p, which.connector.clone(), which.group.clone()) {
+        (_, None, None) => return Err("say which: --connector NAME or --group G".into()),
+        (Position::Show { .. }, Some(c), _) => {
+            blocking(Box::new(move || {
+                let mut all = sluice_apply::status::read_checkpoints(&config, &topic)?;
+                let stored = all.remove(&c).ok_or_else(|| {
+                    format!("connector {c:?}: no checkpoint in {topic} (never started?)")
+                })?;
+                Ok(serde_json::to_string_pretty(&stored.json).expect("json"))
+            }))
+            .await?
+        }
+        (Position::Show { .. }, None, Some(g)) => {
+            blocking(Box::new(move || {
+                let s = sluice_apply::status::read_groups(&config, &[g])?;
+                Ok(s.iter()
+                    .flat_map(|g| &g.partitions)
+                    .map(|p| {
+                        format!(
+                            "{}:{}={}",
+                            p.topic,
+                            p.partition,
+                            p.committed.map_or("-".into(), |n| n.to_string())
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"))
+            }))
+            .await?
+        }
+        (
+            Position::Set {
+                binlog,
+                oplog,
+                to_end,
+                to_start,
+                to_time,
+                to_offset,
+                ..
+            },
+            connector,
+            group,
+        ) => {
+            let group_args = to_end as u8
+                + to_start as u8
+                + to_time.is_some() as u8
+                + (!to_offset.is_empty()) as u8;
+            if let Some(c) = connector {
+                let to = match (binlog, oplog) {
+                    (Some(b), None) if group_args == 0 => ConnectorTo::binlog(&b)?,
+                    (None, Some(o)) if group_args == 0 => ConnectorTo::oplog(&o)?,
+                    _ => {
+                        return Err(
+                            "a connector moves to one of --binlog FILE:POS or --oplog SECONDS"
+                                .into(),
+                        )
+                    }
+                };
+                blocking(Box::new(move || {
+                    let (old, new) = pos::set_connector(&config, &topic, &c, &to)?;
+                    let at = |j: &serde_json::Value| {
+                        sluice_apply::status::connector(c.clone(), j.clone(), 0).position
+                    };
+                    Ok(format!(
+                        "connector {c}: moved from {} to {}; a capture of it started now resumes \
+                         there",
+                        at(&old),
+                        at(&new)
+                    ))
+                }))
+                .await?
+            } else {
+                let g = group.expect("one of them");
+                if binlog.is_some() || oplog.is_some() || group_args != 1 {
+                    return Err(
+                        "a group moves to one of --to-end, --to-start, --to-time T or \
+                                --to-offset TOPIC:PARTITION=OFFSET (repeatable)"
+                            .into(),
+                    );
+                }
+                let to = if to_end {
+                    GroupTo::End
+                } else if to_start {
+                    GroupTo::Start
+                } else if let Some(t) = to_time {
+                    GroupTo::Time(pos::parse_time(&t)?)
+                } else {
+                    GroupTo::Offsets(
+                        to_offset
+                            .iter()
+                            .map(|o| pos::parse_offset(o))
+                            .collect::<Result<_, _>>()?,
+                    )
+                };
+                blocking(Box::new(move || {
+                    let moves = pos::set_group(&config, &g, &to)?;
+                    let mut lines: Vec<String> = moves
+                        .iter()
+                        .map(|m| {
+                            format!(
+                                "{}[{}]: {} -> {}",
+                                m.topic,
+                                m.partition,
+                                m.from.map_or("nothing".into(), |n| n.to_string()),
+                                m.to
+                            )
+                        })
+                        .collect();
+                    lines.push(format!(
+                        "group {g}: {} partition(s) committed; its apply stages resume there",
+                        moves.len()
+                    ));
+                    Ok(lines.join("\n"))
+                }))
+                .await?
+            }
+        }
+    };
+    println!("{out}");
+    Ok(true)
 }
 
 #[tokio::main(flavor = "current_thread")]

@@ -1,42 +1,29 @@
-//! `sluice-mongo`: run one database command on a MongoDB server and print the reply as relaxed
+//! `sluice mongo` (also `sluice-mongo`): run one database command on a MongoDB server and print the reply as relaxed
 //! extended JSON (documents of a `find` one per line). For operators and the demo, where no
 //! MongoDB shell is installed.
 //!
-//!     sluice-mongo --uri mongodb://127.0.0.1:27017 --db shop '{"insert": "orders", "documents": [{"_id": 1}]}'
-//!     sluice-mongo --uri mongodb://127.0.0.1:27017 --db shop '{"find": "orders"}'
-
-use std::process::ExitCode;
+//!     sluice mongo --uri mongodb://127.0.0.1:27017 --db shop '{"insert": "orders", "documents": [{"_id": 1}]}'
+//!     sluice mongo --uri mongodb://127.0.0.1:27017 --db shop '{"find": "orders"}'
 
 use clap::Parser;
 use mongodb::bson::Bson;
 
 /// Run a MongoDB database command, given as (extended) JSON.
-#[derive(Parser)]
+#[derive(Parser, Debug)]
 #[command(name = "sluice-mongo", version)]
-struct Args {
+pub struct Args {
     /// Connection string.
     #[arg(long, default_value = "mongodb://127.0.0.1:27017")]
-    uri: String,
+    pub uri: String,
     /// The database the command runs on.
     #[arg(long)]
-    db: String,
+    pub db: String,
     /// The command document, e.g. '{"find": "orders", "filter": {"_id": 1}}'.
-    command: String,
+    pub command: String,
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("sluice-mongo: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn run(args: &Args) -> Result<(), String> {
+/// Run the command and print the reply.
+pub async fn run(args: &Args) -> Result<(), String> {
     let json: serde_json::Value =
         serde_json::from_str(&args.command).map_err(|e| format!("the command is not JSON: {e}"))?;
     let command = match Bson::try_from(json) {
