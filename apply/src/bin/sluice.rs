@@ -387,7 +387,8 @@ async fn position(p: Position) -> Result<bool, String> {
     };
     let config = kafka.kafka()?.config;
     let topic = which.checkpoint_topic.clone();
-    let out = match (p, which.connector.clone(), which.group.clone()) {
+    let (connector, group) = (which.connector.clone(), which.group.clone());
+    let out = match (p, connector, group) {
         (_, None, None) => return Err("say which: --connector NAME or --group G".into()),
         (Position::Show { .. }, Some(c), _) => {
             blocking(Box::new(move || {
@@ -401,7 +402,10 @@ async fn position(p: Position) -> Result<bool, String> {
         }
         (Position::Show { .. }, None, Some(g)) => {
             blocking(Box::new(move || {
-                let s = sluice_apply::status::read_groups(&config, &[g])?;
+                let s = sluice_apply::status::read_groups(&config, &[g.clone()])?;
+                if s.iter().all(|g| g.partitions.is_empty()) {
+                    return Err(format!("group {g:?} has committed no offsets"));
+                }
                 Ok(s.iter()
                     .flat_map(|g| &g.partitions)
                     .map(|p| {

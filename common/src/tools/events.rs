@@ -174,7 +174,7 @@ fn render(v: &Value) -> String {
         Some(Kind::Text(t)) | Some(Kind::Json(t)) => format!("{t:?}"),
         Some(Kind::Bson(b)) => bson_text(b),
         Some(Kind::Bytes(b)) => {
-            format!("0x{}", sluice_common::hex::encode(b))
+            format!("0x{}", crate::hex::encode(b))
         }
         Some(Kind::Bits(b)) => format!("b'{b:b}'"),
         Some(Kind::EnumValue(e)) => format!("{:?}", e.label),
@@ -213,7 +213,7 @@ fn bson_text(b: &[u8]) -> String {
             .into_relaxed_extjson()
             .to_string(),
         Ok(d) => Bson::Document(d).into_relaxed_extjson().to_string(),
-        Err(_) => format!("0x{}", sluice_common::hex::encode(b)),
+        Err(_) => format!("0x{}", crate::hex::encode(b)),
     }
 }
 
@@ -478,7 +478,7 @@ pub fn run(args: &Args) -> bool {
         args.count.is_none_or(|n| printed < n)
     });
     if args.merge {
-        held.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        held.sort_by_key(|a| (a.0, a.1, a.2));
         let mut seen = std::collections::HashSet::new();
         for (_, _, _, line, ddl) in held {
             if ddl.is_some_and(|d| !seen.insert(d)) {
