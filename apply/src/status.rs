@@ -35,6 +35,54 @@ pub struct Status {
     pub checkpoint_topic: String,
     pub connectors: Vec<Connector>,
     pub groups: Vec<Group>,
+    pub dead_letter_topic: String,
+    /// Dead letters by table and reason (none when the topic does not exist).
+    pub dead_letters: Vec<DeadLetters>,
+}
+
+/// The dead letters of one table (or, for bytes that are no change event, of one topic) and
+/// one reason.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct DeadLetters {
+    /// `database.table`, or the topic the event was read from when it is not a change event.
+    pub table: String,
+    /// The reason's label (`value`, `table_stopped`, `undecodable`...; `-` on older ones).
+    pub reason: String,
+    /// Not replayed yet, and replayed.
+    pub waiting: usize,
+    pub replayed: usize,
+    /// The newest one's Kafka time, milliseconds since the epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_ms: Option<i64>,
+}
+
+/// Count dead letters by (table, reason), in that order.
+pub fn count_dead_letters(letters: &[crate::replay::DeadLetter]) -> Vec<DeadLetters> {
+    let mut by: BTreeMap<(String, String), DeadLetters> = BTreeMap::new();
+    for d in letters {
+        let table = if d.event.table.is_empty() {
+            d.topic.clone()
+        } else {
+            d.event.table.clone()
+        };
+        let reason = d.kind.clone().unwrap_or_else(|| "-".into());
+        let e = by
+            .entry((table.clone(), reason.clone()))
+            .or_insert(DeadLetters {
+                table,
+                reason,
+                waiting: 0,
+                replayed: 0,
+                last_ms: None,
+            });
+        if d.replayed {
+            e.replayed += 1;
+        } else {
+            e.waiting += 1;
+        }
+        e.last_ms = e.last_ms.max(d.timestamp_ms);
+    }
+    by.into_values().collect()
 }
 
 /// One capture connector's last stored checkpoint.
@@ -118,6 +166,7 @@ pub fn read(
     checkpoint_topic: &str,
     connectors: &[String],
     groups: &[String],
+    dead_letter_topic: &str,
 ) -> Result<Status, String> {
     let mut checkpoints = read_checkpoints(kafka, checkpoint_topic)?
         .into_iter()
@@ -134,10 +183,22 @@ pub fn read(
         }
     }
     let out = read_groups(kafka, groups)?;
+    let letters = crate::replay::Kafka {
+        config: kafka.clone(),
+        dead_letter_topic: dead_letter_topic.to_string(),
+    }
+    .dead_letters();
+    let dead_letters = match letters {
+        Ok(l) => count_dead_letters(&l),
+        Err(e) if e.contains("does not exist") => Vec::new(), // none ever written
+        Err(e) => return Err(e),
+    };
     Ok(Status {
         checkpoint_topic: checkpoint_topic.to_string(),
         connectors: checkpoints,
         groups: out,
+        dead_letter_topic: dead_letter_topic.to_string(),
+        dead_letters,
     })
 }
 
@@ -645,6 +706,26 @@ pub fn text(s: &Status) -> String {
             let _ = writeln!(o);
         }
     }
+    let _ = writeln!(o, "dead letters (topic {}):", s.dead_letter_topic);
+    if s.dead_letters.is_empty() {
+        let _ = writeln!(o, "  none");
+    }
+    for d in &s.dead_letters {
+        let _ = writeln!(
+            o,
+            "  {} [{}]: {} not replayed, {} replayed{}",
+            d.table,
+            d.reason,
+            d.waiting,
+            d.replayed,
+            d.last_ms
+                .map(|ms| format!(
+                    ", the newest {} ago",
+                    duration_text((now_secs() as f64 - ms as f64 / 1000.0).max(0.0))
+                ))
+                .unwrap_or_default()
+        );
+    }
     o
 }
 
@@ -732,7 +813,10 @@ mod tests {
             checkpoint_topic: "_cp".into(),
             connectors: vec![c],
             groups: vec![],
+            dead_letter_topic: "_dl".into(),
+            dead_letters: vec![],
         });
+        assert!(text.contains("dead letters (topic _dl):\n  none"), "{text}");
         assert!(
             text.contains("g (mongodb): at 1764720000.3, resume token 82aa"),
             "{text}"

@@ -615,11 +615,12 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
     let (db, m_db, mut cap) = pipeline("sluice_t_apply_poison", "_mirror").await;
     let prefix = cap.prefix.clone();
     let dlq = unique("dlq");
+    let group = unique("g");
     let mut mirror = apply(
         &prefix,
         &m_db,
         "mirror",
-        &unique("g"),
+        &group,
         &format!("[errors]\ndead_letter_topic = \"{dlq}\"\n"),
     );
     let mut c = w1_source(&db).await;
@@ -647,7 +648,8 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
     c.query_drop(w1_insert(&db, 11, 10)).await.unwrap();
     converge(&db, &m_db, Duration::from_secs(60)).await;
     // The dead letters carry the original bytes and the reason.
-    let letters = tokio::task::spawn_blocking(move || dead_letters(&dlq, 3))
+    let d = dlq.clone();
+    let letters = tokio::task::spawn_blocking(move || dead_letters(&d, 3))
         .await
         .unwrap();
     assert_eq!(letters.len(), 3, "{letters:?}");
@@ -655,6 +657,28 @@ async fn a_poison_event_is_dead_lettered_and_the_rest_flows() {
         assert_eq!(payload, &vec![0xffu8, 0xff, 0xff, 0x01]);
         assert!(reason.contains("not a change event"), "{reason}");
     }
+    // `sluice status` counts them by table (here the topic: they are no change event) and
+    // reason.
+    let (code, out, err) =
+        sluice_tests::capture::sluice(&["status", "--topic", &dlq, "--group", &group, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        s["dead_letters"],
+        serde_json::json!([{
+            "table": topic, "reason": "undecodable", "waiting": 3, "replayed": 0,
+            "last_ms": s["dead_letters"][0]["last_ms"]
+        }]),
+        "{s:#}"
+    );
+    assert!(s["dead_letters"][0]["last_ms"].is_i64(), "{s:#}");
+    let (code, out, err) =
+        sluice_tests::capture::sluice(&["status", "--topic", &dlq, "--group", &group]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&format!("dead letters (topic {dlq}):\n  {topic} [undecodable]: 3 not replayed, 0 replayed, the newest ")),
+        "{out}"
+    );
     finish(&db, &mut [&mut cap, &mut mirror]).await;
 }
 

@@ -33,7 +33,8 @@ enum Command {
     /// Where each capture connector stands (its last stored checkpoint: binlog position and
     /// GTID set, or oplog time and resume token; the snapshot under way) and how far each apply
     /// group is behind (per partition: committed offset, end, events behind, how long the first
-    /// of them has waited; the members and their partitions).
+    /// of them has waited; the members and their partitions); the dead letters by table and
+    /// reason.
     Status {
         #[command(flatten)]
         kafka: KafkaArgs,
@@ -251,9 +252,15 @@ async fn run(cli: Cli) -> Result<bool, String> {
             group,
             json,
         } => {
-            let config = kafka.kafka()?.config;
+            let k = kafka.kafka()?;
             let status = tokio::task::spawn_blocking(move || {
-                sluice_apply::status::read(&config, &checkpoint_topic, &connector, &group)
+                sluice_apply::status::read(
+                    &k.config,
+                    &checkpoint_topic,
+                    &connector,
+                    &group,
+                    &k.dead_letter_topic,
+                )
             })
             .await
             .map_err(|e| e.to_string())??;

@@ -3,8 +3,10 @@
 //! from the schema topic (MongoDB documents as relaxed extended JSON); the checkpoint topic and
 //! the schema topic are decoded too. For operators and the demo.
 //!
-//!     sluice events --topic sluice.shop.orders [--count 10] [--follow] [--wait SECONDS]
-//!         [--merge] [--json]
+//! ```text
+//! sluice events --topic sluice.shop.orders [--count 10] [--follow] [--wait SECONDS]
+//!     [--merge] [--json]
+//! ```
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -1,9 +1,11 @@
-//! `sluice mongo` (also `sluice-mongo`): run one database command on a MongoDB server and print the reply as relaxed
-//! extended JSON (documents of a `find` one per line). For operators and the demo, where no
-//! MongoDB shell is installed.
+//! `sluice mongo` (also `sluice-mongo`): run one database command on a MongoDB server and print
+//! the reply as relaxed extended JSON (documents of a `find` one per line). For operators and
+//! the demo, where no MongoDB shell is installed.
 //!
-//!     sluice mongo --uri mongodb://127.0.0.1:27017 --db shop '{"insert": "orders", "documents": [{"_id": 1}]}'
-//!     sluice mongo --uri mongodb://127.0.0.1:27017 --db shop '{"find": "orders"}'
+//! ```text
+//! sluice mongo --uri mongodb://127.0.0.1:27017 --db shop '{"insert": "orders", "documents": [{"_id": 1}]}'
+//! sluice mongo --uri mongodb://127.0.0.1:27017 --db shop '{"find": "orders"}'
+//! ```
 
 use clap::Parser;
 use mongodb::bson::Bson;
