@@ -409,7 +409,7 @@ async fn position(p: Position) -> Result<bool, String> {
         }
         (Position::Show { .. }, None, Some(g)) => {
             blocking(Box::new(move || {
-                let s = sluice_apply::status::read_groups(&config, &[g.clone()])?;
+                let s = sluice_apply::status::read_groups(&config, std::slice::from_ref(&g))?;
                 if s.iter().all(|g| g.partitions.is_empty()) {
                     return Err(format!("group {g:?} has committed no offsets"));
                 }
