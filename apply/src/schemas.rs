@@ -4,7 +4,8 @@
 //! event that names it, so a miss here means the topic has grown since it was last read: it is
 //! read again, and an id still unknown after that is a definite error for that event. A read
 //! that does not reach the end of the topic in time is a failure of Kafka, never an unknown
-//! schema: it is tried again, and then stops the stage (the event is read again on restart).
+//! schema: it is tried again (for six read windows, three minutes by default, so a broker
+//! restart is waited out), and then stops the stage (the event is read again on restart).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -42,25 +43,33 @@ impl SchemaCache {
         self
     }
 
-    /// The schema with this id, reading the topic again if it is not known yet (a read cut
-    /// short by a slow broker is tried again, up to 4 times, before it is an error).
+    /// The schema with this id, reading the topic again if it is not known yet. A read that
+    /// fails (brokers away: a restart, a leader moving; or cut short by a slow broker) is tried
+    /// again, with a backoff up to 5 s, for six read windows (three minutes by default: a
+    /// broker restart takes seconds), before it is an error.
     pub async fn get(&mut self, id: u64) -> Result<Option<TableSchema>, KafkaError> {
         if let Some(s) = self.schemas.get(&id) {
             return Ok(Some(s.clone()));
         }
+        let deadline = Instant::now() + self.read_window() * 6;
         let mut backoff = Duration::from_millis(500);
-        for attempt in 1.. {
+        loop {
             match self.refresh().await {
                 Ok(()) => break,
-                Err(e) if attempt < 4 => {
+                Err(e) if Instant::now() + backoff < deadline => {
                     tracing::warn!(error = %e, retry_in = ?backoff, "reading the schema topic failed; trying again");
                     tokio::time::sleep(backoff).await;
-                    backoff *= 2;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => return Err(e),
             }
         }
         Ok(self.schemas.get(&id).cloned())
+    }
+
+    /// How long one read of the topic may take: three request timeouts unless set.
+    fn read_window(&self) -> Duration {
+        self.read_for.unwrap_or(self.kafka.request_timeout() * 3)
     }
 
     /// Every column definition a known schema of `database.table` other than schema `except`
@@ -93,7 +102,7 @@ impl SchemaCache {
             .set("enable.auto.commit", "false");
         let topic = self.topic.clone();
         let timeout = self.kafka.request_timeout();
-        let read_for = self.read_for.unwrap_or(timeout * 3);
+        let read_for = self.read_window();
         let found = tokio::task::spawn_blocking(move || -> Result<Vec<TableSchema>, KafkaError> {
             let consumer: BaseConsumer = config.create()?;
             let md = consumer.fetch_metadata(Some(&topic), timeout)?;

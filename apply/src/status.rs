@@ -611,14 +611,24 @@ pub fn duration_text(s: f64) -> String {
     }
 }
 
+/// A section's title, and `none` under it when it is empty.
+fn heading(o: &mut String, title: &str, empty: bool) {
+    o.push_str(title);
+    o.push_str(":\n");
+    if empty {
+        o.push_str("  none\n");
+    }
+}
+
 /// The status as text, for people.
 pub fn text(s: &Status) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let _ = writeln!(o, "captures (checkpoint topic {}):", s.checkpoint_topic);
-    if s.connectors.is_empty() {
-        let _ = writeln!(o, "  none");
-    }
+    heading(
+        &mut o,
+        &format!("captures (checkpoint topic {})", s.checkpoint_topic),
+        s.connectors.is_empty(),
+    );
     for c in &s.connectors {
         let _ = write!(o, "  {} ({}): at {}", c.name, c.source, c.position);
         if !c.gtid_set.is_empty() {
@@ -639,10 +649,7 @@ pub fn text(s: &Status) -> String {
             let _ = writeln!(o, "    snapshots done: {}", c.snapshots_done.join(", "));
         }
     }
-    let _ = writeln!(o, "apply groups:");
-    if s.groups.is_empty() {
-        let _ = writeln!(o, "  none");
-    }
+    heading(&mut o, "apply groups", s.groups.is_empty());
     for g in &s.groups {
         let _ = write!(
             o,
@@ -706,10 +713,11 @@ pub fn text(s: &Status) -> String {
             let _ = writeln!(o);
         }
     }
-    let _ = writeln!(o, "dead letters (topic {}):", s.dead_letter_topic);
-    if s.dead_letters.is_empty() {
-        let _ = writeln!(o, "  none");
-    }
+    heading(
+        &mut o,
+        &format!("dead letters (topic {})", s.dead_letter_topic),
+        s.dead_letters.is_empty(),
+    );
     for d in &s.dead_letters {
         let _ = writeln!(
             o,

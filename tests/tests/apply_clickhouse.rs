@@ -1674,6 +1674,28 @@ async fn a_table_one_instance_stops_is_stopped_by_the_others() {
     finish(&db, &mut [&mut cap]).await;
 }
 
+/// A W1 source table with rows 1..=`rows`, captured and mirrored by apply-clickhouse in a new
+/// group, converged: (source db, mirror db, capture, source connection, group, applier).
+async fn mirrored_w1(
+    name: &str,
+    rows: u64,
+) -> (
+    String,
+    String,
+    CaptureProcess,
+    mysql_async::Conn,
+    String,
+    CaptureProcess,
+) {
+    let (db, m_db, cap) = pipeline(name, "_mirror").await;
+    let mut c = w1_source(&db).await;
+    c.query_drop(w1_insert(&db, 1, rows)).await.unwrap();
+    let group = unique("g");
+    let a = apply(&cap.prefix, &m_db, "mirror", &group, "");
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    (db, m_db, cap, c, group, a)
+}
+
 /// `sluice status` against a running pipeline: the connector's stored position is the one the
 /// capture's metrics show once it is idle; a stopped group's lag is the events published since
 /// (as the brokers count them), with how long the first has waited; a running group lists its
@@ -1681,13 +1703,8 @@ async fn a_table_one_instance_stops_is_stopped_by_the_others() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sluice_status_shows_the_captures_position_and_the_groups_lag() {
     use sluice_tests::capture::sluice;
-    let (db, m_db, mut cap) = pipeline("sluice_t_status", "_mirror").await;
+    let (db, m_db, mut cap, mut c, group, mut a) = mirrored_w1("sluice_t_status", 10).await;
     let prefix = cap.prefix.clone();
-    let mut c = w1_source(&db).await;
-    c.query_drop(w1_insert(&db, 1, 10)).await.unwrap();
-    let group = unique("g");
-    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
-    converge(&db, &m_db, Duration::from_secs(60)).await;
     let topic = cap.topic(&db, "binlog_field_test_1");
     let status = |extra: &[&str]| {
         let mut args = vec![
@@ -1918,13 +1935,8 @@ async fn sluice_status_shows_the_captures_position_and_the_groups_lag() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
     use sluice_tests::capture::{binlog_status, sluice};
-    let (db, m_db, mut cap) = pipeline("sluice_t_position", "_mirror").await;
+    let (db, m_db, mut cap, mut c, group, mut a) = mirrored_w1("sluice_t_position", 10).await;
     let prefix = cap.prefix.clone();
-    let mut c = w1_source(&db).await;
-    c.query_drop(w1_insert(&db, 1, 10)).await.unwrap();
-    let group = unique("g");
-    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
-    converge(&db, &m_db, Duration::from_secs(60)).await;
     let connector = cap.connector.clone();
     let ids = |m_db: String| async move {
         let tsv = sluice_tests::capture::clickhouse_tsv(&format!(
