@@ -1250,8 +1250,20 @@ async fn an_idle_capture_publishes_heartbeats() {
         assert!(b.position.is_some() && b.key.is_none() && b.after.is_none());
     }
     assert!(beats.iter().any(|b| b.version >= row_version));
-    let lag = sluice_tests::capture::metric_at(cap.metrics_port, "sluice_capture_lag_seconds");
-    assert_eq!(lag, Some(0.0), "idle: caught up");
+    // Caught up: lag 0 once the binlog is read to its end (other tests write to the same
+    // server meanwhile, so the capture is idle only between their transactions).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let lag = sluice_tests::capture::metric_at(cap.metrics_port, "sluice_capture_lag_seconds");
+        if lag == Some(0.0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle, yet never caught up: lag {lag:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (code, log) = cap.stop();
     assert_eq!(code, Some(0), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
@@ -1379,13 +1391,25 @@ async fn partitions_added_to_a_topic_keep_every_key_on_its_partition() {
     let events = events_of(topic, |m| count_rows(m) >= 3 * N).await;
     assert_eq!(count_rows(&events), 3 * N, "every change arrives once");
     let mut partition_of: HashMap<i64, i32> = HashMap::new();
+    let mut moved = Vec::new();
     for (p, evs) in &events {
         for e in evs.iter().filter(|e| e.key.is_some()) {
             let k = int_key(e);
             let first = *partition_of.entry(k).or_insert(*p);
-            assert_eq!(first, *p, "key {k} moved from partition {first} to {p}");
-            assert!(*p < 3, "key {k} on added partition {p}");
+            if first != *p || *p >= 3 {
+                moved.push(format!(
+                    "key {k} on {p} (first on {first}), version {}",
+                    e.version
+                ));
+            }
         }
+    }
+    if !moved.is_empty() {
+        let (_, log) = cap.stop();
+        panic!(
+            "keys left their partitions: {:?}\nthe capture's log:\n{log}",
+            &moved[..moved.len().min(10)]
+        );
     }
     assert_eq!(partition_of.len(), N);
     let (code, log) = cap.stop();
