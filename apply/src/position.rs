@@ -22,7 +22,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value as Json;
 use sluice_common::KafkaConfig;
 
-use crate::status::{self, now_secs};
+use crate::status;
+use sluice_common::clock::now_secs;
 
 /// A checkpoint younger than this says its capture runs.
 pub const RUNNING_WINDOW: Duration = Duration::from_secs(30);

@@ -14,13 +14,14 @@
 //! the capture exports it as metrics (`sluice_capture_lag_seconds`).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::Value as Json;
+use sluice_common::clock::now_secs;
 use sluice_common::KafkaConfig;
 
 const CLIENT: &str = "sluice-status";
@@ -530,10 +531,7 @@ fn waiting_ages(
     c.assign(&tpl).map_err(|e| e.to_string())?;
     let mut left = tpl.count();
     let deadline = Instant::now() + timeout;
-    let now_ms = now_secs() as f64 * 1000.0
-        + SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.subsec_millis() as f64);
+    let now_ms = sluice_common::clock::now_micros() as f64 / 1000.0;
     while left > 0 && Instant::now() < deadline {
         match c.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
@@ -588,12 +586,6 @@ pub fn assignment(bytes: &[u8]) -> Option<BTreeMap<String, Vec<i32>>> {
         out.insert(name.to_string(), ps);
     }
     Some(out)
-}
-
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// Seconds as text: `0.4 s`, `12 s`, `3 min 5 s`, `2 h 10 min`.

@@ -273,62 +273,17 @@ pub fn count_rows(by_partition: &BTreeMap<i32, Vec<ChangeEvent>>) -> usize {
         .count()
 }
 
-/// The last checkpoint a connector stored (JSON), from the checkpoint topic.
+/// The last checkpoint a connector stored (JSON), from the checkpoint topic (committed
+/// transactions only, as the capture and `sluice status` read it).
 pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
-        .set("group.id", unique("checkpoint-reader"))
-        .set("enable.auto.commit", "false")
-        // Written in transactions: a commit marker takes a partition's last offset, and is
-        // never delivered: the end is where the position reaches the high watermark.
-        .set("isolation.level", "read_committed")
-        .create()
-        .unwrap();
-    let topic = "_sluice_checkpoints";
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(5))
-        .ok()?;
-    let partitions = md.topics().first()?.partitions().len() as i32;
-    let mut tpl = TopicPartitionList::new();
-    let mut ends = Vec::new();
-    for p in 0..partitions {
-        let (_, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(5))
-            .ok()?;
-        ends.push(high);
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut last = None;
-    let mut done = vec![false; partitions as usize];
-    for (p, end) in ends.iter().enumerate() {
-        done[p] = *end == 0;
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done.iter().all(|d| *d) && Instant::now() < deadline {
-        let polled = consumer.poll(Duration::from_millis(100));
-        if polled.is_none() {
-            if let Ok(pos) = consumer.position() {
-                for e in pos.elements_for_topic(topic) {
-                    if let Offset::Offset(n) = e.offset() {
-                        if n >= ends[e.partition() as usize] {
-                            done[e.partition() as usize] = true;
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(Ok(m)) = polled {
-            if m.key() == Some(connector.as_bytes()) {
-                last = m.payload().and_then(|p| serde_json::from_slice(p).ok());
-            }
-            if m.offset() + 1 >= ends[m.partition() as usize] {
-                done[m.partition() as usize] = true;
-            }
-        }
-    }
-    last
+    let kafka = sluice_common::KafkaConfig {
+        brokers: kafka_brokers(),
+        ..Default::default()
+    };
+    sluice_apply::status::read_checkpoints(&kafka, "_sluice_checkpoints")
+        .ok()?
+        .remove(connector)
+        .map(|s| s.json)
 }
 
 /// The sum of a metric's samples (every label set) at a process's /metrics; None when the
