@@ -16,5 +16,6 @@ pub mod position;
 pub mod replay;
 pub mod schemas;
 pub mod status;
+pub mod verify;
 
 pub use error::{ApplyError, BadEvent, Origin, Reason};

@@ -112,6 +112,11 @@ impl CaptureProcess {
         }
     }
 
+    /// The config file the process was started with.
+    pub fn config_path(&self) -> &std::path::Path {
+        self.config.path()
+    }
+
     /// Add TOML (new sections) to the config, for the next [`CaptureProcess::restart`].
     pub fn append_config(&mut self, extra: &str) {
         let mut text = std::fs::read_to_string(self.config.path()).unwrap();

@@ -8,6 +8,7 @@
 //!     sluice mongo --uri URI --db DB '{"find": "coll"}'
 //!     sluice dead-letters list   [--table DB.T] [--reason R] [--all] [--json]
 //!     sluice dead-letters replay (--table DB.T | --reason R | --all) [--dry-run]
+//!     sluice verify --capture-config FILE --apply-config FILE [--table DB.T] [--json]
 //!
 //! Kafka is reached with `--brokers` (or `SLUICE_KAFKA_BROKERS`) and any librdkafka property
 //! given with `-X key=value` (TLS, SASL).
@@ -64,6 +65,47 @@ enum Command {
     /// fixed.
     #[command(subcommand)]
     DeadLetters(DeadLetters),
+    /// Compare the source (MySQL/MariaDB) with its ClickHouse mirror, table by table, in
+    /// primary-key chunks hashed on each server, and print the keys that are missing, extra or
+    /// different, with both values. Right while the pipeline runs: a key that changed while it
+    /// was compared is read again once the target has caught up. Exit status 0 when equal, 1
+    /// when not, 2 when some table could not be verified or some key kept changing.
+    Verify(VerifyArgs),
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    /// capture-mysql's config: the source, the filter (which tables), the connector and its
+    /// checkpoint topic. The environment overrides it as it does the capture's
+    /// (`SLUICE__MYSQL__URL=...`).
+    #[arg(long, value_name = "FILE")]
+    capture_config: std::path::PathBuf,
+    /// apply-clickhouse's config: the target, the table names and modes, the consumer group.
+    #[arg(long, value_name = "FILE")]
+    apply_config: std::path::PathBuf,
+    /// Only this source table, `database.table` (repeatable); default every table the
+    /// capture's filter takes.
+    #[arg(long, value_name = "DB.TABLE")]
+    table: Vec<String>,
+    /// Rows per chunk (tables whose primary key is one integer column; others are one chunk).
+    #[arg(long, default_value_t = 10_000)]
+    chunk_rows: u64,
+    /// Rounds of reading again the keys that changed while they were compared, before they
+    /// are reported as unsettled.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Seconds to wait, in each round, for the target to catch up with the source.
+    #[arg(long, default_value_t = 120)]
+    wait_secs: u64,
+    /// Keys printed per table and kind (all of them with --json).
+    #[arg(long, default_value_t = 20)]
+    show: usize,
+    /// One JSON document.
+    #[arg(long)]
+    json: bool,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -243,8 +285,34 @@ fn filter(select: &Select, replayed: bool) -> Filter {
     }
 }
 
-async fn run(cli: Cli) -> Result<bool, String> {
-    match cli.command {
+async fn verify(a: VerifyArgs) -> Result<u8, String> {
+    use sluice_common::config::load;
+    let setup = sluice_apply::verify::Setup {
+        capture: load(Some(&a.capture_config)).map_err(|e| e.to_string())?,
+        apply: load(Some(&a.apply_config)).map_err(|e| e.to_string())?,
+    };
+    let options = sluice_apply::verify::Options {
+        tables: a.table,
+        chunk_rows: a.chunk_rows,
+        rounds: a.rounds,
+        wait: std::time::Duration::from_secs(a.wait_secs),
+        progress: !a.quiet,
+    };
+    let report = sluice_apply::verify::run(&setup, &options).await?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("report serializes")
+        );
+    } else {
+        println!("{}", sluice_apply::verify::text(&report, a.show));
+    }
+    Ok(report.exit_code())
+}
+
+async fn run(command: Command) -> Result<bool, String> {
+    match command {
+        Command::Verify(a) => verify(a).await.map(|code| code == 0),
         Command::Status {
             kafka,
             checkpoint_topic,
@@ -523,9 +591,12 @@ async fn position(p: Position) -> Result<bool, String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+    let outcome = match cli.command {
+        Command::Verify(a) => verify(a).await,
+        other => run(other).await.map(|ok| if ok { 0 } else { 1 }),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("sluice: {e}");
             ExitCode::from(1)

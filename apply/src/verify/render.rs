@@ -1,0 +1,273 @@
+//! The canonical rendering of a row, written once as MySQL SQL and once as ClickHouse SQL, so
+//! that each server hashes its own rows and equal rows give equal hashes.
+//!
+//! A row's canonical text is its columns' texts, in the source's column order, each as
+//! `LENGTH:BYTES` (length in bytes, so no value can run into the next one) or `N` for NULL.
+//! A column's text follows the type mapping of docs/apply-clickhouse.md:
+//!
+//! | source type | text |
+//! |---|---|
+//! | integers, YEAR, BIT | the decimal number |
+//! | DECIMAL with a scale | the decimal number without trailing zeros (`12.5`, `12`): ClickHouse 20+ prints no trailing zeros, 18.16 does |
+//! | FLOAT, DOUBLE | `E:M`, the exact binary value: `value = M · 2^(E-52)`, `M` an integer (`0` for zero), computed with operations both servers do exactly (comparisons, scaling by powers of two), never from a printed decimal |
+//! | DATE, DATETIME, TIMESTAMP | as MySQL prints them in UTC; the zero date/datetime as the target's zero (`1970-01-01 ...`) unless the target keeps text |
+//! | TIME | as MySQL prints it |
+//! | ENUM, SET, text | the UTF-8 text |
+//! | binary strings, BLOB | the bytes; GEOMETRY its WKB (without the 4-byte SRID) |
+//!
+//! The row's hash is the first 8 bytes of the MD5 of that text, read as a big-endian
+//! unsigned integer; a chunk's checksum is the count of its rows and the XOR of their hashes.
+
+use sluice_proto::v1::{Column, ColumnType as T};
+
+/// MySQL identifier quoting.
+pub fn my_quote(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+/// ClickHouse identifier quoting.
+pub fn ch_quote(name: &str) -> String {
+    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+/// A ClickHouse string literal.
+pub fn ch_string(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// A MySQL string literal (with `NO_BACKSLASH_ESCAPES` off, the server's default).
+pub fn my_string(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// The ClickHouse type without `Nullable(...)` / `LowCardinality(...)`.
+pub fn bare_type(t: &str) -> &str {
+    let mut t = t.trim();
+    loop {
+        let inner = ["Nullable(", "LowCardinality("]
+            .iter()
+            .find_map(|w| t.strip_prefix(w).and_then(|r| r.strip_suffix(')')));
+        match inner {
+            Some(i) => t = i.trim(),
+            None => return t,
+        }
+    }
+}
+
+/// What a target column of this source column holds, as far as the rendering cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// Text (String, FixedString): the value as the apply stage wrote it.
+    Text,
+    /// A Date/DateTime/DateTime64: zero dates read as the epoch.
+    Temporal,
+    Other,
+}
+
+fn target_kind(ch_type: &str) -> Target {
+    let t = bare_type(ch_type);
+    if t == "String" || t.starts_with("FixedString") {
+        Target::Text
+    } else if t.starts_with("Date") {
+        Target::Temporal
+    } else {
+        Target::Other
+    }
+}
+
+/// The source column's value as text in MySQL (before the length prefix). The session runs
+/// with `time_zone = '+00:00'`.
+pub fn mysql_text(col: &Column, ch_type: &str) -> String {
+    let c = my_quote(&col.name);
+    let target = target_kind(ch_type);
+    match col.r#type() {
+        T::Tinyint | T::Smallint | T::Mediumint | T::Int | T::Bigint => c,
+        T::Year | T::Bit => format!("CAST({c} AS UNSIGNED)"),
+        T::Decimal if col.scale > 0 => {
+            format!("TRIM(TRAILING '.' FROM TRIM(TRAILING '0' FROM CAST({c} AS CHAR)))")
+        }
+        T::Decimal => format!("CAST({c} AS CHAR)"),
+        T::Float | T::Double => mysql_float(&c),
+        T::Date if target == Target::Temporal => {
+            format!("IF(CAST({c} AS CHAR) = '0000-00-00', '1970-01-01', CAST({c} AS CHAR))")
+        }
+        T::Datetime | T::Timestamp if target == Target::Temporal => {
+            let frac = if col.fsp > 0 {
+                format!(".{}", "0".repeat(col.fsp as usize))
+            } else {
+                String::new()
+            };
+            format!(
+                "IF(CAST({c} AS CHAR) = '0000-00-00 00:00:00{frac}', \
+                 '1970-01-01 00:00:00{frac}', CAST({c} AS CHAR))"
+            )
+        }
+        T::Date | T::Datetime | T::Timestamp | T::Time => format!("CAST({c} AS CHAR)"),
+        T::Enum | T::Set | T::Json => format!("CONVERT({c} USING utf8mb4)"),
+        T::Char | T::Varchar | T::Text if col.charset != "binary" => {
+            format!("CONVERT({c} USING utf8mb4)")
+        }
+        T::Geometry => format!("SUBSTRING({c}, 5)"),
+        _ => c,
+    }
+}
+
+/// A DOUBLE (or FLOAT, exact as a DOUBLE) as `E:M`: E the binary exponent (at least -1022, so
+/// subnormals share one), M = value / 2^(E-52), an integer below 2^53 in magnitude. LOG2 only
+/// guesses E; comparisons with powers of two (exact) correct it by one either way.
+fn mysql_float(c: &str) -> String {
+    let a = format!("ABS({c})");
+    let e0 = format!("LEAST(GREATEST(FLOOR(LOG2({a})), -1074), 1023)");
+    let e = format!("GREATEST({e0} + ({a} / POW(2, {e0}) >= 2) - ({a} / POW(2, {e0}) < 1), -1022)");
+    format!("IF({c} = 0, '0', CONCAT({e}, ':', CAST({c} / POW(2, {e} - 52) AS SIGNED)))")
+}
+
+fn clickhouse_float(c: &str) -> String {
+    let x = format!("toFloat64({c})");
+    let a = format!("abs({x})");
+    let e0 = format!("least(greatest(floor(log2({a})), -1074), 1023)");
+    let e = format!("greatest({e0} + ({a} / pow(2, {e0}) >= 2) - ({a} / pow(2, {e0}) < 1), -1022)");
+    format!(
+        "if({x} = 0, '0', concat(toString(toInt64({e})), ':', toString(toInt64({x} / pow(2, {e} - 52)))))"
+    )
+}
+
+/// The target column's value as text in ClickHouse (before the length prefix).
+pub fn clickhouse_text(col: &Column, ch_type: &str) -> String {
+    let c = ch_quote(&col.name);
+    let t = bare_type(ch_type);
+    match col.r#type() {
+        T::Decimal if col.scale > 0 => {
+            // (No `?` in the SQL: the client takes it for a parameter.)
+            format!(
+                "replaceRegexpOne(replaceRegexpOne(toString({c}), '\\\\.0+$', ''), \
+                 '(\\\\.[0-9]*[1-9])0+$', '\\\\1')"
+            )
+        }
+        T::Float | T::Double if t.starts_with("Float") => clickhouse_float(&c),
+        _ if t == "String" => c,
+        _ if t.starts_with("FixedString") => format!("toString({c})"),
+        // ClickHouse before 20.x prints its zero day as 0000-00-00: it is 1970-01-01.
+        _ if t.starts_with("DateTime") => {
+            format!("replaceOne(toString({c}, 'UTC'), '0000-00-00', '1970-01-01')")
+        }
+        _ if t.starts_with("Date") => {
+            format!("replaceOne(toString({c}), '0000-00-00', '1970-01-01')")
+        }
+        _ => format!("toString({c})"),
+    }
+}
+
+/// `LENGTH:TEXT`, or `N` for NULL, in MySQL.
+pub fn mysql_part(col: &Column, ch_type: &str) -> String {
+    let x = mysql_text(col, ch_type);
+    let part = format!("CONCAT(LENGTH({x}), ':', {x})");
+    if col.nullable {
+        format!("IFNULL({part}, 'N')")
+    } else {
+        part
+    }
+}
+
+/// `LENGTH:TEXT`, or `N` for NULL, in ClickHouse.
+pub fn clickhouse_part(col: &Column, ch_type: &str) -> String {
+    let x = clickhouse_text(col, ch_type);
+    let part = format!("concat(toString(length({x})), ':', {x})");
+    if ch_type.trim().starts_with("Nullable(") {
+        format!("ifNull({part}, 'N')")
+    } else {
+        part
+    }
+}
+
+/// The row's (or key's) canonical text from the columns' parts, in MySQL.
+pub fn mysql_concat(parts: &[String]) -> String {
+    match parts {
+        [one] => one.clone(),
+        _ => format!("CONCAT({})", parts.join(", ")),
+    }
+}
+
+pub fn clickhouse_concat(parts: &[String]) -> String {
+    match parts {
+        [one] => one.clone(),
+        _ => format!("concat({})", parts.join(", ")),
+    }
+}
+
+/// The 64-bit hash of a canonical text, in MySQL.
+pub fn mysql_hash(text: &str) -> String {
+    format!("CAST(CONV(LEFT(MD5({text}), 16), 16, 10) AS UNSIGNED)")
+}
+
+/// The same hash in ClickHouse.
+pub fn clickhouse_hash(text: &str) -> String {
+    format!("reinterpretAsUInt64(reverse(substring(MD5({text}), 1, 8)))")
+}
+
+/// A canonical text split into its parts (`None` for NULL); `None` if it is not one.
+pub fn split_parts(mut s: &[u8]) -> Option<Vec<Option<Vec<u8>>>> {
+    let mut out = Vec::new();
+    while !s.is_empty() {
+        if s[0] == b'N' {
+            out.push(None);
+            s = &s[1..];
+            continue;
+        }
+        let colon = s.iter().position(|b| *b == b':')?;
+        let len: usize = std::str::from_utf8(&s[..colon]).ok()?.parse().ok()?;
+        let rest = &s[colon + 1..];
+        if rest.len() < len {
+            return None;
+        }
+        out.push(Some(rest[..len].to_vec()));
+        s = &rest[len..];
+    }
+    Some(out)
+}
+
+/// A value's bytes for people: the text if it is UTF-8 without control characters, else hex.
+pub fn show(v: &Option<Vec<u8>>) -> String {
+    match v {
+        None => "NULL".into(),
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(t) if !t.chars().any(|c| c.is_control() && c != '\n' && c != '\t') => t.to_string(),
+            _ => format!("0x{}", sluice_common::hex::encode(b)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_texts_split_back_into_their_parts() {
+        let parts = split_parts(b"2:12N3:a:b0:").unwrap();
+        assert_eq!(
+            parts,
+            vec![
+                Some(b"12".to_vec()),
+                None,
+                Some(b"a:b".to_vec()),
+                Some(Vec::new())
+            ]
+        );
+        assert_eq!(split_parts(b"5:abc"), None, "a length beyond the text");
+        assert_eq!(split_parts(b"x:abc"), None);
+    }
+
+    #[test]
+    fn wrapper_types_are_seen_through() {
+        assert_eq!(bare_type("Nullable(Decimal(9, 2))"), "Decimal(9, 2)");
+        assert_eq!(bare_type("LowCardinality(Nullable(String))"), "String");
+        assert_eq!(bare_type("DateTime('UTC')"), "DateTime('UTC')");
+    }
+
+    #[test]
+    fn shown_values_are_text_or_hex() {
+        assert_eq!(show(&None), "NULL");
+        assert_eq!(show(&Some(b"caf\xc3\xa9".to_vec())), "café");
+        assert_eq!(show(&Some(vec![0, 255])), "0x00ff");
+    }
+}
