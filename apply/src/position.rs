@@ -323,10 +323,9 @@ pub fn parse_offset(s: &str) -> Result<((String, i32), i64), String> {
 }
 
 /// A time: seconds since the epoch or `YYYY-MM-DDTHH:MM:SSZ` (UTC), in milliseconds.
+/// A time given as seconds since the epoch or `YYYY-MM-DDTHH:MM:SSZ`, in milliseconds.
 pub fn parse_time(s: &str) -> Result<i64, String> {
-    sluice_common::civil::parse_epoch_seconds(s)
-        .map(|secs| secs as i64 * 1000)
-        .map_err(|e| format!("--to-time: {e}"))
+    sluice_common::civil::parse_epoch_seconds(s).map(|secs| secs as i64 * 1000)
 }
 
 #[cfg(test)]
@@ -424,6 +423,6 @@ mod tests {
             parse_time("2026-12-02T10:00:00Z").unwrap(),
             1_796_205_600_000
         );
-        assert!(parse_time("yesterday").unwrap_err().contains("--to-time"));
+        assert!(parse_time("yesterday").unwrap_err().contains("yesterday"));
     }
 }

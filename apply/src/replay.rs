@@ -131,11 +131,16 @@ pub struct Filter {
     pub reason: Option<String>,
     /// Dead letters already replayed too (listing only).
     pub replayed: bool,
+    /// Only those dead-lettered at or after this Kafka time (milliseconds since the epoch).
+    pub since_ms: Option<i64>,
 }
 
 impl Filter {
     pub fn matches(&self, d: &DeadLetter) -> bool {
         (self.replayed || !d.replayed)
+            && self
+                .since_ms
+                .is_none_or(|t| d.timestamp_ms.is_some_and(|at| at >= t))
             && self.table.as_ref().is_none_or(|t| *t == d.event.table)
             && self.reason.as_ref().is_none_or(|r| {
                 d.kind.as_deref() == Some(r.as_str()) || d.reason.contains(r.as_str())

@@ -13,6 +13,7 @@
 //! is read again in the next round. A key still changing after every round is reported as
 //! unsettled, never as equal.
 
+pub mod mongo;
 pub mod render;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -478,13 +479,13 @@ impl Target {
 }
 
 /// Waits until the target has caught up past a source position.
-struct Pipeline {
-    capture_kafka: sluice_common::KafkaConfig,
-    checkpoint_topic: String,
-    connector: String,
-    apply_kafka: sluice_common::KafkaConfig,
-    group: String,
-    topics: sluice_proto::TopicTemplate,
+pub(crate) struct Pipeline {
+    pub(crate) capture_kafka: sluice_common::KafkaConfig,
+    pub(crate) checkpoint_topic: String,
+    pub(crate) connector: String,
+    pub(crate) apply_kafka: sluice_common::KafkaConfig,
+    pub(crate) group: String,
+    pub(crate) topics: sluice_proto::TopicTemplate,
 }
 
 impl Pipeline {
@@ -492,52 +493,74 @@ impl Pipeline {
     /// under way, and the group has committed every event the table's topic had then. Returns
     /// the capture's binlog generation.
     fn wait(&self, p: &BinlogPos, db: &str, table: &str, limit: Duration) -> Result<u8, String> {
+        let cp = self.wait_for(
+            &|cp| {
+                let next = cp.get("next");
+                let at = BinlogPos {
+                    file: next
+                        .and_then(|n| n.get("file"))
+                        .and_then(Json::as_str)
+                        .unwrap_or("")
+                        .to_string(),
+                    pos: next
+                        .and_then(|n| n.get("pos"))
+                        .and_then(Json::as_u64)
+                        .unwrap_or(0),
+                };
+                (pos_key(&at) >= pos_key(p), at.to_string())
+            },
+            &p.to_string(),
+            db,
+            table,
+            limit,
+        )?;
+        Ok(cp.get("generation").and_then(Json::as_u64).unwrap_or(0) as u8)
+    }
+
+    /// Blocks until `reached` says the capture's checkpoint is at or past the source position
+    /// `target` (it answers whether, and where the checkpoint is), with no snapshot of
+    /// `db.table` under way, and then until the group has committed every event the table's
+    /// topic had at that moment. Returns the checkpoint.
+    pub(crate) fn wait_for(
+        &self,
+        reached: &dyn Fn(&Json) -> (bool, String),
+        target: &str,
+        db: &str,
+        table: &str,
+        limit: Duration,
+    ) -> Result<Json, String> {
         let deadline = Instant::now() + limit;
         let name = format!("{db}.{table}");
         let late = |what: String| {
             format!(
-                "the target did not catch up with the source's position {p} within {} s: {what}",
+                "the target did not catch up with the source's position {target} within {} s: \
+                 {what}",
                 limit.as_secs()
             )
         };
-        let generation = loop {
+        let checkpoint = loop {
             let stored =
                 crate::status::read_checkpoints(&self.capture_kafka, &self.checkpoint_topic)?;
             let Some(cp) = stored.get(&self.connector) else {
                 return Err(format!(
-                    "connector {:?} has no checkpoint on {}: is capture-mysql running with this \
+                    "connector {:?} has no checkpoint on {}: is the capture running with this \
                      config?",
                     self.connector, self.checkpoint_topic
                 ));
             };
-            let next = cp.json.get("next");
-            let at = BinlogPos {
-                file: next
-                    .and_then(|n| n.get("file"))
-                    .and_then(Json::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                pos: next
-                    .and_then(|n| n.get("pos"))
-                    .and_then(Json::as_u64)
-                    .unwrap_or(0),
-            };
+            let (done, at) = reached(&cp.json);
             let snapshotting = cp
                 .json
                 .get("snapshot")
-                .and_then(|s| s.get("tables"))
+                .and_then(|s| s.get("tables").or_else(|| s.get("collections")))
                 .and_then(|t| t.get(&name))
                 .is_some_and(|t| t.get("done").and_then(Json::as_bool) != Some(true))
                 || cp
                     .json
                     .get("snapshots_pending")
                     .is_some_and(|s| s.to_string().contains(&format!("\"{name}\"")));
-            if pos_key(&at) >= pos_key(p) && !snapshotting {
-                break cp
-                    .json
-                    .get("generation")
-                    .and_then(Json::as_u64)
-                    .unwrap_or(0) as u8;
+            if done && !snapshotting {
+                break cp.json.clone();
             }
             if Instant::now() > deadline {
                 return Err(late(if snapshotting {
@@ -559,7 +582,7 @@ impl Pipeline {
             .iter()
             .find(|t| t.name() == topic && t.error().is_none())
         else {
-            return Ok(generation); // nothing was ever published for the table
+            return Ok(checkpoint); // nothing was ever published for the table
         };
         let mut ends = TopicPartitionList::new();
         for part in t.partitions() {
@@ -581,7 +604,7 @@ impl Pipeline {
                 })
                 .collect();
             if behind.is_empty() {
-                return Ok(generation);
+                return Ok(checkpoint);
             }
             if Instant::now() > deadline {
                 return Err(late(format!(
@@ -658,19 +681,24 @@ pub async fn run(setup: &Setup, options: &Options) -> Result<Report, String> {
         }
         reports.push(report);
     }
-    let result = if reports.iter().any(|r| r.result == "different") {
+    Ok(report(reports, started))
+}
+
+/// The whole answer from the tables' answers.
+pub(crate) fn report(tables: Vec<TableReport>, started: Instant) -> Report {
+    let result = if tables.iter().any(|r| r.result == "different") {
         "different"
-    } else if reports.iter().all(|r| r.result == "equal") {
+    } else if tables.iter().all(|r| r.result == "equal") {
         "equal"
     } else {
         "unsettled"
     };
-    Ok(Report {
+    Report {
         result: result.into(),
-        rows: reports.iter().map(|r| r.rows).sum(),
-        tables: reports,
+        rows: tables.iter().map(|r| r.rows).sum(),
+        tables,
         seconds: started.elapsed().as_secs_f64(),
-    })
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

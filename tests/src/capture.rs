@@ -487,6 +487,30 @@ pub fn sluice(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// `sluice verify --json` of the capture's and the apply stage's configs: its exit status and
+/// its report.
+pub fn verify(
+    cap: &CaptureProcess,
+    a: &CaptureProcess,
+    extra: &[&str],
+) -> (Option<i32>, serde_json::Value, String) {
+    let mut args = vec![
+        "verify",
+        "--json",
+        "--capture-config",
+        cap.config_path().to_str().unwrap(),
+        "--apply-config",
+        a.config_path().to_str().unwrap(),
+        "--wait-secs",
+        "90",
+    ];
+    args.extend_from_slice(extra);
+    let (code, out, err) = sluice(&args);
+    let report =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("sluice verify: {e}: {out}\n{err}"));
+    (code, report, err)
+}
+
 impl CaptureProcess {
     /// An apply-clickhouse process reading the topics of `prefix` into ClickHouse database
     /// `ch_db` of `SLUICE_CLICKHOUSE_URL` (mirror tables, 200 ms batches), its dead letters

@@ -1520,6 +1520,48 @@ async fn a_row_a_mirror_cannot_hold_stops_its_table_and_the_rest_flows() {
     assert_eq!(code, Some(0), "{out}{err}");
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(out.contains("insert key=2  [value]"), "{out}");
+    // That one whole, by the place `list` printed, with the event decoded.
+    let at = out.split_whitespace().next().unwrap().to_string();
+    let (code, shown, err) =
+        sluice_tests::capture::sluice(&["dead-letters", "show", &at, "--topic", &dlq]);
+    assert_eq!(code, Some(0), "{shown}{err}");
+    assert!(shown.contains(&format!("  table:    {table}\n")), "{shown}");
+    assert!(shown.contains("  key:      2\n"), "{shown}");
+    assert!(shown.contains("  reason:   [value] "), "{shown}");
+    assert!(shown.contains("  replayed: no\n"), "{shown}");
+    assert!(
+        shown.contains(&format!("  event:    INSERT   {table} v")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("id=2"),
+        "column names from the schema topic: {shown}"
+    );
+    let (code, _, err) =
+        sluice_tests::capture::sluice(&["dead-letters", "show", "0@999999", "--topic", &dlq]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no dead letter at 0@999999"), "{err}");
+    // A time filter: the dead letter is older than now, not older than the test.
+    let listed_since = |since: &str| {
+        let (code, out, err) = sluice_tests::capture::sluice(&[
+            "dead-letters",
+            "list",
+            "--topic",
+            &dlq,
+            "--table",
+            &table,
+            "--since",
+            since,
+        ]);
+        assert_eq!(code, Some(0), "{out}{err}");
+        out.lines().count()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(listed_since(&(now + 1).to_string()), 0);
+    assert_eq!(listed_since(&(now - 600).to_string()), 1);
     let (code, out) = a.stop();
     assert_eq!(code, Some(0), "{out}");
     finish(&db, &mut [&mut cap]).await;
@@ -1706,12 +1748,13 @@ async fn sluice_status_shows_the_captures_position_and_the_groups_lag() {
     let (db, m_db, mut cap, mut c, group, mut a) = mirrored_w1("sluice_t_status", 10).await;
     let prefix = cap.prefix.clone();
     let topic = cap.topic(&db, "binlog_field_test_1");
+    let connector = cap.connector.clone();
     let status = |extra: &[&str]| {
         let mut args = vec![
             "status",
             "--json",
             "--connector",
-            &cap.connector,
+            &connector,
             "--group",
             &group,
         ];
@@ -1917,6 +1960,45 @@ async fn sluice_status_shows_the_captures_position_and_the_groups_lag() {
         cap.connector
     );
 
+    // With the capture's config: the source's position now, and the binlog bytes the stopped
+    // capture's stored position is behind it (at least the rows written since).
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    let stored = status(&[])["connectors"][0]["position"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.query_drop(w1_insert(&db, 200, 20)).await.unwrap();
+    let (file, pos) = sluice_tests::capture::binlog_status(&mut c).await;
+    let config = cap.config_path().to_str().unwrap().to_string();
+    let s = status(&["--capture-config", &config]);
+    let now = &s["connectors"][0]["source_now"];
+    let (at_file, at_pos) = now["position"].as_str().unwrap().rsplit_once(':').unwrap();
+    assert_eq!(at_file, file, "{s:#}");
+    assert!(at_pos.parse::<u64>().unwrap() >= pos, "{s:#}");
+    let behind = now["behind_bytes"].as_u64().unwrap();
+    let (stored_file, stored_pos) = stored.rsplit_once(':').unwrap();
+    if stored_file == file {
+        assert!(behind >= pos - stored_pos.parse::<u64>().unwrap(), "{s:#}");
+    }
+    assert!(
+        behind > 20 * 100,
+        "20 W1 rows are more than {behind} bytes: {s:#}"
+    );
+    let (code, out, err) = sluice(&[
+        "status",
+        "--connector",
+        &cap.connector,
+        "--capture-config",
+        &config,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&format!("; the source at {file}:")) && out.contains(" bytes behind"),
+        "{out}"
+    );
+    cap.restart();
+
     // Started again, the group catches up to nothing behind.
     let mut a = apply(&prefix, &m_db, "mirror", &group, "");
     converge(&db, &m_db, Duration::from_secs(60)).await;
@@ -2080,31 +2162,6 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
     finish(&db, &mut [&mut cap, &mut a]).await;
 }
 
-/// `sluice verify --json` of the capture's and the apply stage's configs: its exit status and
-/// its report.
-fn verify(
-    cap: &CaptureProcess,
-    a: &CaptureProcess,
-    extra: &[&str],
-) -> (Option<i32>, serde_json::Value, String) {
-    use sluice_tests::capture::sluice;
-    let mut args = vec![
-        "verify",
-        "--json",
-        "--capture-config",
-        cap.config_path().to_str().unwrap(),
-        "--apply-config",
-        a.config_path().to_str().unwrap(),
-        "--wait-secs",
-        "90",
-    ];
-    args.extend_from_slice(extra);
-    let (code, out, err) = sluice(&args);
-    let report =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("sluice verify: {e}: {out}\n{err}"));
-    (code, report, err)
-}
-
 /// A table's part of a verify report, by source table name.
 fn verified<'a>(report: &'a serde_json::Value, table: &str) -> &'a serde_json::Value {
     report["tables"]
@@ -2218,7 +2275,7 @@ async fn sluice_verify_reports_exactly_the_rows_the_target_lost_gained_or_change
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let (code, report, err) = verify(&cap, &a, &["--chunk-rows", "400"]);
+    let (code, report, err) = sluice_tests::capture::verify(&cap, &a, &["--chunk-rows", "400"]);
     assert_eq!(code, Some(0), "{report:#}\n{err}");
     assert_eq!(report["result"], "equal", "{report:#}");
     let w1 = verified(&report, "binlog_field_test_1");
@@ -2241,7 +2298,7 @@ async fn sluice_verify_reports_exactly_the_rows_the_target_lost_gained_or_change
     )
     .await;
     tamper(&m_db, "types", 1, &[("d", "d * 1.0000000000000002")]).await;
-    let (code, report, err) = verify(&cap, &a, &["--chunk-rows", "400"]);
+    let (code, report, err) = sluice_tests::capture::verify(&cap, &a, &["--chunk-rows", "400"]);
     assert_eq!(code, Some(1), "{report:#}\n{err}");
     assert_eq!(report["result"], "different", "{report:#}");
     let w1 = verified(&report, w1_table);
@@ -2319,7 +2376,7 @@ async fn sluice_verify_under_a_writer_reports_only_what_persists() {
     // The writer changes keys 1..=10000; key 15000 is left alone, and broken in the target.
     let writer = concurrent_writer(&db, rows / 2, Duration::from_millis(2), stop.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (code, report, err) = verify(&cap, &a, &["--chunk-rows", "1000"]);
+    let (code, report, err) = sluice_tests::capture::verify(&cap, &a, &["--chunk-rows", "1000"]);
     assert_eq!(code, Some(0), "{report:#}\n{err}");
     let w1 = verified(&report, "binlog_field_test_1");
     assert!(
@@ -2333,7 +2390,7 @@ async fn sluice_verify_under_a_writer_reports_only_what_persists() {
         &[("testint", "testint + 1")],
     )
     .await;
-    let (code, report, err) = verify(&cap, &a, &["--chunk-rows", "1000"]);
+    let (code, report, err) = sluice_tests::capture::verify(&cap, &a, &["--chunk-rows", "1000"]);
     assert_eq!(code, Some(1), "{report:#}\n{err}");
     let w1 = verified(&report, "binlog_field_test_1");
     assert_eq!(verified_ids(w1, "different"), ["15000"], "{w1:#}");

@@ -6,7 +6,8 @@
 //!     sluice position set --group G (--to-end | --to-start | --to-time T | --to-offset T:P=O...)
 //!     sluice events --topic TOPIC [--merge] [--json] [--count N] [--follow] [--wait S]
 //!     sluice mongo --uri URI --db DB '{"find": "coll"}'
-//!     sluice dead-letters list   [--table DB.T] [--reason R] [--all] [--json]
+//!     sluice dead-letters list   [--table DB.T] [--reason R] [--since T] [--all] [--json]
+//!     sluice dead-letters show PARTITION@OFFSET [--json]
 //!     sluice dead-letters replay (--table DB.T | --reason R | --all) [--dry-run]
 //!     sluice verify --capture-config FILE --apply-config FILE [--table DB.T] [--json]
 //!
@@ -48,6 +49,10 @@ enum Command {
         /// Only this consumer group (repeatable); default every group with committed offsets.
         #[arg(long)]
         group: Vec<String>,
+        /// A capture-mysql config (repeatable): its connector is shown with the source's
+        /// position now and the binlog bytes its stored position is behind.
+        #[arg(long, value_name = "FILE")]
+        capture_config: Vec<std::path::PathBuf>,
         /// One JSON document.
         #[arg(long)]
         json: bool,
@@ -65,9 +70,9 @@ enum Command {
     /// fixed.
     #[command(subcommand)]
     DeadLetters(DeadLetters),
-    /// Compare the source (MySQL/MariaDB) with its ClickHouse mirror, table by table, in
-    /// primary-key chunks hashed on each server, and print the keys that are missing, extra or
-    /// different, with both values. Right while the pipeline runs: a key that changed while it
+    /// Compare the source with the target: MySQL/MariaDB with its ClickHouse mirror, table by
+    /// table, in primary-key chunks hashed on each server; or MongoDB with MongoDB, document by
+    /// document; and print the keys that are missing, extra or different, with both values. Right while the pipeline runs: a key that changed while it
     /// was compared is read again once the target has caught up. Exit status 0 when equal, 1
     /// when not, 2 when some table could not be verified or some key kept changing.
     Verify(VerifyArgs),
@@ -75,12 +80,13 @@ enum Command {
 
 #[derive(Args)]
 struct VerifyArgs {
-    /// capture-mysql's config: the source, the filter (which tables), the connector and its
-    /// checkpoint topic. The environment overrides it as it does the capture's
+    /// capture-mysql's (or capture-mongo's) config: the source, the filter (which tables), the
+    /// connector and its checkpoint topic. The environment overrides it as it does the capture's
     /// (`SLUICE__MYSQL__URL=...`).
     #[arg(long, value_name = "FILE")]
     capture_config: std::path::PathBuf,
-    /// apply-clickhouse's config: the target, the table names and modes, the consumer group.
+    /// apply-clickhouse's (or apply-mongo's) config: the target, the table names and modes (or
+    /// namespaces), the consumer group.
     #[arg(long, value_name = "FILE")]
     apply_config: std::path::PathBuf,
     /// Only this source table, `database.table` (repeatable); default every table the
@@ -179,6 +185,21 @@ enum DeadLetters {
         #[arg(long)]
         json: bool,
     },
+    /// One dead letter whole: where it was read, when, its reason, its key, and the event
+    /// decoded (with column names from the schema topic).
+    Show {
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        /// Its place in the dead-letter topic, `PARTITION@OFFSET` as `list` prints it.
+        #[arg(value_name = "PARTITION@OFFSET")]
+        at: String,
+        /// The captures' schema topic (`[publish] schema_topic`).
+        #[arg(long, default_value = "_sluice_schemas")]
+        schema_topic: String,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write the selected dead letters again to the topic and partition they were read from,
     /// where the apply stage takes them like any event, and mark them replayed (once: a second
     /// replay skips them). MySQL rows are written again alone (their version orders them); a
@@ -221,6 +242,10 @@ struct Select {
     /// `undecodable`, `contract`, `unknown_schema`) or a piece of the reason's text.
     #[arg(long)]
     reason: Option<String>,
+    /// Only those dead-lettered at or after this time (seconds since the epoch or
+    /// `YYYY-MM-DDTHH:MM:SSZ`).
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
 }
 
 impl KafkaArgs {
@@ -277,28 +302,50 @@ fn key_text(d: &DeadLetter) -> String {
         .join(",")
 }
 
-fn filter(select: &Select, replayed: bool) -> Filter {
-    Filter {
+fn filter(select: &Select, replayed: bool) -> Result<Filter, String> {
+    Ok(Filter {
         table: select.table.clone(),
         reason: select.reason.clone(),
         replayed,
-    }
+        since_ms: select
+            .since
+            .as_deref()
+            .map(sluice_apply::position::parse_time)
+            .transpose()
+            .map_err(|e| format!("--since: {e}"))?,
+    })
 }
 
 async fn verify(a: VerifyArgs) -> Result<u8, String> {
+    use sluice_apply::verify;
     use sluice_common::config::load;
-    let setup = sluice_apply::verify::Setup {
-        capture: load(Some(&a.capture_config)).map_err(|e| e.to_string())?,
-        apply: load(Some(&a.apply_config)).map_err(|e| e.to_string())?,
-    };
-    let options = sluice_apply::verify::Options {
+    let options = verify::Options {
         tables: a.table,
         chunk_rows: a.chunk_rows,
         rounds: a.rounds,
         wait: std::time::Duration::from_secs(a.wait_secs),
         progress: !a.quiet,
     };
-    let report = sluice_apply::verify::run(&setup, &options).await?;
+    // capture-mongo's config has a [mongodb] section, capture-mysql's a [mysql] one.
+    let text = std::fs::read_to_string(&a.capture_config)
+        .map_err(|e| format!("{}: {e}", a.capture_config.display()))?;
+    let mongo = text
+        .parse::<toml::Table>()
+        .map_err(|e| format!("{}: {e}", a.capture_config.display()))?
+        .contains_key("mongodb");
+    let report = if mongo {
+        let setup = verify::mongo::Setup {
+            capture: load(Some(&a.capture_config)).map_err(|e| e.to_string())?,
+            apply: load(Some(&a.apply_config)).map_err(|e| e.to_string())?,
+        };
+        verify::mongo::run(&setup, &options).await?
+    } else {
+        let setup = verify::Setup {
+            capture: load(Some(&a.capture_config)).map_err(|e| e.to_string())?,
+            apply: load(Some(&a.apply_config)).map_err(|e| e.to_string())?,
+        };
+        verify::run(&setup, &options).await?
+    };
     if a.json {
         println!(
             "{}",
@@ -318,10 +365,11 @@ async fn run(command: Command) -> Result<bool, String> {
             checkpoint_topic,
             connector,
             group,
+            capture_config,
             json,
         } => {
             let k = kafka.kafka()?;
-            let status = tokio::task::spawn_blocking(move || {
+            let mut status = tokio::task::spawn_blocking(move || {
                 sluice_apply::status::read(
                     &k.config,
                     &checkpoint_topic,
@@ -332,6 +380,24 @@ async fn run(command: Command) -> Result<bool, String> {
             })
             .await
             .map_err(|e| e.to_string())??;
+            for path in &capture_config {
+                let config: sluice_capture::mysql::Config =
+                    sluice_common::config::load(Some(path)).map_err(|e| e.to_string())?;
+                let c = status
+                    .connectors
+                    .iter_mut()
+                    .find(|c| c.name == config.connector)
+                    .ok_or_else(|| {
+                        format!(
+                            "{}: connector {:?} has no checkpoint in {}",
+                            path.display(),
+                            config.connector,
+                            status.checkpoint_topic
+                        )
+                    })?;
+                c.source_now =
+                    Some(sluice_apply::status::mysql_source_now(&config.mysql, &c.position).await?);
+            }
             if json {
                 println!(
                     "{}",
@@ -364,7 +430,7 @@ async fn run(command: Command) -> Result<bool, String> {
             all,
             json,
         }) => {
-            let f = filter(&select, all);
+            let f = filter(&select, all)?;
             let letters = kafka.kafka()?.dead_letters()?;
             let shown: Vec<&DeadLetter> = letters.iter().filter(|d| f.matches(d)).collect();
             for d in &shown {
@@ -386,9 +452,10 @@ async fn run(command: Command) -> Result<bool, String> {
                     );
                 } else {
                     println!(
-                        "{}@{}  {}  {} key={}  [{}] {}  (read at {}/{}@{}){}",
+                        "{}@{}  {}  {}  {} key={}  [{}] {}  (read at {}/{}@{}){}",
                         d.at.0,
                         d.at.1,
+                        sluice_common::tools::events::time_text(d.timestamp_ms),
                         if d.event.table.is_empty() {
                             "?"
                         } else {
@@ -410,16 +477,93 @@ async fn run(command: Command) -> Result<bool, String> {
             }
             Ok(true)
         }
+        Command::DeadLetters(DeadLetters::Show {
+            kafka,
+            at,
+            schema_topic,
+            json,
+        }) => {
+            let (p, o) = at
+                .split_once('@')
+                .and_then(|(p, o)| Some((p.parse::<i32>().ok()?, o.parse::<i64>().ok()?)))
+                .ok_or_else(|| format!("{at}: expected PARTITION@OFFSET, as `list` prints it"))?;
+            let k = kafka.kafka()?;
+            let letters = k.dead_letters()?;
+            let d = letters.iter().find(|d| d.at == (p, o)).ok_or_else(|| {
+                format!(
+                    "no dead letter at {at} of {} (`sluice dead-letters list --all` lists them)",
+                    k.dead_letter_topic
+                )
+            })?;
+            let event = sluice_common::tools::events::change_event(
+                &k.config.brokers,
+                &schema_topic,
+                &d.payload,
+            );
+            if json {
+                let mut o = serde_json::json!({
+                    "partition": d.at.0,
+                    "offset": d.at.1,
+                    "time_ms": d.timestamp_ms,
+                    "table": d.event.table,
+                    "op": d.event.op_label(),
+                    "key": key_text(d),
+                    "kind": d.kind,
+                    "reason": d.reason,
+                    "source": format!("{}/{}@{}", d.topic, d.partition, d.offset),
+                    "replayed": d.replayed,
+                });
+                if let Some((_, e)) = event {
+                    o["event"] = serde_json::Value::Object(e);
+                }
+                println!("{o}");
+            } else {
+                println!(
+                    "dead letter {}@{} of {}",
+                    d.at.0, d.at.1, k.dead_letter_topic
+                );
+                println!(
+                    "  written:  {}",
+                    sluice_common::tools::events::time_text(d.timestamp_ms)
+                );
+                println!("  read at:  {}/{}@{}", d.topic, d.partition, d.offset);
+                println!(
+                    "  table:    {}",
+                    if d.event.table.is_empty() {
+                        "?"
+                    } else {
+                        &d.event.table
+                    }
+                );
+                println!("  key:      {}", key_text(d));
+                println!(
+                    "  reason:   [{}] {}",
+                    d.kind.as_deref().unwrap_or("-"),
+                    d.reason
+                );
+                println!("  replayed: {}", if d.replayed { "yes" } else { "no" });
+                match event {
+                    Some((line, _)) => println!("  event:    {line}"),
+                    None => println!(
+                        "  event:    ({} bytes, not a change event)",
+                        d.payload.len()
+                    ),
+                }
+            }
+            Ok(true)
+        }
         Command::DeadLetters(DeadLetters::Replay {
             kafka,
             select,
             all,
             dry_run,
         }) => {
-            if select.table.is_none() && select.reason.is_none() && !all {
-                return Err("say which dead letters to replay: --table, --reason, or --all".into());
+            if select.table.is_none() && select.reason.is_none() && select.since.is_none() && !all {
+                return Err(
+                    "say which dead letters to replay: --table, --reason, --since, or --all".into(),
+                );
             }
-            let o = replay::replay(&kafka.kafka()?, &filter(&select, false), dry_run).await?;
+            let o = replay::replay(&kafka.kafka()?, &filter(&select, false)?, dry_run).await?;
             for (d, why) in &o.skipped {
                 println!(
                     "not replayed {}@{} ({} {} key={}): {why}",
@@ -551,7 +695,7 @@ async fn position(p: Position) -> Result<bool, String> {
                 } else if to_start {
                     GroupTo::Start
                 } else if let Some(t) = to_time {
-                    GroupTo::Time(pos::parse_time(&t)?)
+                    GroupTo::Time(pos::parse_time(&t).map_err(|e| format!("--to-time: {e}"))?)
                 } else {
                     GroupTo::Offsets(
                         to_offset

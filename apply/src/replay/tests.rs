@@ -163,6 +163,7 @@ fn the_filter_takes_a_reason_label_or_text_and_a_table() {
         table: table.map(String::from),
         reason: reason.map(String::from),
         replayed: false,
+        since_ms: None,
     };
     assert!(f(Some("db.t"), None).matches(&d));
     assert!(!f(Some("db.u"), None).matches(&d));
@@ -176,4 +177,15 @@ fn the_filter_takes_a_reason_label_or_text_and_a_table() {
         ..f(None, None)
     }
     .matches(&d));
+    // A time filter: dead letters at or after it; one without a Kafka time never matches.
+    d.replayed = false;
+    d.timestamp_ms = Some(5_000);
+    let since = |t: i64| Filter {
+        since_ms: Some(t),
+        ..f(None, None)
+    };
+    assert!(since(5_000).matches(&d));
+    assert!(!since(5_001).matches(&d));
+    d.timestamp_ms = None;
+    assert!(!since(0).matches(&d));
 }

@@ -151,6 +151,22 @@ fn read(
     }
 }
 
+/// A change event's bytes for people, with the column names of the schema topic (read from
+/// `brokers`): its line and its JSON; `None` when the bytes are no change event.
+pub fn change_event(
+    brokers: &str,
+    schema_topic: &str,
+    payload: &[u8],
+) -> Option<(String, serde_json::Map<String, Json>)> {
+    let e = ChangeEvent::decode(payload).ok()?;
+    let mut schemas = HashMap::new();
+    if e.schema_id != 0 && e.schema.is_none() {
+        load_schemas(brokers, schema_topic, &mut schemas);
+    }
+    let schema = schemas.get(&e.schema_id).or(e.schema.as_ref());
+    Some((event_text(&e, schema), event_json(&e, schema)))
+}
+
 /// Every schema of the schema topic, by id.
 fn load_schemas(brokers: &str, topic: &str, schemas: &mut HashMap<u64, TableSchema>) {
     // No schema topic (a MongoDB-only deployment): no column names to show.
@@ -235,7 +251,7 @@ fn row(schema: Option<&TableSchema>, values: &[Value]) -> String {
 }
 
 /// A Kafka time as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
-fn time_text(ms: Option<i64>) -> String {
+pub fn time_text(ms: Option<i64>) -> String {
     let Some(ms) = ms else {
         return "-".into();
     };

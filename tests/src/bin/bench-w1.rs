@@ -24,6 +24,11 @@
 //!    INSERT to ClickHouse counting its rows (polled every 20 ms): p50, p99, max, and the rate
 //!    achieved.
 //!
+//! With `--verify`, step 5 is `sluice verify` of the mirror against the source instead (run
+//! `--verify-runs N` times, default 2): wall time, rows verified per second, and the CPU
+//! seconds of the `sluice` process, of MariaDB and of ClickHouse (the test bed's server
+//! processes, from /proc; the hashing is theirs). Writes `target/bench/w1-verify.json`.
+//!
 //! For each stage: wall time, rows/s, CPU seconds of the process (from /proc), rows per CPU
 //! second and peak resident memory. Prints a table, the machine and server versions, the
 //! report's figures beside ours (per CPU second of our processes, since the report ran on other
@@ -37,8 +42,10 @@ use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = sluice_tests::bench::Args::from_env(&["--snapshot"]);
+    let args = sluice_tests::bench::Args::from_env(&["--snapshot", "--verify"]);
     let snapshot = args.switch("--snapshot");
+    let verify = args.switch("--verify");
+    let verify_runs = args.option("--verify-runs", 2)?.max(1);
     let load = Load {
         tables: args.option("--tables", 5)? as usize,
         batch: args.option("--batch", 1000)?,
@@ -106,6 +113,8 @@ async fn main() -> anyhow::Result<()> {
     );
     // Extra capture-mysql TOML, for experiments (e.g. producer properties).
     let capture_config = sluice_tests::bench::with_extra(capture_config, "BENCH_CAPTURE_EXTRA")?;
+    let capture_file = tempfile::NamedTempFile::new()?;
+    std::fs::write(capture_file.path(), &capture_config)?;
     let (capture, child) = measure(
         name,
         &release.join("capture-mysql"),
@@ -132,6 +141,8 @@ async fn main() -> anyhow::Result<()> {
     );
     // Extra apply-clickhouse TOML, for experiments (e.g. consumer properties).
     let apply_config = sluice_tests::bench::with_extra(apply_config, "BENCH_APPLY_EXTRA")?;
+    let apply_file = tempfile::NamedTempFile::new()?;
+    std::fs::write(apply_file.path(), &apply_config)?;
     let (apply, child) = measure(
         "apply-clickhouse",
         &release.join("apply-clickhouse"),
@@ -187,10 +198,69 @@ async fn main() -> anyhow::Result<()> {
             && same_dec,
         "the mirror differs from the source: {target:?} vs {source:?}"
     );
+    let verified = if verify {
+        eprintln!("5/5 sluice verify, {verify_runs} runs ...");
+        let mut runs = Vec::new();
+        for _ in 0..verify_runs {
+            runs.push(verify_run(
+                &release,
+                capture_file.path(),
+                apply_file.path(),
+                rows,
+            )?);
+        }
+        Some(runs)
+    } else {
+        None
+    };
     c.query_drop(format!("DROP DATABASE `{db}`")).await?;
     ch.query(&format!("DROP DATABASE {ch_db}"))
         .execute()
         .await?;
+
+    if let Some(runs) = verified {
+        let machine = sluice_tests::bench::machine();
+        let clickhouse: String = ch.query("SELECT version()").fetch_one().await?;
+        println!(
+            "sluice verify, W1 {rows} rows (chunks of 10 000), {} cores ({}); MariaDB {version}, \
+             ClickHouse {clickhouse}; every server on the same machine",
+            machine.cores, machine.cpu
+        );
+        println!(
+            "| run | wall s | rows verified/s | CPU s sluice | CPU s MariaDB | CPU s ClickHouse |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for (i, r) in runs.iter().enumerate() {
+            println!(
+                "| {} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                i + 1,
+                r.wall,
+                rows as f64 / r.wall,
+                r.sluice_cpu,
+                r.mariadb_cpu,
+                r.clickhouse_cpu
+            );
+        }
+        let out = root.join("target/bench");
+        std::fs::create_dir_all(&out)?;
+        std::fs::write(
+            out.join("w1-verify.json"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "benchmark": "sluice verify, W1 MySQL -> ClickHouse mirror",
+                "rows": rows,
+                "clickhouse": clickhouse,
+                "machine": machine.json(),
+                "runs": runs.iter().map(|r| serde_json::json!({
+                    "wall_seconds": r.wall,
+                    "rows_per_second": rows as f64 / r.wall,
+                    "cpu_seconds_sluice": r.sluice_cpu,
+                    "cpu_seconds_mariadb": r.mariadb_cpu,
+                    "cpu_seconds_clickhouse": r.clickhouse_cpu,
+                })).collect::<Vec<_>>(),
+            }))?,
+        )?;
+        return Ok(());
+    }
 
     let per = |s: &Stage| rows as f64 / s.cpu;
     if snapshot {
@@ -612,4 +682,83 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
         .execute()
         .await?;
     Ok(result)
+}
+
+/// One `sluice verify` run and what it cost.
+struct VerifyRun {
+    wall: f64,
+    sluice_cpu: f64,
+    mariadb_cpu: f64,
+    clickhouse_cpu: f64,
+}
+
+/// A test bed server's process (`deploy/testbed.sh`), by the pid file it keeps.
+fn server_pid(file: &str) -> anyhow::Result<u32> {
+    let dir =
+        std::env::var("SLUICE_TESTBED_DIR").unwrap_or_else(|_| "/var/tmp/sluice-testbed".into());
+    let path = format!("{dir}/{file}");
+    Ok(std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("{path}: {e} (is the test bed running?)"))?
+        .trim()
+        .parse()?)
+}
+
+/// Run `sluice verify` once (it must find the mirror equal), with the CPU of the servers.
+fn verify_run(
+    release: &std::path::Path,
+    capture: &std::path::Path,
+    apply: &std::path::Path,
+    rows: u64,
+) -> anyhow::Result<VerifyRun> {
+    let mariadb = server_pid("mariadb/data/mariadbd.pid")?;
+    let ch_file = if clickhouse_url().ends_with(":18124") {
+        "clickhouse-current/pid"
+    } else {
+        "clickhouse/pid"
+    };
+    let clickhouse = server_pid(ch_file)?;
+    let (m0, c0) = (
+        sluice_tests::bench::cpu_seconds(mariadb)?,
+        sluice_tests::bench::cpu_seconds(clickhouse)?,
+    );
+    let t0 = Instant::now();
+    // The shell's children's CPU (cutime + cstime) once sluice has exited: sluice's own.
+    let script = format!(
+        "{} verify --quiet --json --capture-config {} --apply-config {} > \"$0\"; rc=$?; \
+         cat /proc/$$/stat; exit $rc",
+        release.join("sluice").display(),
+        capture.display(),
+        apply.display()
+    );
+    let report = tempfile::NamedTempFile::new()?;
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script, report.path().to_str().unwrap()])
+        .output()?;
+    let wall = t0.elapsed().as_secs_f64();
+    let (m1, c1) = (
+        sluice_tests::bench::cpu_seconds(mariadb)?,
+        sluice_tests::bench::cpu_seconds(clickhouse)?,
+    );
+    let text = std::fs::read_to_string(report.path())?;
+    anyhow::ensure!(
+        out.status.success(),
+        "sluice verify did not find the mirror equal: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let verified: serde_json::Value = serde_json::from_str(&text)?;
+    anyhow::ensure!(
+        verified["rows"] == rows,
+        "sluice verify read {} rows",
+        verified["rows"]
+    );
+    let stat = String::from_utf8_lossy(&out.stdout);
+    let rest = &stat[stat.rfind(')').ok_or_else(|| anyhow::anyhow!("bad stat"))? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[13].parse::<f64>()? + f[14].parse::<f64>()?;
+    Ok(VerifyRun {
+        wall,
+        sluice_cpu: ticks / 100.0,
+        mariadb_cpu: m1 - m0,
+        clickhouse_cpu: c1 - c0,
+    })
 }
