@@ -38,6 +38,8 @@ pub struct Options {
     pub tables: Vec<String>,
     /// Rows per chunk.
     pub chunk_rows: u64,
+    /// Chunks checksummed at the same time (each on a source connection of its own).
+    pub parallel: usize,
     /// Rounds of re-reading keys that changed while they were compared.
     pub rounds: u32,
     /// How long to wait for the target to catch up with a source position.
@@ -51,6 +53,7 @@ impl Default for Options {
         Self {
             tables: Vec::new(),
             chunk_rows: 10_000,
+            parallel: 1,
             rounds: 5,
             wait: Duration::from_secs(120),
             progress: true,
@@ -873,15 +876,17 @@ async fn compare(
     plan: &Plan,
     report: &mut TableReport,
 ) -> Result<(), String> {
-    let mut conn = source.conn().await?;
+    use futures::StreamExt;
     let my_sum = format!(
         "SELECT COUNT(*), BIT_XOR({}) FROM {} WHERE ",
         render::mysql_hash(&plan.my_row()),
         plan.source_name()
     );
+    // The chunks' bounds first (an index walk, cheap), then their checksums, `--parallel` at
+    // a time, each on a connection of its own.
+    let mut chunks = Vec::new();
+    let mut conn = source.conn().await?;
     let mut lo: Option<String> = None;
-    let mut differing = Vec::new();
-    let mut last_progress = Instant::now();
     loop {
         let hi = if plan.ranged {
             let k = my_quote(&plan.key[0].0.name);
@@ -901,24 +906,43 @@ async fn compare(
         } else {
             None
         };
-        let chunk = Chunk {
+        chunks.push(Chunk {
             lo: lo.clone(),
             hi: hi.clone(),
-        };
-        let my_sql = format!("{my_sum}{}", plan.range(&chunk, my_quote));
-        let ch_sql = format!(
-            "SELECT count(), groupBitXor(_sluice_lh) FROM ({}) WHERE _sluice_ld = 0",
-            plan.ch_latest(&chunk)
-        );
-        let (mine, theirs) = tokio::join!(
-            Source::query::<(u64, Option<u64>)>(&mut conn, &my_sql),
-            target.query::<(u64, u64)>(&ch_sql)
-        );
-        let (rows, my_hash) = mine?.into_iter().next().unwrap_or((0, None));
-        let (ch_rows, ch_hash) = theirs?.into_iter().next().unwrap_or((0, 0));
+        });
+        match hi {
+            Some(h) => lo = Some(h),
+            None => break,
+        }
+    }
+    drop(conn);
+    let sums = futures::stream::iter(chunks)
+        .map(|chunk| {
+            let my_sql = format!("{my_sum}{}", plan.range(&chunk, my_quote));
+            let ch_sql = format!(
+                "SELECT count(), groupBitXor(_sluice_lh) FROM ({}) WHERE _sluice_ld = 0",
+                plan.ch_latest(&chunk)
+            );
+            async move {
+                let mut conn = source.conn().await?;
+                let (mine, theirs) = tokio::join!(
+                    Source::query::<(u64, Option<u64>)>(&mut conn, &my_sql),
+                    target.query::<(u64, u64)>(&ch_sql)
+                );
+                let (rows, my_hash) = mine?.into_iter().next().unwrap_or((0, None));
+                let theirs = theirs?.into_iter().next().unwrap_or((0, 0));
+                Ok::<_, String>((chunk, rows, (rows, my_hash.unwrap_or(0)) != theirs))
+            }
+        })
+        .buffered(options.parallel.max(1));
+    futures::pin_mut!(sums);
+    let mut differing = Vec::new();
+    let mut last_progress = Instant::now();
+    while let Some(sum) = sums.next().await {
+        let (chunk, rows, differs) = sum?;
         report.rows += rows;
         report.chunks += 1;
-        if (rows, my_hash.unwrap_or(0)) != (ch_rows, ch_hash) {
+        if differs {
             differing.push(chunk);
         }
         if options.progress && last_progress.elapsed() > Duration::from_secs(5) {
@@ -931,12 +955,7 @@ async fn compare(
                 differing.len()
             );
         }
-        match hi {
-            Some(h) => lo = Some(h),
-            None => break,
-        }
     }
-    drop(conn);
     report.chunks_narrowed = differing.len() as u64;
     if differing.is_empty() {
         return Ok(());
@@ -1113,20 +1132,24 @@ fn key_diff(
     target: Option<&String>,
     verdict: Verdict,
 ) -> KeyDiff {
-    let parts = |hex: &str| {
+    let kinds = |cols: &[(Column, String)]| -> Vec<bool> {
+        cols.iter().map(|(c, t)| render::delimited(c, t)).collect()
+    };
+    let (key_kinds, row_kinds) = (kinds(&plan.key), kinds(&plan.columns));
+    let parts = |hex: &str, kinds: &[bool]| {
         sluice_common::hex::decode(hex)
             .ok()
-            .and_then(|b| render::split_parts(&b))
+            .and_then(|b| render::split_parts(&b, kinds))
     };
-    let key_parts = parts(key_hex).unwrap_or_default();
+    let key_parts = parts(key_hex, &key_kinds).unwrap_or_default();
     let key = plan
         .key
         .iter()
         .zip(key_parts.iter())
         .map(|((c, _), v)| (c.name.clone(), display(c, v)))
         .collect();
-    let mine = source.and_then(|s| parts(s));
-    let theirs = target.and_then(|t| parts(t));
+    let mine = source.and_then(|s| parts(s, &row_kinds));
+    let theirs = target.and_then(|t| parts(t, &row_kinds));
     let mut columns = Vec::new();
     if verdict != Verdict::Later {
         for (i, (c, _)) in plan.columns.iter().enumerate() {

@@ -2376,7 +2376,8 @@ async fn sluice_verify_under_a_writer_reports_only_what_persists() {
     // The writer changes keys 1..=10000; key 15000 is left alone, and broken in the target.
     let writer = concurrent_writer(&db, rows / 2, Duration::from_millis(2), stop.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (code, report, err) = sluice_tests::capture::verify(&cap, &a, &["--chunk-rows", "1000"]);
+    let (code, report, err) =
+        sluice_tests::capture::verify(&cap, &a, &["--chunk-rows", "1000", "--parallel", "3"]);
     assert_eq!(code, Some(0), "{report:#}\n{err}");
     let w1 = verified(&report, "binlog_field_test_1");
     assert!(
@@ -2390,7 +2391,8 @@ async fn sluice_verify_under_a_writer_reports_only_what_persists() {
         &[("testint", "testint + 1")],
     )
     .await;
-    let (code, report, err) = sluice_tests::capture::verify(&cap, &a, &["--chunk-rows", "1000"]);
+    let (code, report, err) =
+        sluice_tests::capture::verify(&cap, &a, &["--chunk-rows", "1000", "--parallel", "3"]);
     assert_eq!(code, Some(1), "{report:#}\n{err}");
     let w1 = verified(&report, "binlog_field_test_1");
     assert_eq!(verified_ids(w1, "different"), ["15000"], "{w1:#}");

@@ -96,6 +96,10 @@ struct VerifyArgs {
     /// Rows per chunk (tables whose primary key is one integer column; others are one chunk).
     #[arg(long, default_value_t = 10_000)]
     chunk_rows: u64,
+    /// Chunks checksummed at the same time, each on a source connection of its own (servers
+    /// with cores to spare hash in parallel).
+    #[arg(long, default_value_t = 1)]
+    parallel: usize,
     /// Rounds of reading again the keys that changed while they were compared, before they
     /// are reported as unsettled.
     #[arg(long, default_value_t = 5)]
@@ -322,6 +326,7 @@ async fn verify(a: VerifyArgs) -> Result<u8, String> {
     let options = verify::Options {
         tables: a.table,
         chunk_rows: a.chunk_rows,
+        parallel: a.parallel,
         rounds: a.rounds,
         wait: std::time::Duration::from_secs(a.wait_secs),
         progress: !a.quiet,

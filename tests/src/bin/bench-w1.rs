@@ -25,7 +25,8 @@
 //!    achieved.
 //!
 //! With `--verify`, step 5 is `sluice verify` of the mirror against the source instead (run
-//! `--verify-runs N` times, default 2): wall time, rows verified per second, and the CPU
+//! `--verify-runs N` times, default 2, with `--parallel P` from `--verify-parallel P`, default
+//! 1): wall time, rows verified per second, and the CPU
 //! seconds of the `sluice` process, of MariaDB and of ClickHouse (the test bed's server
 //! processes, from /proc; the hashing is theirs). Writes `target/bench/w1-verify.json`.
 //!
@@ -46,6 +47,7 @@ async fn main() -> anyhow::Result<()> {
     let snapshot = args.switch("--snapshot");
     let verify = args.switch("--verify");
     let verify_runs = args.option("--verify-runs", 2)?.max(1);
+    let verify_parallel = args.option("--verify-parallel", 1)?.max(1);
     let load = Load {
         tables: args.option("--tables", 5)? as usize,
         batch: args.option("--batch", 1000)?,
@@ -207,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
                 capture_file.path(),
                 apply_file.path(),
                 rows,
+                verify_parallel,
             )?);
         }
         Some(runs)
@@ -222,7 +225,7 @@ async fn main() -> anyhow::Result<()> {
         let machine = sluice_tests::bench::machine();
         let clickhouse: String = ch.query("SELECT version()").fetch_one().await?;
         println!(
-            "sluice verify, W1 {rows} rows (chunks of 10 000), {} cores ({}); MariaDB {version}, \
+            "sluice verify --parallel {verify_parallel}, W1 {rows} rows (chunks of 10 000), {} cores ({}); MariaDB {version}, \
              ClickHouse {clickhouse}; every server on the same machine",
             machine.cores, machine.cpu
         );
@@ -709,6 +712,7 @@ fn verify_run(
     capture: &std::path::Path,
     apply: &std::path::Path,
     rows: u64,
+    parallel: u64,
 ) -> anyhow::Result<VerifyRun> {
     let mariadb = server_pid("mariadb/data/mariadbd.pid")?;
     let ch_file = if clickhouse_url().ends_with(":18124") {
@@ -724,8 +728,8 @@ fn verify_run(
     let t0 = Instant::now();
     // The shell's children's CPU (cutime + cstime) once sluice has exited: sluice's own.
     let script = format!(
-        "{} verify --quiet --json --capture-config {} --apply-config {} > \"$0\"; rc=$?; \
-         cat /proc/$$/stat; exit $rc",
+        "{} verify --quiet --json --parallel {parallel} --capture-config {} --apply-config {} \
+         > \"$0\"; rc=$?; cat /proc/$$/stat; exit $rc",
         release.join("sluice").display(),
         capture.display(),
         apply.display()
