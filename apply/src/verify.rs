@@ -106,6 +106,27 @@ pub struct TableReport {
     pub seconds: f64,
 }
 
+impl TableReport {
+    /// A table about to be compared: nothing found yet.
+    pub fn new(source: String, target: String) -> Self {
+        Self {
+            source,
+            target,
+            result: "equal".into(),
+            reason: None,
+            rows: 0,
+            chunks: 0,
+            chunks_narrowed: 0,
+            columns_not_compared: Vec::new(),
+            missing: Vec::new(),
+            extra: Vec::new(),
+            different: Vec::new(),
+            unsettled: Vec::new(),
+            seconds: 0.0,
+        }
+    }
+}
+
 /// One key that differs.
 #[derive(Debug, Clone, Serialize)]
 pub struct KeyDiff {
@@ -401,27 +422,13 @@ impl Source {
         } else {
             Some(self.position(conn).await?)
         };
-        conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        let at = sluice_capture::mysql::snapshot::begin_snapshot(conn, self.mariadb)
             .await
             .map_err(|e| format!("START TRANSACTION WITH CONSISTENT SNAPSHOT: {e}"))?;
+        if let Some(p) = at {
+            return Ok((p.clone(), p));
+        }
         if self.mariadb {
-            let rows: Vec<(String, String)> = conn
-                .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
-                .await
-                .map_err(|e| format!("SHOW STATUS LIKE 'binlog_snapshot_%': {e}"))?;
-            let get = |n: &str| {
-                rows.iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case(n))
-                    .map(|(_, v)| v.clone())
-            };
-            if let (Some(file), Some(pos)) =
-                (get("Binlog_snapshot_file"), get("Binlog_snapshot_position"))
-            {
-                if let Ok(pos) = pos.parse() {
-                    let p = BinlogPos { file, pos };
-                    return Ok((p.clone(), p));
-                }
-            }
             return Err("the source reports no binlog_snapshot_position".into());
         }
         let after = self.position(conn).await?;
@@ -572,7 +579,7 @@ impl Pipeline {
                     format!("the capture {} is at {at}", self.connector)
                 }));
             }
-            std::thread::sleep(Duration::from_millis(300));
+            std::thread::sleep(Duration::from_millis(150));
         };
         let topic = self.topics.topic(db, table).map_err(|e| e.to_string())?;
         let timeout = self.apply_kafka.request_timeout();
@@ -616,7 +623,7 @@ impl Pipeline {
                     behind.join(", ")
                 )));
             }
-            std::thread::sleep(Duration::from_millis(300));
+            std::thread::sleep(Duration::from_millis(150));
         }
     }
 }
@@ -718,21 +725,10 @@ async fn verify_table(
     let started = Instant::now();
     let tables = &setup.apply.tables;
     let target_table = tables.name.replace("{db}", db).replace("{table}", table);
-    let mut report = TableReport {
-        source: format!("{db}.{table}"),
-        target: format!("{}.{}", target.database, target_table),
-        result: "equal".into(),
-        reason: None,
-        rows: 0,
-        chunks: 0,
-        chunks_narrowed: 0,
-        columns_not_compared: Vec::new(),
-        missing: Vec::new(),
-        extra: Vec::new(),
-        different: Vec::new(),
-        unsettled: Vec::new(),
-        seconds: 0.0,
-    };
+    let mut report = TableReport::new(
+        format!("{db}.{table}"),
+        format!("{}.{}", target.database, target_table),
+    );
     let outcome = async {
         let plan = match plan(source, target, setup, db, table, &target_table, stopped).await? {
             Ok(plan) => plan,

@@ -2100,7 +2100,7 @@ async fn sluice_verify_reports_exactly_the_documents_the_target_lost_gained_or_c
     let mut app = apply(&cap.prefix, &group, "");
     started(&cap, true).await;
     let source = src.database(&db).collection::<Document>("c");
-    let docs: Vec<Document> = (0..300)
+    let docs: Vec<Document> = (0..3000)
         .map(|k| doc! { "_id": k, "v": k, "n": 1, "sub": { "a": [k, "x"], "b": null } })
         .collect();
     source.insert_many(docs).await.unwrap();
@@ -2122,14 +2122,15 @@ async fn sluice_verify_reports_exactly_the_documents_the_target_lost_gained_or_c
             .collect()
     };
 
-    // Under a writer on _id 0..150: equal, the changes in flight read again.
+    // Under a writer on _id 0..1500 (each document changed every 7.5 s): equal, the changes
+    // in flight read again.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let (source, stop) = (source.clone(), stop.clone());
         tokio::spawn(async move {
             let mut n = 0i32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let id = (n * 37) % 150;
+                let id = (n * 37) % 1500;
                 source
                     .update_one(doc! { "_id": id }, doc! { "$set": { "v": -n } })
                     .await
@@ -2141,9 +2142,13 @@ async fn sluice_verify_reports_exactly_the_documents_the_target_lost_gained_or_c
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (code, report, err) = sluice_tests::capture::verify(&cap, &app, &["--chunk-rows", "100"]);
+    let (code, report, err) = sluice_tests::capture::verify(&cap, &app, &["--chunk-rows", "1000"]);
     assert_eq!(code, Some(0), "{report:#}\n{err}");
-    assert_eq!(report["tables"][0]["rows"], 300, "{report:#}");
+    assert_eq!(report["tables"][0]["rows"], 3000, "{report:#}");
+    assert!(
+        report["tables"][0]["chunks_narrowed"].as_u64().unwrap() > 0,
+        "no document changed during the check: the test proves nothing: {report:#}"
+    );
     assert_eq!(
         report["tables"][0]["source"],
         format!("{db}.c"),
@@ -2181,7 +2186,7 @@ async fn sluice_verify_reports_exactly_the_documents_the_target_lost_gained_or_c
         )
         .await
         .unwrap();
-    let (code, report, err) = sluice_tests::capture::verify(&cap, &app, &["--chunk-rows", "100"]);
+    let (code, report, err) = sluice_tests::capture::verify(&cap, &app, &["--chunk-rows", "1000"]);
     assert_eq!(code, Some(1), "{report:#}\n{err}");
     assert_eq!(ids(&report, "missing"), ["7"], "{report:#}");
     assert_eq!(ids(&report, "extra"), ["9999"], "{report:#}");

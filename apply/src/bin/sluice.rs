@@ -306,6 +306,22 @@ fn key_text(d: &DeadLetter) -> String {
         .join(",")
 }
 
+/// A dead letter as `list --json` and `show --json` print it.
+fn letter_json(d: &DeadLetter) -> serde_json::Value {
+    serde_json::json!({
+        "partition": d.at.0,
+        "offset": d.at.1,
+        "time_ms": d.timestamp_ms,
+        "table": d.event.table,
+        "op": d.event.op_label(),
+        "key": key_text(d),
+        "kind": d.kind,
+        "reason": d.reason,
+        "source": format!("{}/{}@{}", d.topic, d.partition, d.offset),
+        "replayed": d.replayed,
+    })
+}
+
 fn filter(select: &Select, replayed: bool) -> Result<Filter, String> {
     Ok(Filter {
         table: select.table.clone(),
@@ -440,21 +456,7 @@ async fn run(command: Command) -> Result<bool, String> {
             let shown: Vec<&DeadLetter> = letters.iter().filter(|d| f.matches(d)).collect();
             for d in &shown {
                 if json {
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "partition": d.at.0,
-                            "offset": d.at.1,
-                            "time_ms": d.timestamp_ms,
-                            "table": d.event.table,
-                            "op": d.event.op_label(),
-                            "key": key_text(d),
-                            "kind": d.kind,
-                            "reason": d.reason,
-                            "source": format!("{}/{}@{}", d.topic, d.partition, d.offset),
-                            "replayed": d.replayed,
-                        })
-                    );
+                    println!("{}", letter_json(d));
                 } else {
                     println!(
                         "{}@{}  {}  {}  {} key={}  [{}] {}  (read at {}/{}@{}){}",
@@ -506,18 +508,7 @@ async fn run(command: Command) -> Result<bool, String> {
                 &d.payload,
             );
             if json {
-                let mut o = serde_json::json!({
-                    "partition": d.at.0,
-                    "offset": d.at.1,
-                    "time_ms": d.timestamp_ms,
-                    "table": d.event.table,
-                    "op": d.event.op_label(),
-                    "key": key_text(d),
-                    "kind": d.kind,
-                    "reason": d.reason,
-                    "source": format!("{}/{}@{}", d.topic, d.partition, d.offset),
-                    "replayed": d.replayed,
-                });
+                let mut o = letter_json(d);
                 if let Some((_, e)) = event {
                     o["event"] = serde_json::Value::Object(e);
                 }

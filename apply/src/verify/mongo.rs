@@ -114,13 +114,7 @@ impl Side {
                 .await
                 .map_err(|e| format!("{db}.{coll}: {e}"))?
             {
-                let id = d
-                    .get("_id")
-                    .ok()
-                    .flatten()
-                    .and_then(|v| Bson::try_from(v.to_raw_bson()).ok())
-                    .unwrap_or(Bson::Null);
-                out.insert(key(&id), canonical(&d)?);
+                out.insert(key(&id_of(&d)), canonical(&d)?);
             }
         }
         Ok(out)
@@ -153,6 +147,15 @@ impl Side {
                     .to_string()
             })
     }
+}
+
+/// A document's `_id` (null for a document without one, which MongoDB does not store).
+fn id_of(d: &RawDocumentBuf) -> Bson {
+    d.get("_id")
+        .ok()
+        .flatten()
+        .and_then(|v| Bson::try_from(v.to_raw_bson()).ok())
+        .unwrap_or(Bson::Null)
 }
 
 /// An `_id` as text (canonical extended JSON): the key of the maps.
@@ -230,21 +233,7 @@ pub async fn run(setup: &Setup, options: &Options) -> Result<Report, String> {
     let mut reports = Vec::new();
     for (db, coll) in names {
         let (tdb, tcoll) = setup.apply.target(&db, &coll);
-        let mut report = TableReport {
-            source: format!("{db}.{coll}"),
-            target: format!("{tdb}.{tcoll}"),
-            result: "equal".into(),
-            reason: None,
-            rows: 0,
-            chunks: 0,
-            chunks_narrowed: 0,
-            columns_not_compared: Vec::new(),
-            missing: Vec::new(),
-            extra: Vec::new(),
-            different: Vec::new(),
-            unsettled: Vec::new(),
-            seconds: 0.0,
-        };
+        let mut report = TableReport::new(format!("{db}.{coll}"), format!("{tdb}.{tcoll}"));
         let t0 = Instant::now();
         let stop = stopped
             .get(&format!("{tdb}.{tcoll}"))
@@ -322,13 +311,7 @@ async fn compare(
             .await
             .map_err(|e| format!("{db}.{coll}: {e}"))?;
         if let Some(d) = &next {
-            let id = d
-                .get("_id")
-                .ok()
-                .flatten()
-                .and_then(|v| Bson::try_from(v.to_raw_bson()).ok())
-                .unwrap_or(Bson::Null);
-            docs.push((id, canonical(d)?));
+            docs.push((id_of(d), canonical(d)?));
         }
         if docs.len() == batch || (next.is_none() && !docs.is_empty()) {
             let ids: Vec<Bson> = docs.iter().map(|(i, _)| i.clone()).collect();
@@ -373,14 +356,7 @@ async fn compare(
             .await
             .map_err(|e| format!("{tdb}.{tcoll}: {e}"))?;
         if let Some(d) = &next {
-            if let Some(id) = d
-                .get("_id")
-                .ok()
-                .flatten()
-                .and_then(|v| Bson::try_from(v.to_raw_bson()).ok())
-            {
-                ids.push(id);
-            }
+            ids.push(id_of(d));
         }
         if ids.len() == batch || (next.is_none() && !ids.is_empty()) {
             let mine = source.by_ids(db, coll, &ids, true).await?;

@@ -50,7 +50,7 @@ use crate::snapshot::{
     split_name, SnapshotConfig, SnapshotMetrics, SnapshotProgress, TableProgress,
 };
 
-pub use reader::{read_chunk, ChunkRequest};
+pub use reader::{begin_snapshot, read_chunk, ChunkRequest};
 pub use values::to_value;
 
 /// What a reader task sends back to the stream loop.

@@ -212,7 +212,10 @@ async fn prepare(conn: &mut mysql_async::Conn) -> Result<(), mysql_async::Error>
         .await
 }
 
-async fn begin_snapshot(
+/// `START TRANSACTION WITH CONSISTENT SNAPSHOT` on `conn`, and the binlog position it is
+/// consistent with where the server reports one (MariaDB's `binlog_snapshot_*`; `None` on
+/// MySQL).
+pub async fn begin_snapshot(
     conn: &mut mysql_async::Conn,
     mariadb: bool,
 ) -> Result<Option<BinlogPos>, mysql_async::Error> {
