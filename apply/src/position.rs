@@ -184,6 +184,9 @@ pub enum GroupTo {
     Start,
     /// The first event at or after this time (milliseconds since the epoch).
     Time(i64),
+    /// The first event whose version is this or more: the events of a source position on
+    /// (`sluice_proto::mysql_version_in` of a binlog coordinate).
+    Version(u64),
     /// Given offsets: `(topic, partition) -> offset`.
     Offsets(BTreeMap<(String, i32), i64>),
 }
@@ -260,6 +263,9 @@ pub fn set_group(
                 let to = match to {
                     GroupTo::End => p.end,
                     GroupTo::Start => p.start,
+                    GroupTo::Version(v) => {
+                        first_at_version(kafka, &p.topic, p.partition, p.start, p.end, *v)?
+                    }
                     GroupTo::Time(ms) => {
                         times
                             .add_partition_offset(&p.topic, p.partition, Offset::Offset(*ms))
@@ -311,6 +317,80 @@ pub fn set_group(
     Ok(moves)
 }
 
+/// The offset of a partition's first change event whose version is `v` or more, or `end` when
+/// there is none: a binary search, since the versions of one partition only grow (the capture
+/// publishes in the source's order). Records that are no change event count as version 0.
+fn first_at_version(
+    kafka: &KafkaConfig,
+    topic: &str,
+    partition: i32,
+    start: i64,
+    end: i64,
+    v: u64,
+) -> Result<i64, String> {
+    use prost::Message as _;
+    use rdkafka::consumer::BaseConsumer;
+    use rdkafka::Message as _;
+    let mut config = kafka.client_config("sluice-position");
+    config
+        .set("group.id", format!("sluice-position-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
+    let c: BaseConsumer = config
+        .create()
+        .map_err(|e| format!("cannot make a Kafka client: {e}"))?;
+    let wait = kafka.request_timeout();
+    // The first event at or after offset `o`: its offset and version; None when there is none
+    // before the end (only transaction markers, or aborted records).
+    let at = |o: i64| -> Result<Option<(i64, u64)>, String> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(o))
+            .map_err(|e| e.to_string())?;
+        c.assign(&tpl).map_err(|e| format!("{topic}[{partition}]: {e}"))?;
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match c.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) if m.partition() == partition => {
+                    if m.offset() >= end {
+                        return Ok(None);
+                    }
+                    let version = m
+                        .payload()
+                        .and_then(|b| sluice_proto::v1::ChangeEvent::decode(b).ok())
+                        .map_or(0, |e| e.version);
+                    return Ok(Some((m.offset(), version)));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return Ok(None),
+                Some(Err(e)) => return Err(format!("{topic}[{partition}] at {o}: {e}")),
+                None => {
+                    let (_, high) = c
+                        .fetch_watermarks(topic, partition, wait)
+                        .map_err(|e| format!("{topic}[{partition}]: {e}"))?;
+                    if o >= high.min(end) {
+                        return Ok(None);
+                    }
+                    if std::time::Instant::now() > deadline {
+                        return Err(format!(
+                            "{topic}[{partition}]: nothing read at offset {o} in {} s",
+                            wait.as_secs()
+                        ));
+                    }
+                }
+            }
+        }
+    };
+    let (mut lo, mut hi) = (start, end);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match at(mid)? {
+            Some((found, version)) if version < v => lo = found + 1,
+            _ => hi = mid,
+        }
+    }
+    Ok(lo)
+}
+
 /// `TOPIC:PARTITION=OFFSET`.
 pub fn parse_offset(s: &str) -> Result<((String, i32), i64), String> {
     let bad = || format!("--to-offset {s:?}: expected TOPIC:PARTITION=OFFSET");
@@ -322,7 +402,6 @@ pub fn parse_offset(s: &str) -> Result<((String, i32), i64), String> {
     ))
 }
 
-/// A time: seconds since the epoch or `YYYY-MM-DDTHH:MM:SSZ` (UTC), in milliseconds.
 /// A time given as seconds since the epoch or `YYYY-MM-DDTHH:MM:SSZ`, in milliseconds.
 pub fn parse_time(s: &str) -> Result<i64, String> {
     sluice_common::civil::parse_epoch_seconds(s).map(|secs| secs as i64 * 1000)

@@ -2108,6 +2108,7 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
                 .unwrap()
         }
     };
+    let before_300 = sluice_tests::capture::binlog_status(&mut c).await;
     c.query_drop(w1_insert(&db, 300, 10)).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while behind().await < 10 {
@@ -2159,6 +2160,48 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+
+    // Moved to a source position (the binlog's before rows 300..): each partition to its first
+    // event of that position or later, as the events' versions say.
+    let (code, log) = a.stop();
+    assert_eq!(code, Some(0), "{log}");
+    let at = format!("{}:{}", before_300.0, before_300.1);
+    let (code, out, err) = sluice(&["position", "set", "--group", &group, "--to-position", &at]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let from = sluice_proto::mysql_version(&before_300.0, before_300.1, 0).unwrap();
+    let (code, events, err) = sluice(&["events", "--topic", &topic, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let mut want: BTreeMap<i64, i64> = BTreeMap::new();
+    let mut ends: BTreeMap<i64, i64> = BTreeMap::new();
+    for l in events.lines() {
+        let e: serde_json::Value = serde_json::from_str(l).unwrap();
+        let (p, o) = (e["partition"].as_i64().unwrap(), e["offset"].as_i64().unwrap());
+        let end = ends.entry(p).or_insert(0);
+        *end = (*end).max(o + 1);
+        if e["version"].as_u64().unwrap() >= from {
+            let w = want.entry(p).or_insert(o);
+            *w = (*w).min(o);
+        }
+    }
+    let (code, shown, err) = sluice(&["position", "show", "--group", &group]);
+    assert_eq!(code, Some(0), "{err}");
+    for p in 0..3i64 {
+        let committed: i64 = shown
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{topic}:{p}=")))
+            .unwrap_or_else(|| panic!("partition {p} in {shown}"))
+            .parse()
+            .unwrap();
+        let first = want.get(&p).copied();
+        // No event of the position on the partition: its end (past its last record, maybe a
+        // transaction marker).
+        match first {
+            Some(o) => assert_eq!(committed, o, "partition {p}: {shown}\n{events}"),
+            None => assert!(committed >= ends[&p], "partition {p}: {shown}\n{events}"),
+        }
+    }
+    assert!(!want.is_empty(), "rows 300.. are after the position: {events}");
+    let mut a = apply(&prefix, &m_db, "mirror", &group, "");
     finish(&db, &mut [&mut cap, &mut a]).await;
 }
 

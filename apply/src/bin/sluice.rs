@@ -3,7 +3,8 @@
 //!     sluice status [--connector NAME] [--group G] [--json]
 //!     sluice position show (--connector NAME | --group G)
 //!     sluice position set --connector NAME (--binlog FILE:POS | --oplog SECONDS[.INC])
-//!     sluice position set --group G (--to-end | --to-start | --to-time T | --to-offset T:P=O...)
+//!     sluice position set --group G (--to-end | --to-start | --to-time T | --to-position FILE:POS
+//!                                    | --to-offset T:P=O...)
 //!     sluice events --topic TOPIC [--merge] [--json] [--count N] [--follow] [--wait S]
 //!     sluice mongo --uri URI --db DB '{"find": "coll"}'
 //!     sluice dead-letters list   [--table DB.T] [--reason R] [--since T] [--all] [--json]
@@ -154,6 +155,15 @@ enum Position {
         /// the epoch or `YYYY-MM-DDTHH:MM:SSZ`).
         #[arg(long, value_name = "TIME")]
         to_time: Option<String>,
+        /// A group: every partition to its first event at or after this source position, a
+        /// binlog coordinate `FILE:POS` (of `--generation`): what the capture published from
+        /// there on is applied again.
+        #[arg(long, value_name = "FILE:POS")]
+        to_position: Option<String>,
+        /// The binlog generation of `--to-position` (the capture's `mysql.generation`, shown in
+        /// its checkpoint).
+        #[arg(long, default_value_t = 0)]
+        generation: u8,
         /// A group: this partition to this offset, `TOPIC:PARTITION=OFFSET` (repeatable).
         #[arg(long, value_name = "TOPIC:PARTITION=OFFSET")]
         to_offset: Vec<String>,
@@ -644,6 +654,8 @@ async fn position(p: Position) -> Result<bool, String> {
                 to_start,
                 to_time,
                 to_offset,
+                to_position,
+                generation,
                 ..
             },
             connector,
@@ -652,6 +664,7 @@ async fn position(p: Position) -> Result<bool, String> {
             let group_args = to_end as u8
                 + to_start as u8
                 + to_time.is_some() as u8
+                + to_position.is_some() as u8
                 + (!to_offset.is_empty()) as u8;
             if let Some(c) = connector {
                 let to = match (binlog, oplog) {
@@ -681,8 +694,9 @@ async fn position(p: Position) -> Result<bool, String> {
                 let g = group.expect("one of them");
                 if binlog.is_some() || oplog.is_some() || group_args != 1 {
                     return Err(
-                        "a group moves to one of --to-end, --to-start, --to-time T or \
-                                --to-offset TOPIC:PARTITION=OFFSET (repeatable)"
+                        "a group moves to one of --to-end, --to-start, --to-time T, \
+                         --to-position FILE:POS or --to-offset TOPIC:PARTITION=OFFSET \
+                         (repeatable)"
                             .into(),
                     );
                 }
@@ -692,6 +706,15 @@ async fn position(p: Position) -> Result<bool, String> {
                     GroupTo::Start
                 } else if let Some(t) = to_time {
                     GroupTo::Time(pos::parse_time(&t).map_err(|e| format!("--to-time: {e}"))?)
+                } else if let Some(p) = to_position {
+                    let (file, at) = p
+                        .rsplit_once(':')
+                        .and_then(|(f, a)| Some((f, a.parse::<u64>().ok()?)))
+                        .ok_or_else(|| format!("--to-position {p:?}: expected FILE:POS"))?;
+                    GroupTo::Version(
+                        sluice_proto::mysql_version_in(generation, file, at, 0)
+                            .map_err(|e| format!("--to-position {p:?}: {e}"))?,
+                    )
                 } else {
                     GroupTo::Offsets(
                         to_offset
