@@ -333,7 +333,10 @@ fn first_at_version(
     use rdkafka::Message as _;
     let mut config = kafka.client_config("sluice-position");
     config
-        .set("group.id", format!("sluice-position-{}", std::process::id()))
+        .set(
+            "group.id",
+            format!("sluice-position-{}", std::process::id()),
+        )
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed");
     let c: BaseConsumer = config
@@ -346,7 +349,8 @@ fn first_at_version(
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition, Offset::Offset(o))
             .map_err(|e| e.to_string())?;
-        c.assign(&tpl).map_err(|e| format!("{topic}[{partition}]: {e}"))?;
+        c.assign(&tpl)
+            .map_err(|e| format!("{topic}[{partition}]: {e}"))?;
         let deadline = std::time::Instant::now() + wait;
         loop {
             match c.poll(Duration::from_millis(200)) {

@@ -1973,9 +1973,13 @@ async fn sluice_status_shows_the_captures_position_and_the_groups_lag() {
     let config = cap.config_path().to_str().unwrap().to_string();
     let s = status(&["--capture-config", &config]);
     let now = &s["connectors"][0]["source_now"];
+    // At or past where the test read it (other tests write meanwhile; the binlog may rotate).
     let (at_file, at_pos) = now["position"].as_str().unwrap().rsplit_once(':').unwrap();
-    assert_eq!(at_file, file, "{s:#}");
-    assert!(at_pos.parse::<u64>().unwrap() >= pos, "{s:#}");
+    let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap();
+    assert!(
+        (seq(at_file), at_pos.parse::<u64>().unwrap()) >= (seq(&file), pos),
+        "{s:#}"
+    );
     let behind = now["behind_bytes"].as_u64().unwrap();
     let (stored_file, stored_pos) = stored.rsplit_once(':').unwrap();
     if stored_file == file {
@@ -1994,7 +1998,7 @@ async fn sluice_status_shows_the_captures_position_and_the_groups_lag() {
     ]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        out.contains(&format!("; the source at {file}:")) && out.contains(" bytes behind"),
+        out.contains("; the source at ") && out.contains(" bytes behind"),
         "{out}"
     );
     cap.restart();
@@ -2175,7 +2179,10 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
     let mut ends: BTreeMap<i64, i64> = BTreeMap::new();
     for l in events.lines() {
         let e: serde_json::Value = serde_json::from_str(l).unwrap();
-        let (p, o) = (e["partition"].as_i64().unwrap(), e["offset"].as_i64().unwrap());
+        let (p, o) = (
+            e["partition"].as_i64().unwrap(),
+            e["offset"].as_i64().unwrap(),
+        );
         let end = ends.entry(p).or_insert(0);
         *end = (*end).max(o + 1);
         if e["version"].as_u64().unwrap() >= from {
@@ -2200,7 +2207,10 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
             None => assert!(committed >= ends[&p], "partition {p}: {shown}\n{events}"),
         }
     }
-    assert!(!want.is_empty(), "rows 300.. are after the position: {events}");
+    assert!(
+        !want.is_empty(),
+        "rows 300.. are after the position: {events}"
+    );
     let mut a = apply(&prefix, &m_db, "mirror", &group, "");
     finish(&db, &mut [&mut cap, &mut a]).await;
 }
