@@ -669,16 +669,7 @@ pub async fn run(setup: &Setup, options: &Options) -> Result<Report, String> {
         topics: setup.capture.topics.template().map_err(|e| e.to_string())?,
     });
     let mut tables = source.tables(&filter).await?;
-    if !options.tables.is_empty() {
-        for want in &options.tables {
-            if !tables.iter().any(|(d, t)| &format!("{d}.{t}") == want) {
-                return Err(format!(
-                    "{want}: no such table in the source, or outside the capture's filter"
-                ));
-            }
-        }
-        tables.retain(|(d, t)| options.tables.contains(&format!("{d}.{t}")));
-    }
+    only_wanted(&mut tables, &options.tables, "table")?;
     let stopped = target.stopped(&setup.apply.tables.stopped_table).await;
     let mut reports = Vec::new();
     for (db, table) in tables {
@@ -692,6 +683,27 @@ pub async fn run(setup: &Setup, options: &Options) -> Result<Report, String> {
         reports.push(report);
     }
     Ok(report(reports, started))
+}
+
+/// Keep only the `database.name`s of `--table` (all when none is given); a name that is not
+/// among them is an error.
+pub(crate) fn only_wanted(
+    names: &mut Vec<(String, String)>,
+    wanted: &[String],
+    what: &str,
+) -> Result<(), String> {
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    for want in wanted {
+        if !names.iter().any(|(d, t)| &format!("{d}.{t}") == want) {
+            return Err(format!(
+                "{want}: no such {what} in the source, or outside the capture's filter"
+            ));
+        }
+    }
+    names.retain(|(d, t)| wanted.contains(&format!("{d}.{t}")));
+    Ok(())
 }
 
 /// The whole answer from the tables' answers.

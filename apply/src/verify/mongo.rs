@@ -204,16 +204,7 @@ pub async fn run(setup: &Setup, options: &Options) -> Result<Report, String> {
         }
     }
     names.sort();
-    if !options.tables.is_empty() {
-        for want in &options.tables {
-            if !names.iter().any(|(d, c)| &format!("{d}.{c}") == want) {
-                return Err(format!(
-                    "{want}: no such collection in the source, or outside the capture's filter"
-                ));
-            }
-        }
-        names.retain(|(d, c)| options.tables.contains(&format!("{d}.{c}")));
-    }
+    super::only_wanted(&mut names, &options.tables, "collection")?;
     // Collections the apply stage stopped, by namespace, with the reason.
     let mut stopped: HashMap<String, String> = HashMap::new();
     if let Ok(mut c) = target
