@@ -3,6 +3,7 @@
 //! by column in the mirror table, on whichever server `SLUICE_CLICKHOUSE_URL` names (the test
 //! suite runs it against ClickHouse 18.16 and a current one). A row holding a value the target
 //! column cannot hold is not written: it goes to the dead-letter topic with the column named.
+//! (On 26.8+ every date MySQL keeps fits `Date32`/`DateTime64`: nothing is refused there.)
 
 use std::time::{Duration, Instant};
 
@@ -23,15 +24,16 @@ async fn text(sql: &str) -> String {
 }
 
 /// Rows 5 and 6: rows 1 and 2 of the edge table with their dates and datetimes moved to the
-/// edges of what ClickHouse holds (Date 1970-01-01 .. 2149-06-06, DateTime up to 2106-02-07,
-/// DateTime64 1900 .. 2299), so every other column's extremes reach the target.
+/// edges of what every ClickHouse holds and reads back (18.16: Date and DateTime up to
+/// 2106-02-07 and 2106-02-06 23:59:59; DateTime64 1900 .. 2299), so every other column's
+/// extremes reach the target.
 fn in_range_rows(db: &str) -> String {
     format!(
         "INSERT INTO `{db}`.edge SELECT id + 4, ti, tiu, si, siu, mi, miu, i, iu, bi, biu, d65, d10,
            f, db, b1, b64, e, s,
-           IF(id = 1, '1970-01-01', '2149-06-06'), tm, tm1, tm2, tm6,
+           IF(id = 1, '1970-01-01', '2106-02-07'), tm, tm1, tm2, tm6,
            IF(id = 1, '1900-01-01 00:00:00.000000', '2299-12-31 23:59:59.999999'),
-           IF(id = 1, '1970-01-01 00:00:01', '2106-02-07 06:28:15'), ts6, y, vc, l1, ch, bin, vb,
+           IF(id = 1, '1970-01-01 00:00:01', '2106-02-06 23:59:59'), ts6, y, vc, l1, ch, bin, vb,
            bl, tx, g, js
          FROM `{db}`.edge WHERE id IN (1, 2)"
     )
@@ -40,8 +42,8 @@ fn in_range_rows(db: &str) -> String {
 /// What is read back, column by column, in a form both servers print alike: days and seconds
 /// for Date and DateTime, hex for bytes, text for the rest.
 const SELECT: &str = "id, ti, tiu, si, siu, mi, miu, i, iu, bi, biu, d65, toInt64(d10 * 100), \
-    toString(f), toString(db), b1, b64, e, s, toUInt16(dt), tm, tm1, tm2, tm6, toString(dtm6), \
-    toUInt32(dtm0), toString(ts6), y, vc, l1, ch, hex(bin), hex(vb), hex(bl), tx, hex(g), js";
+    toString(f), toString(db), b1, b64, e, s, toInt32(dt), tm, tm1, tm2, tm6, toString(dtm6), \
+    toInt64(dtm0), toString(ts6), y, vc, l1, ch, hex(bin), hex(vb), hex(bl), tx, hex(g), js";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_type_at_its_edges_into_clickhouse() {
@@ -89,12 +91,21 @@ async fn every_type_at_its_edges_into_clickhouse() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert_eq!(written.trim(), "1", "the target table was never created");
-    // Rows 3 to 6 written (1 and 2 are refused, below).
+    let version = text("SELECT version()").await;
+    let mut parts = version
+        .trim()
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    // DateTime64 came with ClickHouse 20.1; from 26.8 Date32 and DateTime64 hold 0000..9999.
+    let (current, full) = (v >= (20, 1), v >= (26, 8));
+    // Rows 3 to 6 written, and 1 and 2 where every date fits (else refused, below).
+    let want_rows = if full { "6" } else { "4" };
     while Instant::now() < deadline
         && text(&format!("SELECT count() FROM {ch_db}.edge FINAL"))
             .await
             .trim()
-            != "4"
+            != want_rows
     {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -103,19 +114,20 @@ async fn every_type_at_its_edges_into_clickhouse() {
         "SELECT {SELECT} FROM {ch_db}.edge FINAL ORDER BY id"
     ))
     .await;
-    let letters: Vec<String> = tokio::task::spawn_blocking(move || dead_letters(&dlq, 2))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(_, reason)| reason)
-        .collect();
-    let version = text("SELECT version()").await;
-    // DateTime64 came with ClickHouse 20.1.
-    let mut parts = version
-        .trim()
-        .split('.')
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let current = (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (20, 1);
+    let want_letters = if full { 0 } else { 2 };
+    let letters: Vec<String> = tokio::task::spawn_blocking(move || {
+        if want_letters == 0 {
+            // Nothing refused: read for a while, to see that nothing comes.
+            dead_letters(&dlq, 1)
+        } else {
+            dead_letters(&dlq, want_letters)
+        }
+    })
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(_, reason)| reason)
+    .collect();
     println!(
         "ClickHouse {} (DateTime64: {current})\n{columns}",
         version.trim()
@@ -132,14 +144,25 @@ async fn every_type_at_its_edges_into_clickhouse() {
     };
     assert_eq!(types[24], fractional, "DATETIME(6): {columns}");
     assert_eq!(types[26], fractional, "TIMESTAMP(6): {columns}");
-    assert_eq!(types[11], "Nullable(String)", "DECIMAL(65,30): {columns}");
+    let d256 = v >= (22, 8);
+    let d65 = if d256 {
+        "Nullable(Decimal(65, 30))"
+    } else {
+        "Nullable(String)"
+    };
+    assert_eq!(types[11], d65, "DECIMAL(65,30): {columns}");
     assert_eq!(
         types[12], "Nullable(Decimal(10, 2))",
         "DECIMAL(10,2): {columns}"
     );
     assert_eq!(types[10], "Nullable(UInt64)", "BIGINT UNSIGNED: {columns}");
-    assert_eq!(types[19], "Nullable(Date)");
-    assert_eq!(types[25], "Nullable(DateTime(\\'UTC\\'))");
+    let (date, datetime) = if current {
+        ("Nullable(Date32)", "Nullable(DateTime64(0, \\'UTC\\'))")
+    } else {
+        ("Nullable(Date)", "Nullable(DateTime(\\'UTC\\'))")
+    };
+    assert_eq!(types[19], date, "DATE: {columns}");
+    assert_eq!(types[25], datetime, "DATETIME: {columns}");
 
     // The zero DATETIME(6) and TIMESTAMP(6): text as MySQL prints them where they travel as
     // text; ClickHouse's zero (the epoch) in DateTime64, as the zero DATE and DATETIME are
@@ -150,7 +173,13 @@ async fn every_type_at_its_edges_into_clickhouse() {
         "0000-00-00 00:00:00.000000"
     };
     let nines = format!("{}.{}", "9".repeat(35), "9".repeat(30));
-    let (neg_nines, zeros) = (format!("-{nines}"), format!("0.{}", "0".repeat(30)));
+    let neg_nines = format!("-{nines}");
+    // A Decimal prints no trailing zeros on current servers; text keeps them.
+    let zeros = if d256 {
+        "0".to_string()
+    } else {
+        format!("0.{}", "0".repeat(30))
+    };
     let row3: Vec<&str> = vec![
         "3", "0", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", "\\N", &zeros, "50",
         "\\N", "\\N", "\\N", "\\N", "b\\'q", "x,z", "0", "00:00:00", "\\N", "\\N", "\\N", zero6,
@@ -197,7 +226,7 @@ async fn every_type_at_its_edges_into_clickhouse() {
         "0101000000000000000000F03F0000000000000040",
         "{}",
     ];
-    let row6: Vec<&str> = vec![
+    let mut row6: Vec<&str> = vec![
         "6",
         "127",
         "255",
@@ -236,16 +265,34 @@ async fn every_type_at_its_edges_into_clickhouse() {
         "\\N",
         r#"{"a":[1,2.5,null,"x"],"b":{"c":true}}"#,
     ];
+    // Row 6's DATE and DATETIME(0): 2106-02-07 (day 49710), 2106-02-06 23:59:59.
+    row6[19] = "49710";
+    row6[25] = "4294943999";
     let names: Vec<&str> = columns
         .lines()
         .map(|l| l.split('\t').next().unwrap_or(""))
         .collect();
     let got: Vec<Vec<&str>> = rows.lines().map(|l| l.split('\t').collect()).collect();
-    let want = [row3, row4, row5, row6];
+    let mut want = vec![row3, row4, row5.clone(), row6.clone()];
+    if full {
+        // Rows 1 and 2 are rows 5 and 6 with MySQL's first and last dates.
+        let mut row1 = row5;
+        row1[0] = "1";
+        row1[19] = "-354285";
+        row1[24] = "1000-01-01 00:00:00.000000";
+        row1[25] = "-30610224000";
+        let mut row2 = row6;
+        row2[0] = "2";
+        row2[19] = "2932896";
+        row2[24] = "9999-12-31 23:59:59.999999";
+        row2[25] = "253402300799";
+        want.insert(0, row2);
+        want.insert(0, row1);
+    }
     assert_eq!(
         got.len(),
         want.len(),
-        "rows 3 to 6 are written, 1 and 2 refused:\n{rows}"
+        "rows 3 to 6 are written, 1 and 2 where every date fits (else refused):\n{rows}"
     );
     for (got, want) in got.iter().zip(&want) {
         assert_eq!(got.len(), want.len(), "{got:?}");
@@ -253,23 +300,27 @@ async fn every_type_at_its_edges_into_clickhouse() {
             assert_eq!(g, w, "row {}, column {}", want[0], names[i]);
         }
     }
-    // Rows 1 and 2 hold dates no ClickHouse Date holds: each is refused, with the column and
-    // the reason named, and nothing of it is written.
-    assert_eq!(letters.len(), 2, "{letters:#?}");
+    // Below 26.8, rows 1 and 2 hold dates no date type of the server holds: each is refused,
+    // with the row, the column and the reason named, and nothing of it is written.
+    assert_eq!(letters.len(), want_letters, "{letters:#?}");
     for l in &letters {
         assert!(
-            l.contains(".edge column dt: ") && l.contains("outside ClickHouse Date's range"),
+            l.contains(".edge row (id=")
+                && l.contains(" column dt: ")
+                && l.contains("is outside what ClickHouse"),
             "{l}"
         );
     }
-    assert!(
-        letters.iter().any(|l| l.contains("1000-01-01")),
-        "{letters:?}"
-    );
-    assert!(
-        letters.iter().any(|l| l.contains("9999-12-31")),
-        "{letters:?}"
-    );
+    if !full {
+        assert!(
+            letters.iter().any(|l| l.contains("1000-01-01")),
+            "{letters:?}"
+        );
+        assert!(
+            letters.iter().any(|l| l.contains("9999-12-31")),
+            "{letters:?}"
+        );
+    }
     for p in [&mut cap, &mut apply] {
         let (code, out) = p.stop();
         assert_eq!(code, Some(0), "{out}");

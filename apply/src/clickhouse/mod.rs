@@ -119,6 +119,12 @@ pub struct TablesConfig {
     pub drop: OnDrop,
     /// Per source table (`database.table`) overrides of `drop`.
     pub drop_tables: BTreeMap<String, OnDrop>,
+    /// How DATE, DATETIME and TIMESTAMP columns of created tables are kept: `native` (the
+    /// default: the server's widest date and time types; a value they cannot hold stops the
+    /// table, named) or `text` (as MySQL prints them: every value exact) ([`types::Temporal`]).
+    pub temporal: types::Temporal,
+    /// Per source table (`database.table`) overrides of `temporal`.
+    pub temporal_tables: BTreeMap<String, types::Temporal>,
 }
 
 /// `tables.truncate`: what a source `TRUNCATE TABLE` does to the target.
@@ -167,6 +173,8 @@ impl Default for TablesConfig {
             truncate_tables: BTreeMap::new(),
             drop: OnDrop::Keep,
             drop_tables: BTreeMap::new(),
+            temporal: types::Temporal::Native,
+            temporal_tables: BTreeMap::new(),
         }
     }
 }
@@ -185,6 +193,13 @@ impl TablesConfig {
 
     pub fn drop_of(&self, source: &str) -> OnDrop {
         self.drop_tables.get(source).copied().unwrap_or(self.drop)
+    }
+
+    pub fn temporal_of(&self, source: &str) -> types::Temporal {
+        self.temporal_tables
+            .get(source)
+            .copied()
+            .unwrap_or(self.temporal)
     }
 }
 

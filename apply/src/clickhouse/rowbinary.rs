@@ -67,45 +67,71 @@ pub fn encode(v: ValueRef<'_>, c: &Column, t: &ChType, out: &mut Vec<u8>) -> Res
         }
         (V::Enum { index, .. }, ChType::UInt(b)) => put_int(index as i128, *b, false, out),
         (V::Set { bits, .. }, ChType::UInt(b)) => put_int(bits as i128, *b, false, out),
-        (V::Date(d), ChType::Date) => {
-            let days = if d.year == 0 && d.month == 0 && d.day == 0 {
-                0 // the zero date: ClickHouse's own zero, 1970-01-01
-            } else {
-                days_from_civil(d.year, d.month, d.day)?
-            };
-            if !(0..=u16::MAX as i64).contains(&days) {
-                return Err(format!(
-                    "{} is outside ClickHouse Date's range (1970-01-01 .. 2149-06-06)",
-                    text(&v, c)
-                ));
-            }
+        (V::Date(d), ChType::Date(span)) => {
+            let days = date_days(&d, &v, c)?;
+            check_span(days * 86_400, span, t, &v, c)?;
             out.extend_from_slice(&(days as u16).to_le_bytes());
             Ok(())
         }
-        (V::Datetime(d), ChType::DateTime) => {
+        (V::Date(d), ChType::Date32(span)) => {
+            let days = date_days(&d, &v, c)?;
+            check_span(days * 86_400, span, t, &v, c)?;
+            out.extend_from_slice(&(days as i32).to_le_bytes());
+            Ok(())
+        }
+        (V::Datetime(d), ChType::DateTime(span)) => {
             if d.micros != 0 {
                 return Err(format!(
                     "{} has fractional seconds a DateTime column would drop",
                     text(&v, c)
                 ));
             }
-            let secs = datetime_seconds(&d)?;
-            put_u32_seconds(secs, &v, c, out)
+            let secs = datetime_seconds(&d, &v, c)?;
+            check_span(secs, span, t, &v, c)?;
+            out.extend_from_slice(&(secs as u32).to_le_bytes());
+            Ok(())
         }
-        (V::TimestampMicros(us), ChType::DateTime) => {
+        (V::TimestampMicros(us), ChType::DateTime(span)) => {
             if us % 1_000_000 != 0 {
                 return Err(format!(
                     "{} has fractional seconds a DateTime column would drop",
                     text(&v, c)
                 ));
             }
-            put_u32_seconds(us / 1_000_000, &v, c, out)
+            check_span(us / 1_000_000, span, t, &v, c)?;
+            out.extend_from_slice(&((us / 1_000_000) as u32).to_le_bytes());
+            Ok(())
         }
-        (V::Datetime(d), ChType::DateTime64(p)) => {
-            let us = datetime_seconds(&d)? * 1_000_000 + i64::from(d.micros);
+        (V::Datetime(d), ChType::DateTime64(p, span)) => {
+            let secs = datetime_seconds(&d, &v, c)?;
+            check_span(secs, span, t, &v, c)?;
+            put_dt64(secs * 1_000_000 + i64::from(d.micros), *p, &v, c, out)
+        }
+        (V::TimestampMicros(us), ChType::DateTime64(p, span)) => {
+            check_span(us.div_euclid(1_000_000), span, t, &v, c)?;
             put_dt64(us, *p, &v, c, out)
         }
-        (V::TimestampMicros(us), ChType::DateTime64(p)) => put_dt64(us, *p, &v, c, out),
+        (V::Text(s), ChType::IPv4) => {
+            let ip: std::net::Ipv4Addr = s
+                .parse()
+                .map_err(|_| format!("{s:?} is not an IPv4 address"))?;
+            out.extend_from_slice(&u32::from(ip).to_le_bytes());
+            Ok(())
+        }
+        (V::Text(s), ChType::IPv6) => {
+            let ip: std::net::Ipv6Addr = s
+                .parse()
+                .map_err(|_| format!("{s:?} is not an IPv6 address"))?;
+            out.extend_from_slice(&ip.octets());
+            Ok(())
+        }
+        (V::Text(s), ChType::Uuid) => {
+            let u = parse_uuid(s).ok_or_else(|| format!("{s:?} is not a UUID"))?;
+            // Two 64-bit halves, the high one first, each little-endian.
+            out.extend_from_slice(&((u >> 64) as u64).to_le_bytes());
+            out.extend_from_slice(&(u as u64).to_le_bytes());
+            Ok(())
+        }
         (V::TimeMicros(us), ChType::Int(64)) => put_int(us as i128, 64, true, out),
         (_, ChType::String) => {
             let bytes: &[u8] = match v {
@@ -293,48 +319,85 @@ fn put_decimal(d: &str, precision: u8, scale: u8, out: &mut Vec<u8>) -> Result<(
     if int.len() + scale > precision as usize {
         return Err(format!("{d} does not fit Decimal({precision}, {scale})"));
     }
-    let mut v: i128 = 0;
     let digit = |b: u8| {
         if b.is_ascii_digit() {
-            Ok(i128::from(b - b'0'))
+            Ok(u64::from(b - b'0'))
         } else {
             Err(format!("{d} is not a decimal"))
         }
     };
+    // The scaled integer, in 64-bit limbs (little-endian): up to 76 digits.
+    let mut limbs = [0u64; 4];
+    let mut push = |x: u64| {
+        let mut carry = u128::from(x);
+        for l in limbs.iter_mut() {
+            let t = u128::from(*l) * 10 + carry;
+            *l = t as u64;
+            carry = t >> 64;
+        }
+    };
     for b in int.bytes() {
-        v = v * 10 + digit(b)?;
+        push(digit(b)?);
     }
     let fb = frac.as_bytes();
     for i in 0..scale {
-        v = v * 10 + fb.get(i).map(|b| digit(*b)).transpose()?.unwrap_or(0);
+        push(fb.get(i).map(|b| digit(*b)).transpose()?.unwrap_or(0));
     }
     if neg {
-        v = -v;
+        // Two's complement over 256 bits.
+        let mut carry = 1u128;
+        for l in limbs.iter_mut() {
+            let t = u128::from(!*l) + carry;
+            *l = t as u64;
+            carry = t >> 64;
+        }
     }
-    let bytes = v.to_le_bytes();
     let width = match precision {
         0..=9 => 4,
         10..=18 => 8,
-        _ => 16,
+        19..=38 => 16,
+        _ => 32,
     };
+    let bytes: Vec<u8> = limbs.iter().flat_map(|l| l.to_le_bytes()).collect();
     out.extend_from_slice(&bytes[..width]);
     Ok(())
 }
 
-fn put_u32_seconds(
+/// What the apply stage says of a date or time a target column cannot hold.
+const TEMPORAL_REMEDY: &str = "keep this table's dates as MySQL prints them with \
+    `[tables.temporal_tables] \"db.table\" = \"text\"` (or `tables.temporal = \"text\"`), drop \
+    the target table and re-snapshot it";
+
+fn check_span(
     secs: i64,
-    k: &ValueRef<'_>,
+    span: &super::types::Span,
+    t: &ChType,
+    v: &ValueRef<'_>,
     c: &Column,
-    out: &mut Vec<u8>,
 ) -> Result<(), String> {
-    if !(0..=u32::MAX as i64).contains(&secs) {
-        return Err(format!(
-            "{} is outside ClickHouse DateTime's range (1970 .. 2106)",
-            text(k, c)
-        ));
+    if span.holds(secs) {
+        return Ok(());
     }
-    out.extend_from_slice(&(secs as u32).to_le_bytes());
-    Ok(())
+    Err(format!(
+        "{} is outside what ClickHouse {} holds and reads back on this server ({}); \
+         {TEMPORAL_REMEDY}",
+        text(v, c),
+        t.sql(),
+        span.describe()
+    ))
+}
+
+/// A UUID's text (`8-4-4-4-12` hex digits, any case) as its 128-bit number.
+fn parse_uuid(s: &str) -> Option<u128> {
+    let groups: Vec<&str> = s.split('-').collect();
+    if groups.iter().map(|g| g.len()).collect::<Vec<_>>() != [8, 4, 4, 4, 12] {
+        return None;
+    }
+    let hex: String = groups.concat();
+    if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u128::from_str_radix(&hex, 16).ok()
 }
 
 fn put_dt64(us: i64, p: u8, k: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) -> Result<(), String> {
@@ -355,29 +418,65 @@ fn put_dt64(us: i64, p: u8, k: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) -> 
 }
 
 /// Seconds since the epoch of a wall-clock DATETIME read as UTC; the zero datetime is 0.
-fn datetime_seconds(d: &sluice_proto::v1::DateTime) -> Result<i64, String> {
-    if d.year == 0 && d.month == 0 && d.day == 0 {
-        return Ok(0);
+fn datetime_seconds(
+    d: &sluice_proto::v1::DateTime,
+    v: &ValueRef<'_>,
+    c: &Column,
+) -> Result<i64, String> {
+    let date = sluice_proto::v1::Date {
+        year: d.year,
+        month: d.month,
+        day: d.day,
+    };
+    let days = date_days(&date, v, c)?;
+    if days == 0 && d.year == 0 {
+        return Ok(0); // the zero datetime (its time of day is 00:00:00)
     }
-    let days = days_from_civil(d.year, d.month, d.day)?;
     Ok(days * 86_400 + i64::from(d.hour) * 3600 + i64::from(d.minute) * 60 + i64::from(d.second))
 }
 
-fn days_from_civil(y: i32, m: u32, d: u32) -> Result<i64, String> {
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+/// Days since the epoch of a DATE; the zero date (`0000-00-00`) is ClickHouse's zero, day 0
+/// (1970-01-01). A date with a zero month or day (MySQL without `NO_ZERO_IN_DATE`) and a day
+/// the month does not have (`ALLOW_INVALID_DATES`: `2026-02-30`) are no date ClickHouse
+/// holds: refused, never moved to another day.
+fn date_days(d: &sluice_proto::v1::Date, v: &ValueRef<'_>, c: &Column) -> Result<i64, String> {
+    let (y, m, day) = (d.year, d.month, d.day);
+    if y == 0 && m == 0 && day == 0 {
+        return Ok(0);
+    }
+    if m == 0 || day == 0 {
         return Err(format!(
-            "{y:04}-{m:02}-{d:02} is a partial date ClickHouse cannot hold"
+            "{} has a zero month or day (a partial date), which no ClickHouse date type \
+             holds; {TEMPORAL_REMEDY}",
+            text(v, c)
+        ));
+    }
+    if m > 12 || day > days_in_month(i64::from(y), m) {
+        return Err(format!(
+            "{} is not a day of the calendar (MySQL keeps it with ALLOW_INVALID_DATES), which \
+             no ClickHouse date type holds; {TEMPORAL_REMEDY}",
+            text(v, c)
         ));
     }
     Ok(sluice_common::civil::days_from_civil(
         i64::from(y),
         i64::from(m),
-        i64::from(d),
+        i64::from(day),
     ))
+}
+
+fn days_in_month(y: i64, m: u32) -> u32 {
+    match m {
+        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::types::Span;
     use super::*;
     use sluice_proto::v1::{value::Kind, ColumnType, Value};
     use sluice_proto::value;
@@ -460,14 +559,14 @@ mod tests {
             }))
         };
         assert_eq!(
-            enc(dt(0), &c, &ChType::DateTime).unwrap(),
+            enc(dt(0), &c, &ChType::DateTime(Span::DATETIME)).unwrap(),
             1_709_208_001u32.to_le_bytes().to_vec()
         );
-        assert!(enc(dt(5), &c, &ChType::DateTime)
+        assert!(enc(dt(5), &c, &ChType::DateTime(Span::DATETIME))
             .unwrap_err()
             .contains("fractional"));
         assert_eq!(
-            enc(dt(5), &c, &ChType::DateTime64(6)).unwrap(),
+            enc(dt(5), &c, &ChType::DateTime64(6, Span::FULL)).unwrap(),
             1_709_208_001_000_005i64.to_le_bytes().to_vec()
         );
         let s = enc(dt(5), &c, &ChType::String).unwrap();
@@ -477,13 +576,187 @@ mod tests {
             month: 12,
             day: 31,
         }));
-        assert!(enc(old, &col(ColumnType::Date), &ChType::Date)
-            .unwrap_err()
-            .contains("range"));
+        let e = enc(
+            old.clone(),
+            &col(ColumnType::Date),
+            &ChType::Date(Span::DATE),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("1969-12-31 is outside what ClickHouse Date holds")
+                && e.contains("(1970-01-01 .. 2149-06-06)")
+                && e.contains("temporal_tables"),
+            "{e}"
+        );
+        // Date32 on a current server holds it, as days before the epoch.
+        assert_eq!(
+            enc(old, &col(ColumnType::Date), &ChType::Date32(Span::FULL)).unwrap(),
+            (-1i32).to_le_bytes().to_vec()
+        );
         let mut t = col(ColumnType::Time);
         t.fsp = 2;
         let s = enc(value::of(Kind::TimeMicros(-1_500_000)), &t, &ChType::String).unwrap();
         assert_eq!(&s[1..], b"-00:00:01.50");
+    }
+
+    fn date(year: i32, month: u32, day: u32) -> Value {
+        value::of(Kind::Date(sluice_proto::v1::Date { year, month, day }))
+    }
+
+    #[test]
+    fn dates_hold_their_span_or_are_refused() {
+        let c = col(ColumnType::Date);
+        let d32 = |span| ChType::Date32(span);
+        // MySQL's whole range on 26.8+; only 1900..2299 before.
+        for (y, m, d, days) in [(1000, 1, 1, -354_285i32), (9999, 12, 31, 2_932_896)] {
+            assert_eq!(
+                enc(date(y, m, d), &c, &d32(Span::FULL)).unwrap(),
+                days.to_le_bytes().to_vec()
+            );
+            assert!(enc(date(y, m, d), &c, &d32(Span::WIDE_1900)).is_err());
+        }
+        // 18.16 prints days past 2106-02-07 as 1970-01-01: refused there.
+        let old = ChType::Date(Span::DATE_OLD);
+        assert_eq!(
+            enc(date(2106, 2, 7), &c, &old).unwrap(),
+            49_710u16.to_le_bytes().to_vec()
+        );
+        assert!(enc(date(2106, 2, 8), &c, &old).is_err());
+        assert!(enc(date(2149, 6, 6), &c, &ChType::Date(Span::DATE)).is_ok());
+        // The zero date is day 0; partial and invalid dates are refused, never moved.
+        assert_eq!(enc(date(0, 0, 0), &c, &old).unwrap(), vec![0, 0]);
+        for (y, m, d, why) in [
+            (2026, 2, 30, "not a day of the calendar"),
+            (2026, 4, 31, "not a day of the calendar"),
+            (2025, 2, 29, "not a day of the calendar"),
+            (2026, 0, 15, "partial date"),
+            (2026, 5, 0, "partial date"),
+            (0, 0, 1, "partial date"),
+        ] {
+            let e = enc(date(y, m, d), &c, &d32(Span::FULL)).unwrap_err();
+            assert!(
+                e.contains(why) && e.contains(&format!("{y:04}-{m:02}-{d:02}")),
+                "{e}"
+            );
+        }
+        assert!(enc(date(2024, 2, 29), &c, &d32(Span::FULL)).is_ok());
+        // As text: exactly as MySQL prints it, whatever it is.
+        assert_eq!(
+            &enc(date(2026, 2, 30), &c, &ChType::String).unwrap()[1..],
+            b"2026-02-30"
+        );
+        assert_eq!(
+            &enc(date(0, 0, 0), &c, &ChType::String).unwrap()[1..],
+            b"0000-00-00"
+        );
+    }
+
+    #[test]
+    fn datetimes_hold_their_span_or_are_refused() {
+        let c = col(ColumnType::Datetime);
+        let dt = |year, month, day, hour, minute, second| {
+            value::of(Kind::Datetime(sluice_proto::v1::DateTime {
+                year,
+                month,
+                day,
+                hour,
+                minute,
+                second,
+                micros: 0,
+            }))
+        };
+        let old = ChType::DateTime(Span::DATETIME_OLD);
+        assert!(enc(dt(2106, 2, 6, 23, 59, 59), &c, &old).is_ok());
+        assert!(enc(dt(2106, 2, 7, 0, 0, 0), &c, &old).is_err());
+        let now = ChType::DateTime(Span::DATETIME);
+        assert!(enc(dt(2106, 2, 7, 6, 28, 15), &c, &now).is_ok());
+        assert!(enc(dt(2106, 2, 7, 6, 28, 16), &c, &now).is_err());
+        assert!(enc(dt(1969, 12, 31, 23, 59, 59), &c, &now).is_err());
+        let wide = ChType::DateTime64(0, Span::FULL);
+        assert_eq!(
+            enc(dt(1000, 1, 1, 0, 0, 0), &c, &wide).unwrap(),
+            (-30_610_224_000i64).to_le_bytes().to_vec()
+        );
+        assert_eq!(
+            enc(dt(0, 0, 0, 0, 0, 0), &c, &wide).unwrap(),
+            0i64.to_le_bytes().to_vec()
+        );
+        assert!(enc(dt(2026, 2, 30, 1, 2, 3), &c, &wide)
+            .unwrap_err()
+            .contains("not a day of the calendar"));
+        assert!(enc(
+            dt(9999, 12, 31, 23, 59, 59),
+            &c,
+            &ChType::DateTime64(0, Span::WIDE_1900)
+        )
+        .unwrap_err()
+        .contains("1900-01-01 .. 2299-12-31"));
+    }
+
+    #[test]
+    fn wide_decimals_are_256_bit() {
+        let c = col(ColumnType::Decimal);
+        let t = ChType::Decimal {
+            precision: 65,
+            scale: 30,
+        };
+        let nines = format!("{}.{}", "9".repeat(35), "9".repeat(30));
+        let got = enc(value::decimal(&nines), &c, &t).unwrap();
+        assert_eq!(got.len(), 32);
+        // 10^65 - 1, little-endian over 256 bits.
+        let mut want = [0u64; 4];
+        for _ in 0..65 {
+            let mut carry = 9u128;
+            for l in want.iter_mut() {
+                let x = u128::from(*l) * 10 + carry;
+                *l = x as u64;
+                carry = x >> 64;
+            }
+        }
+        let want: Vec<u8> = want.iter().flat_map(|l| l.to_le_bytes()).collect();
+        assert_eq!(got, want);
+        let neg = enc(value::decimal(format!("-{nines}")), &c, &t).unwrap();
+        // -x is !x + 1: x + (-x) is 0 over 256 bits.
+        let (mut carry, mut sum) = (0u16, Vec::new());
+        for (a, b) in got.iter().zip(&neg) {
+            let s = u16::from(*a) + u16::from(*b) + carry;
+            sum.push(s as u8);
+            carry = s >> 8;
+        }
+        assert_eq!(sum, vec![0u8; 32]);
+        let unit = format!("-0.{}1", "0".repeat(29));
+        assert_eq!(
+            enc(value::decimal(&unit), &c, &t).unwrap(),
+            vec![0xff; 32],
+            "-1 (scaled) is all ones"
+        );
+    }
+
+    #[test]
+    fn mariadb_addresses_and_uuids() {
+        let c = col(ColumnType::Char);
+        assert_eq!(
+            enc(value::text("127.0.0.1"), &c, &ChType::IPv4).unwrap(),
+            0x7f00_0001u32.to_le_bytes().to_vec()
+        );
+        let v6 = enc(value::text("2001:db8::1"), &c, &ChType::IPv6).unwrap();
+        assert_eq!(v6[..4], [0x20, 0x01, 0x0d, 0xb8]);
+        assert_eq!(v6[15], 1);
+        let u = enc(
+            value::text("00112233-4455-6677-8899-aabbccddeeff"),
+            &c,
+            &ChType::Uuid,
+        )
+        .unwrap();
+        assert_eq!(
+            u,
+            [
+                0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0x00, 0xff, 0xee, 0xdd, 0xcc, 0xbb, 0xaa,
+                0x99, 0x88
+            ]
+        );
+        assert!(enc(value::text("1.2.3"), &c, &ChType::IPv4).is_err());
+        assert!(enc(value::text("0011-2233"), &c, &ChType::Uuid).is_err());
     }
 
     #[test]

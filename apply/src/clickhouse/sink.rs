@@ -275,8 +275,9 @@ impl Sink {
         }
     }
 
-    /// A row of a mirror table that can never be written stops the table
-    /// (`errors.on_bad_event = "stop_table"`, the default): the mirror would miss the change.
+    /// A row that can never be written stops its table (`errors.on_bad_event = "stop_table"`,
+    /// the default): a mirror would miss the change (a stale or missing row), a change log one
+    /// of its changes.
     /// Whatever the reason (a value, a schema not on the schema topic, a newer contract), as
     /// long as the event is a row event naming its table; a stopped table's and a DDL's
     /// refusals have stopped it already.
@@ -302,16 +303,12 @@ impl Sink {
         ) {
             return Ok(());
         }
-        let source = format!("{}.{}", row.database, row.table);
-        if self.config.tables.mode_of(&source) != crate::clickhouse::Mode::Mirror {
-            return Ok(());
-        }
         let name = self.target_name(row.database, row.table);
         if self.stopped.contains_key(&name) {
             return Ok(());
         }
         let reason = format!(
-            "the event at {}/{}@{} cannot be written: {}. A mirror without it would be wrong; \
+            "the event at {}/{}@{} cannot be written: {}. The table without it would be wrong; \
              fix the cause, delete the table's row from {} and re-snapshot the table (or set \
              errors.on_bad_event = \"dead_letter\" to skip such events)",
             m.topic(),
@@ -320,7 +317,7 @@ impl Sink {
             bad.message,
             self.config.tables.stopped_table
         );
-        tracing::error!(table = %name, %reason, "mirror table stopped");
+        tracing::error!(table = %name, %reason, "table stopped");
         self.stop_table(&name, &reason).await?;
         Ok(())
     }

@@ -26,7 +26,7 @@ use sluice_proto::view::{self, RowEvent, ValueRef};
 
 use super::writer::{insert, Writer};
 use super::{undecodable, Context, Refusal, Sink};
-use crate::clickhouse::rowbinary::encode;
+use crate::clickhouse::rowbinary::{encode, text};
 use crate::clickhouse::Mode;
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
 use crate::group::{block_on, BatchSink, Drain, Offsets};
@@ -237,8 +237,11 @@ impl Sink {
                 if let Some(t) = t {
                     encode(v, c, t, &mut tb.body).map_err(|e| {
                         value(format!(
-                            "{}.{} column {}: {e}",
-                            event.database, event.table, c.name
+                            "{}.{} row {} column {}: {e}",
+                            event.database,
+                            event.table,
+                            key_text(schema, image),
+                            c.name
                         ))
                     })?;
                 }
@@ -440,4 +443,32 @@ impl BatchSink for Sink {
         )?;
         Ok(std::mem::replace(&mut self.consumer, Arc::new(new)))
     }
+}
+
+/// The row's primary key as `(a=1, b='x')` (every column without one), for messages.
+fn key_text(schema: &sluice_proto::v1::TableSchema, image: &[u8]) -> String {
+    let key: Vec<usize> = if schema.primary_key.is_empty() {
+        (0..schema.columns.len()).collect()
+    } else {
+        schema.primary_key.iter().map(|i| *i as usize).collect()
+    };
+    let mut parts = Vec::new();
+    for (i, v) in view::values(image).enumerate() {
+        let (Ok(v), Some(c)) = (v, schema.columns.get(i)) else {
+            break;
+        };
+        if key.contains(&i) {
+            let t = text(&v, c);
+            let quoted = matches!(
+                v,
+                ValueRef::Text(_) | ValueRef::RawText { .. } | ValueRef::Bytes(_)
+            );
+            parts.push(if quoted {
+                format!("{}='{}'", c.name, t.replace('\'', "''"))
+            } else {
+                format!("{}={t}", c.name)
+            });
+        }
+    }
+    format!("({})", parts.join(", "))
 }

@@ -72,7 +72,7 @@ impl Sink {
             &before,
             new,
             statements,
-            self.features,
+            self.features_for(database, table),
             self.config.tables.create,
         )
     }
@@ -161,7 +161,8 @@ impl Sink {
                         target.columns.insert(col.clone(), t.clone());
                     }
                     for (col, default) in &change.added {
-                        let t = self.add_column(&name, col, default.as_deref()).await?;
+                        let f = self.features_for(&event.database, &event.table);
+                        let t = self.add_column(&name, col, default.as_deref(), f).await?;
                         target.columns.insert(col.name.clone(), t);
                         target.dropped.remove(&col.name);
                     }
@@ -783,7 +784,10 @@ mod tests {
             ("id", ChType::Int(32)),
             ("n", ChType::Int(32)),
             ("price", ChType::Float64),
-            ("ingested_at", ChType::DateTime),
+            (
+                "ingested_at",
+                ChType::DateTime(crate::clickhouse::types::Span::DATETIME),
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -28,7 +28,7 @@ use sluice_proto::v1::{Column, TableSchema};
 use sluice_proto::view::RowEvent;
 
 use super::{quote, refused, undecodable, Refusal, Sink};
-use crate::clickhouse::types::{map_column, ChType, DEDUP_WINDOW};
+use crate::clickhouse::types::{map_column, ChType, Features, DEDUP_WINDOW};
 use crate::clickhouse::Mode;
 use crate::error::{clickhouse_code, ApplyError, BadEvent, Origin, Reason};
 
@@ -141,6 +141,12 @@ pub(super) struct Plan {
 }
 
 impl Sink {
+    /// The server's features with source table `db.table`'s `tables.temporal`.
+    pub(super) fn features_for(&self, db: &str, table: &str) -> Features {
+        self.features
+            .with_temporal(self.config.tables.temporal_of(&format!("{db}.{table}")))
+    }
+
     pub(super) fn target_name(&self, db: &str, table: &str) -> String {
         self.config
             .tables
@@ -274,7 +280,7 @@ impl Sink {
         let mut out = BTreeMap::new();
         for c in cols {
             // Columns of types this stage cannot write are simply not written (defaults).
-            if let Ok(t) = ChType::parse(&c.r#type) {
+            if let Ok(t) = ChType::parse(&c.r#type, self.features) {
                 out.insert(c.name, t);
             }
         }
@@ -283,10 +289,11 @@ impl Sink {
 
     async fn create(&mut self, name: &str, mode: Mode, s: &TableSchema) -> Result<(), Refusal> {
         let m = &self.config.tables;
+        let f = self.features_for(&s.database, &s.table);
         let mut cols: Vec<String> = s
             .columns
             .iter()
-            .map(|c| format!("{} {}", quote(&c.name), map_column(c, self.features).sql()))
+            .map(|c| format!("{} {}", quote(&c.name), map_column(c, f).sql()))
             .collect();
         let key: Vec<String> = s
             .primary_key
@@ -350,8 +357,9 @@ impl Sink {
         table: &str,
         c: &Column,
         default: Option<&str>,
+        f: Features,
     ) -> Result<ChType, Refusal> {
-        let t = map_column(c, self.features);
+        let t = map_column(c, f);
         let sql = format!(
             "ALTER TABLE {}.{} ADD COLUMN {} {}{}",
             quote(&self.config.clickhouse.database),
@@ -490,8 +498,9 @@ impl Sink {
             .collect();
         if !missing.is_empty() && self.config.tables.create {
             self.flush_table(&target.name).await?;
+            let f = self.features_for(&schema.database, &schema.table);
             for c in missing {
-                let t = self.add_column(&target.name, c, None).await?;
+                let t = self.add_column(&target.name, c, None, f).await?;
                 target.columns.insert(c.name.clone(), t);
             }
             self.targets.insert(target.name.clone(), target.clone());
@@ -566,10 +575,14 @@ mod tests {
             renamed: BTreeMap::new(),
             dropped: Default::default(),
         };
-        t.columns
-            .insert("id".into(), ChType::parse("Int32").unwrap());
-        t.columns
-            .insert("c".into(), ChType::parse("Int32").unwrap());
+        t.columns.insert(
+            "id".into(),
+            ChType::parse("Int32", Features::default()).unwrap(),
+        );
+        t.columns.insert(
+            "c".into(),
+            ChType::parse("Int32", Features::default()).unwrap(),
+        );
         // a -> r8, r8 dropped; b -> c (still there); x dropped.
         t.renamed.insert("a".into(), "r8".into());
         t.renamed.insert("b".into(), "c".into());
