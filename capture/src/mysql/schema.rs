@@ -84,6 +84,9 @@ pub async fn load(
         .filter_map(|k| columns.iter().position(|c| &c.name == k))
         .map(|i| i as u32)
         .collect();
+    // The server's own conversion of each charset the text columns use (see `charset`).
+    let charsets: Vec<String> = columns.iter().map(|c| c.charset.clone()).collect();
+    crate::mysql::charset::load(conn, charsets.iter().map(String::as_str)).await?;
     let mut schema = TableSchema {
         database: database.to_string(),
         table: table.to_string(),
@@ -115,6 +118,9 @@ fn column(
         _ => Vec::new(),
     };
     let length = match ty {
+        // Their stored width in bytes.
+        ColumnType::Inet4 => 4,
+        ColumnType::Inet6 | ColumnType::Uuid => 16,
         ColumnType::Char
         | ColumnType::Varchar
         | ColumnType::Text
@@ -125,7 +131,12 @@ fn column(
     };
     // Binary strings have no charset in information_schema; text types always have one.
     let charset = match ty {
-        ColumnType::Binary | ColumnType::Varbinary | ColumnType::Blob => "binary".to_string(),
+        ColumnType::Binary
+        | ColumnType::Varbinary
+        | ColumnType::Blob
+        | ColumnType::Inet4
+        | ColumnType::Inet6
+        | ColumnType::Uuid => "binary".to_string(),
         _ => charset.unwrap_or_default(),
     };
     Column {
@@ -164,7 +175,10 @@ pub fn column_type(data_type: &str) -> ColumnType {
         "char" => ColumnType::Char,
         "varchar" => ColumnType::Varchar,
         "tinytext" | "text" | "mediumtext" | "longtext" => ColumnType::Text,
-        "binary" | "inet6" | "uuid" => ColumnType::Binary,
+        "binary" => ColumnType::Binary,
+        "inet4" => ColumnType::Inet4,
+        "inet6" => ColumnType::Inet6,
+        "uuid" => ColumnType::Uuid,
         "varbinary" => ColumnType::Varbinary,
         "tinyblob" | "blob" | "mediumblob" | "longblob" => ColumnType::Blob,
         "json" => ColumnType::Json,
@@ -396,6 +410,19 @@ pub fn from_table_map(
             My::MYSQL_TYPE_GEOMETRY => (ColumnType::Geometry, 0, 0, 0),
             _ => (ColumnType::Unspecified, 0, 0, 0),
         };
+        // MariaDB logs INET4/INET6/UUID as BINARY(4/16); information_schema knows the type.
+        let (ty, length) = match now {
+            Some(c)
+                if matches!(
+                    c.r#type(),
+                    ColumnType::Inet4 | ColumnType::Inet6 | ColumnType::Uuid
+                ) && ty == ColumnType::Binary
+                    && c.length == length =>
+            {
+                (c.r#type(), length)
+            }
+            _ => (ty, length),
+        };
         // MariaDB logs JSON as a text BLOB; information_schema knows it is JSON.
         let (ty, charset) = match now {
             Some(c)
@@ -537,5 +564,8 @@ mod tests {
         assert_eq!(column_type("longblob"), ColumnType::Blob);
         assert_eq!(column_type("point"), ColumnType::Geometry);
         assert_eq!(column_type("something"), ColumnType::Unspecified);
+        assert_eq!(column_type("inet4"), ColumnType::Inet4);
+        assert_eq!(column_type("INET6"), ColumnType::Inet6);
+        assert_eq!(column_type("uuid"), ColumnType::Uuid);
     }
 }

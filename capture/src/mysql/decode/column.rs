@@ -197,6 +197,31 @@ impl ColumnDecoder {
             Layout::Fixed { prefix, pad_to } => {
                 let len = le(take_ref(data, *prefix)?) as usize;
                 let bytes = take_ref(data, len)?;
+                if matches!(
+                    self.target,
+                    ColumnType::Inet4 | ColumnType::Inet6 | ColumnType::Uuid
+                ) {
+                    // Stored like BINARY(n): without trailing NULs.
+                    let n = pad_to.unwrap_or(bytes.len());
+                    if bytes.len() > n {
+                        return Err(Invalid(format!(
+                            "{} bytes for a {}-byte {:?} value",
+                            bytes.len(),
+                            n,
+                            self.target
+                        )));
+                    }
+                    let mut full = bytes.to_vec();
+                    full.resize(n, 0);
+                    let text = match self.target {
+                        ColumnType::Inet4 if n == 4 => super::formats::inet4_text(&full),
+                        ColumnType::Inet6 if n == 16 => super::formats::inet6_text(&full),
+                        ColumnType::Uuid if n == 16 => super::formats::uuid_text(&full),
+                        _ => return Err(Invalid(format!("a {n}-byte {:?} value", self.target))),
+                    };
+                    put_bytes(&[TEXT], text.as_bytes(), out);
+                    return Ok(());
+                }
                 match pad_to {
                     // BINARY(n) is stored without its trailing NULs.
                     Some(n) if bytes.len() < *n => {

@@ -296,3 +296,122 @@ mod tests {
         assert_eq!(sign_extend(u64::MAX, 8), -1);
     }
 }
+
+/// MariaDB's INET4 bytes (network order) as it prints them.
+pub(super) fn inet4_text(b: &[u8]) -> String {
+    format!("{}.{}.{}.{}", b[0], b[1], b[2], b[3])
+}
+
+/// MariaDB's INET6 bytes (network order) as it prints them (checked against MariaDB 10.11):
+/// lowercase groups without leading zeros, the longest run of zero groups (the first of equal
+/// ones, a single group too) as `::`; IPv4-mapped (`::ffff:a.b.c.d`) and IPv4-compatible
+/// addresses (96 zero bits, then a first 16-bit group that is not zero: `::1.2.3.4`, while
+/// `::2` stays `::2`) end in the dotted IPv4 form.
+pub(super) fn inet6_text(b: &[u8]) -> String {
+    let v4 = || format!("{}.{}.{}.{}", b[12], b[13], b[14], b[15]);
+    if b[..10].iter().all(|x| *x == 0) && b[10] == 0xff && b[11] == 0xff {
+        return format!("::ffff:{}", v4());
+    }
+    if b[..12].iter().all(|x| *x == 0) && (b[12] != 0 || b[13] != 0) {
+        return format!("::{}", v4());
+    }
+    let groups: Vec<u16> = b
+        .chunks(2)
+        .map(|g| u16::from_be_bytes([g[0], g[1]]))
+        .collect();
+    // The longest run of zero groups, the first of equal ones.
+    let (mut best, mut best_len, mut i) = (0, 0, 0);
+    while i < 8 {
+        if groups[i] == 0 {
+            let start = i;
+            while i < 8 && groups[i] == 0 {
+                i += 1;
+            }
+            if i - start > best_len {
+                (best, best_len) = (start, i - start);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    let hex = |gs: &[u16]| {
+        gs.iter()
+            .map(|g| format!("{g:x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    if best_len == 0 {
+        return hex(&groups);
+    }
+    format!(
+        "{}::{}",
+        hex(&groups[..best]),
+        hex(&groups[best + best_len..])
+    )
+}
+
+/// MariaDB's UUID bytes as it prints them: 8-4-4-4-12 lowercase hex digits (MariaDB 10.11
+/// logs the value in that order, as the test bed shows).
+pub(super) fn uuid_text(b: &[u8]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+#[cfg(test)]
+mod mariadb_type_tests {
+    use super::*;
+
+    fn v6(text: &str) -> String {
+        let ip: std::net::Ipv6Addr = text.parse().unwrap();
+        inet6_text(&ip.octets())
+    }
+
+    /// What MariaDB 10.11 prints for each (`CAST(CAST(a AS INET6) AS CHAR)`).
+    #[test]
+    fn inet6_as_mariadb_prints_it() {
+        for (a, want) in [
+            ("::", "::"),
+            ("::1", "::1"),
+            ("::0.0.0.2", "::2"),
+            ("::1.2.3.4", "::1.2.3.4"),
+            ("::0.1.0.0", "::0.1.0.0"),
+            ("::0.0.1.0", "::100"),
+            ("::ffff:1.2.3.4", "::ffff:1.2.3.4"),
+            ("::ffff:0:1", "::ffff:0.0.0.1"),
+            ("1::", "1::"),
+            ("1:0:0:1:0:0:0:1", "1:0:0:1::1"),
+            ("1:0:0:1:0:0:1:1", "1::1:0:0:1:1"),
+            ("1:0:1:1:1:1:1:1", "1::1:1:1:1:1:1"),
+            ("0:0:1::", "0:0:1::"),
+            ("fe80::1:0:0:0", "fe80::1:0:0:0"),
+            ("::fffe:1.2.3.4", "::fffe:102:304"),
+            ("0:0:0:0:0:1:0:1", "::1:0:1"),
+            ("::1:0:0:0:0", "0:0:0:1::"),
+            ("1:0:0:0:1:0:0:0", "1::1:0:0:0"),
+            ("64:ff9b::1.2.3.4", "64:ff9b::102:304"),
+            (
+                "abcd:ef01:2345:6789:abcd:ef01:2345:6789",
+                "abcd:ef01:2345:6789:abcd:ef01:2345:6789",
+            ),
+        ] {
+            assert_eq!(v6(a), want, "{a}");
+        }
+    }
+
+    #[test]
+    fn inet4_and_uuid() {
+        assert_eq!(inet4_text(&[127, 0, 0, 1]), "127.0.0.1");
+        let u = [
+            0x6c, 0xcd, 0x78, 0x0c, 0xba, 0xba, 0x10, 0x26, 0x95, 0x64, 0x5b, 0x8c, 0x65, 0x60,
+            0x24, 0xdb,
+        ];
+        assert_eq!(uuid_text(&u), "6ccd780c-baba-1026-9564-5b8c656024db");
+    }
+}

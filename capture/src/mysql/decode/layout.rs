@@ -124,7 +124,14 @@ pub(super) fn layout(raw: My, meta: &[u8], col: &Column) -> Option<Layout> {
                 0xf8 => Layout::Set { bytes: b1 as usize },
                 _ => Layout::Fixed {
                     prefix: if max < 256 { 1 } else { 2 },
-                    pad_to: (col.r#type() == ColumnType::Binary).then_some(col.length as usize),
+                    pad_to: matches!(
+                        col.r#type(),
+                        ColumnType::Binary
+                            | ColumnType::Inet4
+                            | ColumnType::Inet6
+                            | ColumnType::Uuid
+                    )
+                    .then_some(col.length as usize),
                 },
             }
         }
@@ -163,7 +170,7 @@ pub(super) fn compatible(layout: &Layout, ty: ColumnType) -> bool {
         Layout::OldTime | Layout::Time2 { .. } => ty == T::Time,
         Layout::OldDatetime | Layout::Datetime2 { .. } => ty == T::Datetime,
         Layout::OldTimestamp | Layout::Timestamp2 { .. } => ty == T::Timestamp,
-        Layout::Fixed { .. } => matches!(ty, T::Char | T::Binary),
+        Layout::Fixed { .. } => matches!(ty, T::Char | T::Binary | T::Inet4 | T::Inet6 | T::Uuid),
         Layout::Var { .. } => matches!(ty, T::Varchar | T::Varbinary),
         Layout::Blob { .. } => matches!(ty, T::Text | T::Blob | T::Json | T::Geometry),
         Layout::BinaryJson { .. } => ty == T::Json,

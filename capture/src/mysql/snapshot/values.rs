@@ -185,6 +185,11 @@ pub fn to_value(col: &v1::Column, v: My) -> Result<v1::Value, String> {
             })
         }
         (T::Binary | T::Varbinary | T::Blob, My::Bytes(b)) => Kind::Bytes(b),
+        // MariaDB sends INET4/INET6/UUID as the text it prints, which the binlog decoder
+        // makes of their bytes too.
+        (T::Inet4 | T::Inet6 | T::Uuid, My::Bytes(b)) => {
+            Kind::Text(String::from_utf8(b).map_err(|e| format!("{}: {e}", col.name))?)
+        }
         (T::Char | T::Varchar | T::Text, My::Bytes(b)) => {
             if col.charset == "binary" {
                 Kind::Bytes(b)
@@ -282,5 +287,21 @@ mod tests {
             }))
         );
         assert!(to_value(&schema.columns[0], My::Int(3)).is_err());
+    }
+}
+#[cfg(test)]
+mod inet_tests {
+    use super::*;
+    #[test]
+    fn inet4_text_arrives_as_text() {
+        let col = v1::Column {
+            name: "a".into(),
+            r#type: ColumnType::Inet4 as i32,
+            ..Default::default()
+        };
+        let v = to_value(&col, My::Bytes(b"127.0.0.1".to_vec())).unwrap();
+        assert_eq!(v.kind, Some(Kind::Text("127.0.0.1".into())));
+        let c = crate::mysql::schema::column_type("inet4");
+        assert_eq!(c, ColumnType::Inet4);
     }
 }
