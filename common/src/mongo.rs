@@ -122,6 +122,21 @@ pub fn transient(e: &mongodb::error::Error) -> bool {
     }
 }
 
+/// The first segment of a dotted update path that an update operator cannot name as a field:
+/// the positional operators `$`, `$[]` and `$[<identifier>]`, or any other name beginning with
+/// `$` (a field MongoDB 5.0+ stores, which `$set` and `$unset` refuse to name).
+///
+/// MongoDB resolves positional paths before they reach its oplog or a change stream (`arr.$`
+/// becomes `arr.3`), so a replica set never describes an update with one; a wire-compatible
+/// server (mongo-java-server) logs the client's update as written. Replayed on a target with
+/// only the document key as the query, `arr.$` is refused ("the positional operator did not
+/// find the match needed from the query"), `arr.$[e]` lacks its `arrayFilters`, and `arr.$[]`
+/// would touch the target's elements rather than the source's: such an update is applied from
+/// the whole document, never from its description.
+pub fn operator_segment(path: &str) -> Option<&str> {
+    path.split('.').find(|s| s.starts_with('$'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +148,25 @@ mod tests {
         let c: mongodb::error::CommandError =
             mongodb::bson::from_document(reply).expect("a command error");
         Error::from(ErrorKind::Command(c))
+    }
+
+    #[test]
+    fn positional_and_dollar_segments_are_found() {
+        for (path, seg) in [
+            ("arr.$", Some("$")),
+            ("arr.$.v", Some("$")),
+            ("a.arr.$[].v", Some("$[]")),
+            ("objs.$[e].v", Some("$[e]")),
+            ("objs.$[outer].inner.$[i]", Some("$[outer]")),
+            ("a.$price", Some("$price")),
+            ("$top", Some("$top")),
+            ("arr.3", None),
+            ("a.b$", None),
+            ("price", None),
+            ("a.b[0]", None),
+        ] {
+            assert_eq!(operator_segment(path), seg, "{path}");
+        }
     }
 
     #[test]

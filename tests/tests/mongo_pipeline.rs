@@ -2202,3 +2202,524 @@ async fn sluice_verify_reports_exactly_the_documents_the_target_lost_gained_or_c
     src.database(&db).drop().await.unwrap();
     dst.database(&db).drop().await.unwrap();
 }
+
+/// One update of [`every_update_operator`]: its name, what the filter adds to `_id` (the
+/// positional `$` needs the array matched), the update, its `arrayFilters`, and whether
+/// mongo-java-server knows it.
+struct UpdateCase {
+    name: &'static str,
+    filter: Document,
+    update: Document,
+    array_filters: Vec<Document>,
+    mjs: bool,
+}
+
+fn case(name: &'static str, filter: Document, update: Document) -> UpdateCase {
+    UpdateCase {
+        name,
+        filter,
+        update,
+        array_filters: Vec::new(),
+        mjs: true,
+    }
+}
+
+/// The update operators, each as a user writes it; positional paths and arrayFilters among
+/// them.
+fn update_cases() -> Vec<UpdateCase> {
+    let mut cases = vec![
+        case(
+            "$set",
+            doc! {},
+            doc! { "$set": { "name": "y", "nested.x": 2, "arr.1": 20, "added": { "deep": true } } },
+        ),
+        case(
+            "$unset",
+            doc! {},
+            doc! { "$unset": { "name": "", "nested.x": "", "objs.0.v": "" } },
+        ),
+        case(
+            "$inc",
+            doc! {},
+            doc! { "$inc": { "n": 3, "f": 0.5, "nested.x": -1, "arr.0": 10, "fresh": 1 } },
+        ),
+        case(
+            "$mul",
+            doc! {},
+            doc! { "$mul": { "n": 2, "f": 3, "missing": 5 } },
+        ),
+        case(
+            "$min",
+            doc! {},
+            doc! { "$min": { "n": 1, "f": 10.0, "low": 7 } },
+        ),
+        case("$max", doc! {}, doc! { "$max": { "n": 50, "nested.x": 0 } }),
+        case(
+            "$rename",
+            doc! {},
+            doc! { "$rename": { "name": "title", "nested.x": "moved_x" } },
+        ),
+        case("$push", doc! {}, doc! { "$push": { "s": "c" } }),
+        case(
+            "$push $each $position $slice",
+            doc! {},
+            doc! { "$push": { "arr": { "$each": [7, 8, 9], "$position": 1, "$slice": 5 } } },
+        ),
+        case(
+            "$push $each $slice -2",
+            doc! {},
+            doc! { "$push": { "objs": { "$each": [{ "k": 0, "v": 0 }], "$slice": -2 } } },
+        ),
+        case(
+            "$pull",
+            doc! {},
+            doc! { "$pull": { "arr": 2, "objs": { "k": { "$gte": 2 } } } },
+        ),
+        case("$pullAll", doc! {}, doc! { "$pullAll": { "arr": [1, 3] } }),
+        case(
+            "$addToSet",
+            doc! {},
+            doc! { "$addToSet": { "s": "a", "arr": { "$each": [3, 4, 4] } } },
+        ),
+        case("$pop 1", doc! {}, doc! { "$pop": { "arr": 1 } }),
+        case("$pop -1", doc! {}, doc! { "$pop": { "s": -1 } }),
+        case(
+            "$currentDate",
+            doc! {},
+            doc! { "$currentDate": { "touched": true, "stamp": { "$type": "timestamp" }, "d": { "$type": "date" } } },
+        ),
+        case(
+            "$setOnInsert on a match",
+            doc! {},
+            doc! { "$setOnInsert": { "never": 1 }, "$set": { "seen": true } },
+        ),
+        case(
+            "$ (positional) $set",
+            doc! { "arr": 2 },
+            doc! { "$set": { "arr.$": 20 } },
+        ),
+        case(
+            "$ (positional) in documents",
+            doc! { "objs.k": 2 },
+            doc! { "$set": { "objs.$.v": 22 }, "$inc": { "n": 1 } },
+        ),
+        case(
+            "$ (positional) $unset",
+            doc! { "objs.k": 3 },
+            doc! { "$unset": { "objs.$.v": "" } },
+        ),
+        case(
+            "$ (positional) $inc",
+            doc! { "objs.k": 1 },
+            doc! { "$inc": { "objs.$.v": 5 } },
+        ),
+        case("$[] $set", doc! {}, doc! { "$set": { "arr.$[]": 0 } }),
+        case("$[] $inc", doc! {}, doc! { "$inc": { "objs.$[].v": 100 } }),
+        UpdateCase {
+            array_filters: vec![doc! { "e.k": { "$gte": 2 } }],
+            ..case("$[e] $set", doc! {}, doc! { "$set": { "objs.$[e].v": -1 } })
+        },
+        UpdateCase {
+            array_filters: vec![doc! { "x": { "$gt": 1 } }],
+            ..case("$[x] $mul", doc! {}, doc! { "$mul": { "arr.$[x]": 10 } })
+        },
+        UpdateCase {
+            array_filters: vec![doc! { "l.k": 1 }],
+            ..case(
+                "$[l] $push nested",
+                doc! {},
+                doc! { "$push": { "nested.list.$[l].tags": 9 } },
+            )
+        },
+        UpdateCase {
+            array_filters: vec![doc! { "e.k": 2 }],
+            ..case(
+                "$[e] $unset",
+                doc! {},
+                doc! { "$unset": { "objs.$[e].v": "" } },
+            )
+        },
+    ];
+    cases.push(UpdateCase {
+        mjs: false, // "Unsupported modifier: $bit"
+        ..case("$bit", doc! {}, doc! { "$bit": { "n": { "or": 8 } } })
+    });
+    cases
+}
+
+fn base_document(id: i32) -> Document {
+    doc! {
+        "_id": id,
+        "name": "x",
+        "n": 5,
+        "f": 2.5,
+        "arr": [1, 2, 3, 2],
+        "objs": [{ "k": 1, "v": 1 }, { "k": 2, "v": 2 }, { "k": 3, "v": 3 }],
+        "s": ["a", "b"],
+        "nested": { "x": 1, "list": [{ "k": 1, "tags": [1, 2] }, { "k": 2, "tags": [3] }] },
+    }
+}
+
+/// Wait until every document of the target collection equals the source's of the same `_id`
+/// (field for field, field order aside: canonical extended JSON compared as maps), or panic
+/// naming each differing document (`names`: what was done to it) with both sides.
+async fn converge_each(
+    src: &Client,
+    dst: &Client,
+    db: &str,
+    coll: &str,
+    names: &std::collections::BTreeMap<i32, String>,
+    limit: Duration,
+    procs: &mut [&mut CaptureProcess],
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let by_id =
+            |docs: Vec<RawDocumentBuf>| -> std::collections::BTreeMap<String, serde_json::Value> {
+                decoded(&docs)
+                    .into_iter()
+                    .map(|d| (d["_id"].to_string(), d))
+                    .collect()
+            };
+        let (a, b) = (
+            by_id(documents(src, db, coll).await),
+            by_id(documents(dst, db, coll).await),
+        );
+        let mut differ = Vec::new();
+        for (id, d) in &a {
+            if b.get(id) != Some(d) {
+                differ.push(format!(
+                    "_id {id} ({}): source {d}, target {}",
+                    serde_json::from_str::<serde_json::Value>(id)
+                        .ok()
+                        .and_then(|v| v["$numberInt"].as_str()?.parse::<i32>().ok())
+                        .and_then(|i| names.get(&i).cloned())
+                        .unwrap_or_default(),
+                    b.get(id).map_or("missing".into(), |t| t.to_string())
+                ));
+            }
+        }
+        for id in b.keys().filter(|id| !a.contains_key(*id)) {
+            differ.push(format!("_id {id}: only on the target"));
+        }
+        if differ.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = procs.iter_mut().map(|p| p.stop().1).collect();
+            panic!(
+                "{db}.{coll}: {} documents differ after {limit:?}:\n{}\nlogs:\n{}",
+                differ.len(),
+                differ.join("\n"),
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Every update operator the source server knows, positional paths and arrayFilters included,
+/// through capture-mongo, Kafka and apply-mongo: each on a document of its own, then all of them
+/// in turn on one document (between them a `$set` the source describes, so looked-up and
+/// described updates of one document interleave), and `$setOnInsert` by upserts. Every target
+/// document must equal its source document; no collection is stopped.
+async fn every_update_operator(mode: &str) {
+    let db = unique("sluice_m_upd");
+    let (src, dst) = (
+        client(mongo_source_url()).await,
+        client(mongo_target_url()).await,
+    );
+    let mjs = is_mongo_java_server(&src).await;
+    let coll = src.database(&db).collection::<Document>("ops");
+    let other = src.database(&db).collection::<Document>("other");
+    let mut cap = capture(&db, &format!("mode = \"{mode}\""), "");
+    let meta = unique("meta");
+    let mut app = apply_at(&mongo_target_url(), &meta, &cap.prefix, &unique("g"), "");
+    started(&cap, mode == "oplog").await;
+    let cases: Vec<UpdateCase> = update_cases()
+        .into_iter()
+        .filter(|c| c.mjs || !mjs)
+        .collect();
+    const CHAIN: i32 = 1000;
+    let mut names = std::collections::BTreeMap::new();
+    names.insert(CHAIN, "every update in turn".to_string());
+    for (i, c) in cases.iter().enumerate() {
+        names.insert(i as i32, c.name.to_string());
+        coll.insert_one(base_document(i as i32)).await.unwrap();
+    }
+    coll.insert_one(base_document(CHAIN)).await.unwrap();
+    for (i, c) in cases.iter().enumerate() {
+        for id in [i as i32, CHAIN] {
+            // (On the chain's document the positional `$` may find no match by then: the
+            // update then changes nothing, as on the source.)
+            let mut filter = doc! { "_id": id };
+            filter.extend(c.filter.clone());
+            let mut update = coll.update_one(filter, c.update.clone());
+            if !c.array_filters.is_empty() {
+                update = update.array_filters(c.array_filters.clone());
+            }
+            if c.name.starts_with("$setOnInsert") {
+                update = update.upsert(true);
+            }
+            let r = update
+                .await
+                .unwrap_or_else(|e| panic!("{} on _id {id}: {e}", c.name));
+            if id != CHAIN {
+                assert_eq!(r.modified_count, 1, "{} changed nothing", c.name);
+            }
+        }
+        coll.update_one(doc! { "_id": CHAIN }, doc! { "$set": { "step": i as i32 } })
+            .await
+            .unwrap();
+    }
+    // $setOnInsert: an upsert that inserts (and a later one that matches it).
+    for _ in 0..2 {
+        coll.update_one(
+            doc! { "_id": 2000 },
+            doc! { "$setOnInsert": { "created": 1 }, "$inc": { "upserts": 1 } },
+        )
+        .upsert(true)
+        .await
+        .unwrap();
+    }
+    names.insert(2000, "$setOnInsert by an upsert".to_string());
+    for i in 0..5 {
+        other.insert_one(doc! { "_id": i }).await.unwrap();
+    }
+    converge_each(
+        &src,
+        &dst,
+        &db,
+        "ops",
+        &names,
+        Duration::from_secs(90),
+        &mut [&mut cap, &mut app],
+    )
+    .await;
+    converge(
+        &src,
+        &dst,
+        &db,
+        "other",
+        Duration::from_secs(30),
+        &mut [&mut cap, &mut app],
+    )
+    .await;
+    let stopped: Vec<Document> = dst
+        .database(&meta)
+        .collection::<Document>("stopped_collections")
+        .find(doc! {})
+        .await
+        .unwrap()
+        .map(|d| d.unwrap())
+        .collect()
+        .await;
+    assert!(stopped.is_empty(), "collections stopped: {stopped:?}");
+    stop_all(&mut [&mut cap, &mut app]).await;
+    src.database(&db).drop().await.unwrap();
+    dst.database(&db).drop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_update_operator_arrives_as_the_source_has_it_through_the_oplog() {
+    every_update_operator("oplog").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_update_operator_arrives_as_the_source_has_it_through_a_change_stream() {
+    let src = client(mongo_source_url()).await;
+    if is_mongo_java_server(&src).await {
+        // Its change streams do not describe updates (docs/testbed.md): a positional update,
+        // as any other, stops the capture by name rather than pass anything on.
+        let db = unique("sluice_m_cs_pos");
+        let coll = src.database(&db).collection::<Document>("a");
+        coll.insert_one(base_document(1)).await.unwrap();
+        let mut cap = capture(
+            &db,
+            &format!("mode = \"change_stream\"\ndatabase = \"{db}\"\ncollection = \"a\""),
+            "",
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        coll.update_one(
+            doc! { "_id": 1, "arr": 2 },
+            doc! { "$set": { "arr.$": 20 } },
+        )
+        .await
+        .unwrap();
+        let (code, log) = cap.wait(Duration::from_secs(30));
+        assert_eq!(code, Some(1), "{log}");
+        assert!(
+            log.contains("use mode = \\\"oplog\\\"") || log.contains("use mode = \"oplog\""),
+            "{log}"
+        );
+        src.database(&db).drop().await.unwrap();
+        return;
+    }
+    every_update_operator("change_stream").await;
+}
+
+/// Update events with a positional path in their description (`arr.$`: what a capture that
+/// passed a wire-compatible server's update through as written published; MongoDB describes
+/// `arr.1`), written into the topics by the test: one that carries its full document is written
+/// as that document; one without it stops its collection, recorded with the path and the
+/// remedy, and the collection's later events are not written, while another collection's are.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_positional_update_without_its_document_stops_its_collection_and_the_rest_flows() {
+    use prost::Message as _;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use sluice_proto::v1::{ChangeEvent, MongoChange, Op, UpdateDescription};
+    let db = unique("sluice_m_positional");
+    let prefix = unique("mcdc");
+    let (meta, group) = (unique("meta"), unique("g"));
+    let config = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .clone();
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = config.create().unwrap();
+    let topic = |coll: &str| format!("{prefix}.{db}.{coll}");
+    let (tc, td, te) = (topic("c"), topic("d"), topic("e"));
+    for r in admin
+        .create_topics(
+            &[
+                NewTopic::new(&tc, 1, TopicReplication::Fixed(1)),
+                NewTopic::new(&td, 1, TopicReplication::Fixed(1)),
+                NewTopic::new(&te, 1, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let bson = |d: Document| mongodb::bson::to_vec(&d).unwrap();
+    let event = |coll: &str, version: u64, id: i32, m: MongoChange, op: Op| {
+        ChangeEvent {
+            contract: 1,
+            op: op as i32,
+            database: db.clone(),
+            table: coll.into(),
+            version,
+            commit_time_micros: sluice_common::clock::now_micros(),
+            mongo: Some(MongoChange {
+                document_key: bson(doc! { "_id": id }),
+                ..m
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let insert = |coll: &str, version: u64, d: Document| {
+        let id = d.get_i32("_id").unwrap();
+        event(
+            coll,
+            version,
+            id,
+            MongoChange {
+                full_document: bson(d),
+                operation_type: "insert".into(),
+                ..Default::default()
+            },
+            Op::Insert,
+        )
+    };
+    let positional = |coll: &str, version: u64, full: Option<Document>| {
+        event(
+            coll,
+            version,
+            1,
+            MongoChange {
+                operation_type: "update".into(),
+                update_description: Some(UpdateDescription {
+                    updated_fields: bson(doc! { "arr.$": 20 }),
+                    ..Default::default()
+                }),
+                full_document: full.map(bson).unwrap_or_default(),
+                ..Default::default()
+            },
+            Op::Update,
+        )
+    };
+    let mut app = apply_at(&mongo_target_url(), &meta, &prefix, &group, "");
+    let producer: FutureProducer = config.create().unwrap();
+    for (t, payload) in [
+        (&tc, insert("c", 1, doc! { "_id": 1, "arr": [1, 2, 3] })),
+        (&tc, positional("c", 2, None)),
+        (&tc, insert("c", 3, doc! { "_id": 3 })),
+        (&te, insert("e", 4, doc! { "_id": 1, "arr": [1, 2, 3] })),
+        (
+            &te,
+            positional("e", 5, Some(doc! { "_id": 1, "arr": [1, 20, 3] })),
+        ),
+        (&td, insert("d", 6, doc! { "_id": 1 })),
+    ] {
+        producer
+            .send(
+                FutureRecord::<(), _>::to(t).partition(0).payload(&payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let dst = client(mongo_target_url()).await;
+    let coll = |name: &str| dst.database(&db).collection::<Document>(name);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while coll("d").count_documents(doc! {}).await.unwrap() < 1
+        || coll("e")
+            .find_one(doc! { "_id": 1, "arr": [1, 20, 3] })
+            .await
+            .unwrap()
+            .is_none()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the other collections' changes never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stops = dst
+        .database(&meta)
+        .collection::<Document>("stopped_collections");
+    let record = || stops.find_one(doc! { "_id": format!("{db}.c") });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut stopped = record().await.unwrap();
+    while stopped.is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stopped = record().await.unwrap();
+    }
+    let stopped = stopped.expect("collection c is recorded as stopped");
+    let reason = stopped.get_str("reason").unwrap_or_default();
+    for said in [
+        "an update that sets the path \"arr.$\"",
+        "copy the collection again",
+    ] {
+        assert!(reason.contains(said), "{said:?} in {stopped:?}");
+    }
+    assert!(
+        stops
+            .find_one(doc! { "_id": format!("{db}.e") })
+            .await
+            .unwrap()
+            .is_none(),
+        "e carried its document and is not stopped"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let docs: Vec<Document> = coll("c")
+        .find(doc! {})
+        .await
+        .unwrap()
+        .map(|d| d.unwrap())
+        .collect()
+        .await;
+    assert_eq!(
+        docs,
+        vec![doc! { "_id": 1, "arr": [1, 2, 3] }],
+        "c: the document before the refused update, nothing after it"
+    );
+    let (_, log) = app.stop();
+    assert!(
+        log.contains("collection stopped") && log.contains("arr.$"),
+        "{log}"
+    );
+    dst.database(&db).drop().await.unwrap();
+}

@@ -8,7 +8,9 @@
 //!   when missing (upsert);
 //! - update with a description: the truncated arrays first (`$push` with an empty `$each` and
 //!   `$slice`), then `$set` of the updated fields and `$unset` of the removed ones; no upsert (a
-//!   document the target does not have is not invented from a partial update);
+//!   document the target does not have is not invented from a partial update). A description
+//!   with a path no update can name (`arr.$`, `arr.$[e]`: never MongoDB's own) is replaced by
+//!   the event's full document, or, without one, refused (its collection stops);
 //! - delete: by the document key.
 //!
 //! Writes of one key keep their order: a batch is cut into rounds where each key appears at most
@@ -139,6 +141,24 @@ pub fn writes_of(event: &RowEvent<'_>) -> Result<Vec<Write>, String> {
             if let Some(desc) = m.update_description {
                 let desc = UpdateDescription::decode(desc)
                     .map_err(|e| format!("the update description: {e}"))?;
+                if let Some((what, path)) = operator_path(&desc) {
+                    // Not writable as described (see `operator_path`): the document the event
+                    // carries, or the collection stops rather than keep the old values.
+                    return match full {
+                        Some(doc) => Ok(vec![Write::Replace { key, doc }]),
+                        None => Err(format!(
+                            "an update that {what} the path {path:?}, which names no field \
+                             (a positional operator, or a field beginning with `$`), and carries \
+                             no full document: which elements it changed is not known. MongoDB \
+                             resolves such paths (arr.$ to arr.3) before its oplog and change \
+                             streams; this event came from a server that logs updates as \
+                             written, through a capture that published them so. Remedy: run a \
+                             capture-mongo that publishes the document of such an update (this \
+                             version's, which reads it) and copy the collection again \
+                             (snapshot.tables, snapshot.request_id)"
+                        )),
+                    };
+                }
                 return update_writes(key, &desc);
             }
             Ok(full
@@ -148,6 +168,34 @@ pub fn writes_of(event: &RowEvent<'_>) -> Result<Vec<Write>, String> {
         }
         other => Err(format!("{other:?} is not a row event")),
     }
+}
+
+/// The first path of an update description that an update operator cannot name as written
+/// ([`sluice_common::mongo::operator_segment`]: `arr.$`, `arr.$[]`, `arr.$[e]`, `a.$price`), with
+/// what the description does there. `$set` with `arr.$` and only the key as the query is
+/// refused by the server; `arr.$[e]` comes without its `arrayFilters`; `arr.$[]` would write
+/// every element the target has. None comes from MongoDB itself, which describes the elements
+/// it changed (`arr.3`).
+fn operator_path(desc: &UpdateDescription) -> Option<(&'static str, String)> {
+    use sluice_common::mongo::operator_segment;
+    if let Ok(set) = mongodb::bson::raw::RawDocument::from_bytes(&desc.updated_fields) {
+        for (name, _) in set.iter().filter_map(Result::ok) {
+            if operator_segment(name).is_some() {
+                return Some(("sets", name.to_string()));
+            }
+        }
+    }
+    if let Some(f) = desc
+        .removed_fields
+        .iter()
+        .find(|f| operator_segment(f).is_some())
+    {
+        return Some(("removes", f.clone()));
+    }
+    desc.truncated_arrays
+        .iter()
+        .find(|t| operator_segment(&t.field).is_some())
+        .map(|t| ("truncates", t.field.clone()))
 }
 
 fn update_writes(key: RawDocumentBuf, desc: &UpdateDescription) -> Result<Vec<Write>, String> {

@@ -41,6 +41,24 @@ pub struct UpdateDesc {
     pub truncated: Vec<(String, u32)>,
 }
 
+impl UpdateDesc {
+    /// The first path of the description that an update operator cannot name
+    /// ([`sluice_common::mongo::operator_segment`]: a positional `$`, `$[]`, `$[id]`, or a
+    /// field beginning with `$`). MongoDB never describes an update so (it resolves positional
+    /// paths first); a wire-compatible server's oplog does. Such an update is published with
+    /// its document instead of its description.
+    pub fn operator_path(&self) -> Option<&str> {
+        let is = |p: &&str| sluice_common::mongo::operator_segment(p).is_some();
+        self.updated
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, _)| k)
+            .find(is)
+            .or_else(|| self.removed.iter().map(String::as_str).find(is))
+            .or_else(|| self.truncated.iter().map(|(f, _)| f.as_str()).find(is))
+    }
+}
+
 /// A collection or database command.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DdlChange {
@@ -75,8 +93,10 @@ pub struct Change {
     pub lsid: Option<RawDocumentBuf>,
     pub txn_number: Option<i64>,
     pub ddl: Option<DdlChange>,
-    /// An oplog update written with operators MongoDB itself never logs (only wire-compatible
-    /// servers do): its effect is unknown, the document must be read.
+    /// An update whose effect the source did not describe as a change stream would: written
+    /// with operators MongoDB itself never logs, or with a path an update cannot name
+    /// ([`UpdateDesc::operator_path`]), as only wire-compatible servers log them. The document
+    /// must be read.
     pub lookup: bool,
 }
 
@@ -296,7 +316,15 @@ pub fn from_change_stream(
                     at()
                 )
             })?;
-            c.update = Some(update_description(desc).map_err(|e| format!("{}: {e}", at()))?);
+            let desc = update_description(desc).map_err(|e| format!("{}: {e}", at()))?;
+            if desc.operator_path().is_some() {
+                // Not MongoDB's own description (it resolves `arr.$` to `arr.3`): the whole
+                // document is published instead, the event's own (a post-image, or
+                // updateLookup's) or, without one, the document read from the source.
+                c.lookup = c.full_document.is_none();
+            } else {
+                c.update = Some(desc);
+            }
         }
         OpKind::Insert | OpKind::Replace if c.full_document.is_none() => {
             return Err(format!("{}: no fullDocument", at()));

@@ -144,6 +144,95 @@ fn updates_apply_their_description_truncation_first() {
 }
 
 #[test]
+fn positional_paths_are_written_from_the_document_or_refused_by_name() {
+    let update = |set: Document, removed: &[&str], truncated: &[&str], full: Option<Document>| {
+        event(
+            Op::Update,
+            MongoChange {
+                document_key: key(),
+                operation_type: "update".into(),
+                full_document: full.map(bytes).unwrap_or_default(),
+                update_description: Some(UpdateDescription {
+                    updated_fields: bytes(set),
+                    removed_fields: removed.iter().map(|f| f.to_string()).collect(),
+                    truncated_arrays: truncated
+                        .iter()
+                        .map(|f| TruncatedArray {
+                            field: f.to_string(),
+                            new_size: 1,
+                        })
+                        .collect(),
+                }),
+                ..Default::default()
+            },
+        )
+    };
+    // With the document (a post-image, updateLookup's, or the capture's lookup): replaced by it,
+    // the description left aside.
+    let doc = doc! { "_id": 1, "arr": [1, 20, 3] };
+    for e in [
+        update(doc! { "arr.$": 20 }, &[], &[], Some(doc.clone())),
+        update(
+            doc! { "n": 1, "objs.$[e].v": 9 },
+            &[],
+            &[],
+            Some(doc.clone()),
+        ),
+        update(doc! {}, &["objs.$[].v"], &[], Some(doc.clone())),
+        update(doc! {}, &[], &["a.$[]"], Some(doc.clone())),
+    ] {
+        assert_eq!(
+            writes_of_event(&e).unwrap(),
+            vec![Write::Replace {
+                key: rawdoc! { "_id": 1 },
+                doc: RawDocumentBuf::from_document(&doc).unwrap(),
+            }]
+        );
+    }
+    // Without it: refused, naming what it does, the path and the remedy (the collection stops).
+    for (e, what, path) in [
+        (
+            update(doc! { "ok": 1, "arr.$": 20 }, &[], &[], None),
+            "sets",
+            "arr.$",
+        ),
+        (
+            update(doc! { "objs.$[e].v": 9 }, &[], &[], None),
+            "sets",
+            "objs.$[e].v",
+        ),
+        (
+            update(doc! {}, &["a", "objs.$.v"], &[], None),
+            "removes",
+            "objs.$.v",
+        ),
+        (
+            update(doc! {}, &[], &["arr.$[]"], None),
+            "truncates",
+            "arr.$[]",
+        ),
+        (
+            update(doc! { "a.$price": 1 }, &[], &[], None),
+            "sets",
+            "a.$price",
+        ),
+    ] {
+        let m = writes_of_event(&e).unwrap_err();
+        assert!(
+            m.contains(&format!("an update that {what} the path \"{path}\"")),
+            "{m}"
+        );
+        assert!(m.contains("copy the collection again"), "{m}");
+    }
+    // Paths MongoDB writes are applied as described, `$` inside a name or not.
+    let e = update(doc! { "arr.3": 20, "a.b$": 1 }, &[], &[], None);
+    assert!(matches!(
+        writes_of_event(&e).unwrap()[..],
+        [Write::Update { .. }]
+    ));
+}
+
+#[test]
 fn bad_events_are_refused_with_a_reason() {
     let e = event(Op::Insert, MongoChange::default());
     assert_eq!(writes_of_event(&e).unwrap_err(), "no document key");

@@ -6,8 +6,9 @@
 //! holds them until then). A prepared transaction's `applyOps` (`prepare: true`) counts only at
 //! its `commitTransaction` and is dropped at `abortTransaction` ([`OplogEntry::prepared`]). Updates come in three forms ([`UpdateForm`]): a replacement
 //! document, MongoDB 5.0+'s `$v: 2` diff and 4.x's `$set`/`$unset`, all described as a change
-//! stream would; other operators (only wire-compatible servers log them) leave the effect
-//! unknown, and the reader looks the document up. Commands become DDL changes of the same kinds
+//! stream would; other operators, and positional paths (`arr.$`, `arr.$[e]`: only
+//! wire-compatible servers log them) leave the effect unknown, and the reader looks the document
+//! up. Commands become DDL changes of the same kinds
 //! as the change stream's; two-phase index builds count at `commitIndexBuild`.
 //!
 //! Each entry is read in one pass over its fields ([`Fields`]), not one lookup per field.
@@ -344,7 +345,8 @@ enum UpdateForm {
 }
 
 /// How an oplog update's `o` reads: a replacement document, MongoDB's `$v: 2` diff, the older
-/// `$set`/`$unset` form, or operators only other servers write.
+/// `$set`/`$unset` form, or what only other servers write (other operators, positional
+/// paths).
 fn update_form(spec: &RawDocument) -> Result<UpdateForm, String> {
     let mut keys = Vec::new();
     for el in spec {
@@ -357,7 +359,7 @@ fn update_form(spec: &RawDocument) -> Result<UpdateForm, String> {
     if let Ok(diff) = spec.get_document("diff") {
         let mut d = UpdateDesc::default();
         object_diff(diff, "", &mut d)?;
-        return Ok(UpdateForm::Described(d));
+        return Ok(described(d));
     }
     if keys.iter().all(|k| matches!(*k, "$v" | "$set" | "$unset")) {
         let mut d = UpdateDesc::default();
@@ -369,9 +371,21 @@ fn update_form(spec: &RawDocument) -> Result<UpdateForm, String> {
                 d.removed.push(el.map_err(|e| e.to_string())?.0.to_string());
             }
         }
-        return Ok(UpdateForm::Described(d));
+        return Ok(described(d));
     }
     Ok(UpdateForm::Unknown)
+}
+
+/// A description whose paths a target can write as they are. One with a positional path
+/// (`arr.$`, `arr.$[]`, `arr.$[e]`: a wire-compatible server logs the client's update as
+/// written, where MongoDB logs `arr.3`) or a `$`-prefixed field cannot be: which elements it
+/// changed is not in the entry, so the document is read instead.
+fn described(d: UpdateDesc) -> UpdateForm {
+    if d.operator_path().is_some() {
+        UpdateForm::Unknown
+    } else {
+        UpdateForm::Described(d)
+    }
 }
 
 fn join(prefix: &str, field: &str) -> String {

@@ -71,6 +71,60 @@ fn change_stream_update_reads_the_description() {
 }
 
 #[test]
+fn change_stream_updates_with_positional_paths_carry_the_document() {
+    // MongoDB never describes an update so (it writes `arr.1`); were a server to, the
+    // description cannot be replayed: the event's own document goes instead, or, without one,
+    // the document is read from the source.
+    let ev = |full: Option<Document>| {
+        let mut d = doc! {
+            "operationType": "update",
+            "clusterTime": ts(4),
+            "ns": { "db": "shop", "coll": "orders" },
+            "documentKey": { "_id": 1 },
+            "updateDescription": {
+                "updatedFields": { "n": 2, "arr.$": 20 },
+                "removedFields": [],
+            },
+        };
+        if let Some(f) = full {
+            d.insert("fullDocument", f);
+        }
+        raw(d)
+    };
+    let post = doc! { "_id": 1, "n": 2, "arr": [1, 20] };
+    let c = change(from_change_stream(&ev(Some(post.clone())), (None, None)).unwrap());
+    assert_eq!(
+        (c.op, c.update.is_none(), c.lookup),
+        (OpKind::Update, true, false)
+    );
+    assert_eq!(c.full_document, Some(raw(post)));
+    let c = change(from_change_stream(&ev(None), (None, None)).unwrap());
+    assert_eq!((c.update.is_none(), c.lookup), (true, true));
+    // `whenAvailable` without a post-image: fullDocument null, looked up as well.
+    let mut d = ev(None).to_document().unwrap();
+    d.insert("fullDocument", Bson::Null);
+    let c = change(from_change_stream(&raw(d), (None, None)).unwrap());
+    assert_eq!((c.update.is_none(), c.lookup), (true, true));
+    for (desc, path) in [
+        (
+            doc! { "updatedFields": {}, "removedFields": ["objs.$[e].v"] },
+            "objs.$[e].v",
+        ),
+        (
+            doc! { "updatedFields": {}, "removedFields": [], "truncatedArrays": [{ "field": "a.$[]", "newSize": 1 }] },
+            "a.$[]",
+        ),
+    ] {
+        let mut d = ev(None).to_document().unwrap();
+        d.insert("updateDescription", desc);
+        let c = change(from_change_stream(&raw(d.clone()), (None, None)).unwrap());
+        assert!(c.lookup, "{path}");
+        let u = update_description(&raw(d.get_document("updateDescription").unwrap().clone()));
+        assert_eq!(u.unwrap().operator_path(), Some(path));
+    }
+}
+
+#[test]
 fn nonconforming_change_streams_are_refused_by_name() {
     // mongo-java-server: the update spec as documentKey, no updateDescription.
     let ev = raw(doc! {

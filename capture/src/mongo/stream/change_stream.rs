@@ -169,7 +169,13 @@ impl Capture {
                                 self.advance(just_before(ts));
                                 self.store().await?;
                             }
-                            self.publish(*c, token.as_ref()).await?;
+                            let mut c = *c;
+                            if c.lookup {
+                                // An update described with a path no update can name (never
+                                // MongoDB's own): its document as it is now, as updateLookup.
+                                self.look_up(std::slice::from_mut(&mut c)).await?;
+                            }
+                            self.publish(c, token.as_ref()).await?;
                             // Published: a checkpoint, or a reopen, goes on after it.
                             self.last_token = token;
                             self.advance(ts);

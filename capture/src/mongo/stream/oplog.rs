@@ -285,10 +285,11 @@ impl Capture {
         }
     }
 
-    /// Read the documents of the updates the oplog could not describe ([`Change::lookup`]) as
+    /// Read the documents of the updates the source could not describe ([`Change::lookup`]) as
     /// they are now (what `updateLookup` does on change streams), for the changes that will be
     /// published; before any of them is, so that a failure here leaves the entry unpublished.
-    async fn look_up(&mut self, changes: &mut [Change]) -> Result<(), CaptureError> {
+    /// A document deleted since is published as nothing to write (its delete follows).
+    pub(super) async fn look_up(&mut self, changes: &mut [Change]) -> Result<(), CaptureError> {
         for c in changes.iter_mut() {
             if !c.lookup || !self.wanted(c) {
                 continue;

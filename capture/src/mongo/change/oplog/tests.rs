@@ -72,6 +72,32 @@ fn oplog_updates_in_every_form() {
     );
     assert!(e.changes[0].lookup);
     assert_eq!(e.changes[0].op, OpKind::Update);
+    // Positional paths, as mongo-java-server logs the client's update (MongoDB logs `arr.1`):
+    // which elements changed is not in the entry, the document is looked up; so is a `$set`
+    // of a `$`-prefixed field, and a diff that reaches one.
+    for o in [
+        doc! { "$set": { "arr.$": 20 } },
+        doc! { "$set": { "ok": 1, "objs.$[e].v": 9 } },
+        doc! { "$set": { "arr.$[]": 7 } },
+        doc! { "$unset": { "objs.$.v": "" } },
+        doc! { "$v": 1, "$set": { "a.$[o].b.$[i]": 1 } },
+        doc! { "$set": { "a.$price": 1 } },
+        doc! { "$v": 2, "diff": { "sa": { "u": { "$price": 1 } } } },
+    ] {
+        let e =
+            oplog(doc! { "ts": ts(4), "op": "u", "ns": "d.c", "o": o.clone(), "o2": { "_id": 1 } });
+        let c = &e.changes[0];
+        assert!(c.lookup && c.update.is_none(), "{o}");
+        assert_eq!(
+            (c.op, c.operation_type.as_str()),
+            (OpKind::Update, "update")
+        );
+    }
+    // `$` inside a name is no operator.
+    let e = oplog(
+        doc! { "ts": ts(5), "op": "u", "ns": "d.c", "o": { "$set": { "a.b$": 1, "arr.3": 2 } }, "o2": { "_id": 1 } },
+    );
+    assert!(!e.changes[0].lookup && e.changes[0].update.is_some());
     // A broken diff is an error that names the entry.
     let err = from_oplog(&raw(doc! { "ts": ts(9), "op": "u", "ns": "d.c", "o": { "$v": 2, "diff": { "q": 1 } }, "o2": { "_id": 1 } })).unwrap_err();
     assert!(
