@@ -49,11 +49,11 @@ impl ConsumerConfig {
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum OnBadEvent {
-    /// A row event of a mirror table (apply-clickhouse) or of a collection (apply-mongo) that
-    /// cannot be written stops its table or collection, named with the reason (the event and
-    /// the later ones go to the dead-letter topic): a mirror missing a change would be silently
-    /// wrong (a lost DELETE leaves a ghost row). Other events (of a change-log table,
-    /// undecodable ones) are dead-lettered.
+    /// A row event of a table (apply-clickhouse: a mirror or a change log) or of a collection
+    /// (apply-mongo) that cannot be written stops its table or collection, named with the
+    /// reason (the event and the later ones go to the dead-letter topic): a mirror missing a
+    /// change would be silently wrong (a lost DELETE leaves a ghost row), a change log would
+    /// miss a change. Events naming no table (undecodable) are dead-lettered.
     StopTable,
     /// Send it to the dead-letter topic and go on.
     DeadLetter,

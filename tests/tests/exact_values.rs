@@ -449,6 +449,19 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
         }
     }
     println!("{compared} cells equal MariaDB's rendering");
+    // `sluice verify` renders each type on both servers alike: it finds the mirror equal.
+    let names: Vec<String> = TABLES
+        .iter()
+        .filter(|t| !stops.contains_key(*t))
+        .map(|t| format!("{db}.{t}"))
+        .collect();
+    let mut args: Vec<&str> = Vec::new();
+    for n in &names {
+        args.extend(["--table", n.as_str()]);
+    }
+    let (code, report, err) = sluice_tests::capture::verify(&cap, &mirror, &args);
+    assert_eq!(code, Some(0), "{report:#}\n{err}");
+    assert_eq!(report["result"], "equal", "{report:#}");
     // The types the target got, per server (docs/apply-clickhouse.md, "Type mapping").
     let types = ch(&format!(
         "SELECT table, name, type FROM system.columns WHERE database = '{m_db}' \

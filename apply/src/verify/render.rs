@@ -15,6 +15,7 @@
 //! | TIME | as MySQL prints it |
 //! | ENUM, SET, text | the UTF-8 text |
 //! | binary strings, BLOB | the bytes; GEOMETRY its WKB (without the 4-byte SRID) |
+//! | INET4, UUID | the text; INET6 into IPv6 its 16 bytes in hex (the servers print it differently) |
 //!
 //! The row's hash is the first 8 bytes of the MD5 of that text, read as a big-endian
 //! unsigned integer; a chunk's checksum is the count of its rows and the XOR of their hashes.
@@ -109,6 +110,9 @@ pub fn mysql_text(col: &Column, ch_type: &str) -> String {
             format!("CONVERT({c} USING utf8mb4)")
         }
         T::Geometry => format!("SUBSTRING({c}, 5)"),
+        // Printed by different rules (MariaDB shortens a single zero group, ClickHouse does
+        // not): the 16 bytes instead.
+        T::Inet6 if bare_type(ch_type) == "IPv6" => format!("HEX(CAST({c} AS BINARY(16)))"),
         _ => c,
     }
 }
@@ -146,6 +150,7 @@ pub fn clickhouse_text(col: &Column, ch_type: &str) -> String {
             )
         }
         T::Float | T::Double if t.starts_with("Float") => clickhouse_float(&c),
+        T::Inet6 if t == "IPv6" => format!("hex({c})"),
         _ if t == "String" => c,
         _ if t.starts_with("FixedString") => format!("toString({c})"),
         // ClickHouse before 20.x prints its zero day as 0000-00-00: it is 1970-01-01.
