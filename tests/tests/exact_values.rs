@@ -1,7 +1,7 @@
 //! Every value exact, or its table refused: MariaDB -> capture-mysql -> Kafka ->
 //! apply-clickhouse, through both capture paths (the rows of the snapshot, then the same rows
-//! again through the binlog) and into both table modes (a mirror with the server's date types,
-//! a change log with dates as text), on whichever server `SLUICE_CLICKHOUSE_URL` names (the
+//! again through the binlog) and into both table modes (a mirror and a change log with the
+//! server's date types, a change log with dates as text), on whichever server `SLUICE_CLICKHOUSE_URL` names (the
 //! suite runs it against ClickHouse 18.16 and 26.9). Every cell is compared with MariaDB's own
 //! rendering of it (`CAST(c AS CHAR)`, `CONVERT(c USING utf8mb4)`), as hex, so no printing
 //! rule of either side can hide a difference.
@@ -254,8 +254,8 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
         "end",
         "[snapshot]\nmode = \"snapshot+stream\"\n",
     ));
-    let (m_db, c_db) = (format!("{db}_m"), format!("{db}_c"));
-    for d in [&m_db, &c_db] {
+    let (m_db, c_db, n_db) = (format!("{db}_m"), format!("{db}_c"), format!("{db}_n"));
+    for d in [&m_db, &c_db, &n_db] {
         ch(&format!("CREATE DATABASE {d}")).await;
     }
     let mut mirror =
@@ -266,6 +266,14 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
         &unique("dlq"),
         "",
         "[tables]\nmode = \"changelog\"\ntemporal = \"text\"\n",
+    );
+    // A change log with the server's date types: it stops what the mirror stops.
+    let mut native_log = CaptureProcess::apply_clickhouse_with(
+        &cap.prefix,
+        &n_db,
+        &unique("dlq"),
+        "",
+        "[tables]\nmode = \"changelog\"\n",
     );
     let limit = Instant::now() + Duration::from_secs(120);
     while metric_at(cap.metrics_port, "sluice_capture_snapshot_tables_remaining") != Some(0.0)
@@ -309,9 +317,11 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
 
     // Wait for every table: written whole, or stopped (the mirror).
     let deadline = Instant::now() + Duration::from_secs(150);
-    for (target_db, is_log) in [(&m_db, false), (&c_db, true)] {
+    // (target, whether its dates are the server's types)
+    let targets = [(&m_db, true), (&c_db, false), (&n_db, true)];
+    for (target_db, native) in targets {
         for t in TABLES {
-            let stopped = !is_log && stops.contains_key(t);
+            let stopped = native && stops.contains_key(t);
             loop {
                 let done = if stopped {
                     ch(&format!(
@@ -351,28 +361,31 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
         }
     }
 
-    // The stops name the row, the column, the reason and the remedy.
-    let reasons = ch(&format!(
-        "SELECT target, reason FROM {m_db}._sluice_stopped ORDER BY target"
-    ))
-    .await;
-    for (t, wants) in &stops {
-        let line = reasons
-            .lines()
-            .find(|l| l.starts_with(&format!("{t}\t")))
-            .unwrap_or_else(|| panic!("{t} is not stopped: {reasons}"));
-        assert!(wants.iter().any(|w| line.contains(w)), "{t}: {line}");
-        assert!(
-            line.contains(&format!("{t} row (id=")) && line.contains(" column d"),
-            "the row and column: {line}"
+    // The stops name the row, the column, the reason and the remedy; the mirror and the
+    // change log with the server's types stop the same tables.
+    for target_db in [&m_db, &n_db] {
+        let reasons = ch(&format!(
+            "SELECT target, reason FROM {target_db}._sluice_stopped ORDER BY target"
+        ))
+        .await;
+        for (t, wants) in &stops {
+            let line = reasons
+                .lines()
+                .find(|l| l.starts_with(&format!("{t}\t")))
+                .unwrap_or_else(|| panic!("{t} is not stopped: {reasons}"));
+            assert!(wants.iter().any(|w| line.contains(w)), "{t}: {line}");
+            assert!(
+                line.contains(&format!("{t} row (id=")) && line.contains(" column d"),
+                "the row and column: {line}"
+            );
+            assert!(line.contains("temporal_tables"), "the remedy: {line}");
+        }
+        assert_eq!(
+            reasons.lines().count(),
+            stops.len(),
+            "only those tables stop: {reasons}"
         );
-        assert!(line.contains("temporal_tables"), "the remedy: {line}");
     }
-    assert_eq!(
-        reasons.lines().count(),
-        stops.len(),
-        "only those tables stop: {reasons}"
-    );
     let log_stops = ch(&format!(
         "SELECT count() FROM system.tables WHERE database = '{c_db}' AND name = '_sluice_stopped'"
     ))
@@ -389,7 +402,8 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
 
     // Every cell of every written table equals MariaDB's rendering.
     let mut compared = 0;
-    for (target_db, native) in [(&m_db, true), (&c_db, false)] {
+    for (target_db, native) in targets {
+        let log = target_db != &m_db;
         for t in TABLES {
             if native && stops.contains_key(t) {
                 continue;
@@ -403,10 +417,10 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
                     .join(", ")
             );
             let source: Vec<String> = c.query(&my_sql).await.unwrap();
-            let filter = if native {
-                ""
-            } else {
+            let filter = if log {
                 " WHERE _op IN ('snapshot', 'insert')"
+            } else {
+                ""
             };
             let ch_sql = format!(
                 "SELECT arrayStringConcat([toString(id), {}], ',') FROM {target_db}.`{t}` FINAL{filter} ORDER BY id",
@@ -491,11 +505,11 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
         assert_eq!(type_of("mariadb_types", "b"), "String");
     }
 
-    for p in [&mut cap, &mut mirror, &mut log] {
+    for p in [&mut cap, &mut mirror, &mut log, &mut native_log] {
         let (code, out) = p.stop();
         assert_eq!(code, Some(0), "{out}");
     }
-    for d in [&m_db, &c_db] {
+    for d in [&m_db, &c_db, &n_db] {
         ch(&format!("DROP DATABASE {d}")).await;
     }
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
