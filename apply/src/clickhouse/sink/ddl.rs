@@ -126,7 +126,7 @@ impl Sink {
                         self.schemas.remember(new);
                         return Ok(()); // no target, and none to make
                     }
-                    let mut target = self.target(new).await?;
+                    let mut target = self.target(new, event.version).await?;
                     let statements = if ddl.statements.is_empty() {
                         vec![ddl.statement.clone()]
                     } else {

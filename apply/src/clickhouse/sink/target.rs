@@ -86,6 +86,10 @@ pub(super) struct Target {
     /// Source columns an ALTER dropped since start: rows of a schema before the drop do not
     /// add them back.
     pub(super) dropped: std::collections::HashSet<String>,
+    /// The version of the event whose schema this process created the table from: a row of an
+    /// older schema with a column the target lacks had it renamed or dropped since, which the
+    /// created table knows nothing of.
+    pub(super) created_at: Option<u64>,
 }
 
 impl Target {
@@ -184,7 +188,11 @@ impl Sink {
     }
 
     /// The target of a source table: known, read from the server, or created.
-    pub(super) async fn target(&mut self, schema: &TableSchema) -> Result<Target, Refusal> {
+    pub(super) async fn target(
+        &mut self,
+        schema: &TableSchema,
+        version: u64,
+    ) -> Result<Target, Refusal> {
         let name = self.target_name(&schema.database, &schema.table);
         if let Some(t) = self.targets.get(&name) {
             return Ok(t.clone());
@@ -196,6 +204,7 @@ impl Sink {
             mode = Mode::Changelog;
         }
         let mut columns = self.describe(&name).await?;
+        let mut created_at = None;
         if columns.is_empty() {
             if !self.config.tables.create {
                 return Err(BadEvent::new(
@@ -209,6 +218,7 @@ impl Sink {
             }
             self.create(&name, mode, schema).await?;
             columns = self.describe(&name).await?;
+            created_at = Some(version);
         } else if mode == Mode::Mirror && self.features.is_deleted {
             self.warn_of_old_engine(&name).await?;
         }
@@ -227,6 +237,7 @@ impl Sink {
                 .get(&name)
                 .map(|a| a.dropped.clone())
                 .unwrap_or_default(),
+            created_at,
         };
         self.targets.insert(name, t.clone());
         Ok(t)
@@ -488,7 +499,7 @@ impl Sink {
             )
             .into());
         }
-        let mut target = self.target(&schema).await?;
+        let mut target = self.target(&schema, event.version).await?;
         // New source columns: add them to the target first (not those an ALTER since start
         // dropped: this row is older than that ALTER).
         let missing: Vec<&Column> = schema
@@ -496,6 +507,22 @@ impl Sink {
             .iter()
             .filter(|c| target.column_of(&c.name).is_none() && !target.gone(&c.name))
             .collect();
+        if let (Some(at), false) = (target.created_at, missing.is_empty()) {
+            if event.version < at {
+                let names: Vec<&str> = missing.iter().map(|c| c.name.as_str()).collect();
+                return Err(BadEvent::new(
+                    Reason::Value,
+                    format!(
+                        "{}.{} row (version {}) has columns {names:?} that target {} lacks: the \
+                         target was created from a later schema (version {at}), so they were \
+                         renamed or dropped since, and where their values belong is not known. \
+                         Remedy: empty the target and re-snapshot the table",
+                        schema.database, schema.table, event.version, target.name
+                    ),
+                )
+                .into());
+            }
+        }
         if !missing.is_empty() && self.config.tables.create {
             self.flush_table(&target.name).await?;
             let f = self.features_for(&schema.database, &schema.table);
@@ -574,6 +601,7 @@ mod tests {
             source: None,
             renamed: BTreeMap::new(),
             dropped: Default::default(),
+            created_at: None,
         };
         t.columns.insert(
             "id".into(),
