@@ -68,8 +68,9 @@ fn rows(db: &str, cs: &[String], base: u32) -> Vec<String> {
         format!(
             "INSERT INTO `{db}`.odd_dates VALUES
              ({}, '2026-02-30', '2026-04-31 10:00:00'),
-             ({}, '2026-00-15', '2026-05-00 00:00:00')",
-            id(1), id(2)
+             ({}, '2026-00-15', '2026-05-00 00:00:00'),
+             ({}, '2026-02-28', '0000-00-00 10:00:00')",
+            id(1), id(2), id(3)
         ),
         format!(
             "INSERT INTO `{db}`.decimals VALUES
@@ -307,7 +308,7 @@ async fn every_value_arrives_exactly_through_both_paths_or_its_table_stops() {
     let counts: BTreeMap<&str, usize> = [
         ("dates_in", 8),
         ("dates_far", 8),
-        ("odd_dates", 4),
+        ("odd_dates", 6),
         ("decimals", 6),
         ("mariadb_types", 10),
         ("texts", 4),

@@ -352,14 +352,18 @@ fn put_decimal(d: &str, precision: u8, scale: u8, out: &mut Vec<u8>) -> Result<(
             carry = t >> 64;
         }
     }
-    let width = match precision {
+    let width: usize = match precision {
         0..=9 => 4,
         10..=18 => 8,
         19..=38 => 16,
         _ => 32,
     };
-    let bytes: Vec<u8> = limbs.iter().flat_map(|l| l.to_le_bytes()).collect();
-    out.extend_from_slice(&bytes[..width]);
+    // Two's complement truncates: the low `width` bytes are the value (it fits, checked above).
+    let start = out.len();
+    for l in &limbs[..width.div_ceil(8)] {
+        out.extend_from_slice(&l.to_le_bytes());
+    }
+    out.truncate(start + width);
     Ok(())
 }
 
@@ -430,7 +434,15 @@ fn datetime_seconds(
     };
     let days = date_days(&date, v, c)?;
     if days == 0 && d.year == 0 {
-        return Ok(0); // the zero datetime (its time of day is 00:00:00)
+        // The zero datetime is the epoch; a zero date with a time of day is no instant.
+        if d.hour != 0 || d.minute != 0 || d.second != 0 || d.micros != 0 {
+            return Err(format!(
+                "{} is a zero date with a time of day, which no ClickHouse date type holds; \
+                 {TEMPORAL_REMEDY}",
+                text(v, c)
+            ));
+        }
+        return Ok(0);
     }
     Ok(days * 86_400 + i64::from(d.hour) * 3600 + i64::from(d.minute) * 60 + i64::from(d.second))
 }
@@ -684,6 +696,13 @@ mod tests {
         assert!(enc(dt(2026, 2, 30, 1, 2, 3), &c, &wide)
             .unwrap_err()
             .contains("not a day of the calendar"));
+        // A zero date with a time of day (MySQL without NO_ZERO_DATE) is no instant.
+        assert!(enc(dt(0, 0, 0, 10, 0, 0), &c, &wide)
+            .unwrap_err()
+            .contains("zero date with a time of day"));
+        assert!(enc(dt(0, 0, 0, 10, 0, 0), &c, &old)
+            .unwrap_err()
+            .contains("0000-00-00 10:00:00"));
         assert!(enc(
             dt(9999, 12, 31, 23, 59, 59),
             &c,

@@ -281,7 +281,7 @@ impl Sink {
     /// Whatever the reason (a value, a schema not on the schema topic, a newer contract), as
     /// long as the event is a row event naming its table; a stopped table's and a DDL's
     /// refusals have stopped it already.
-    async fn stop_mirror_for(
+    async fn stop_table_for(
         &mut self,
         m: &BorrowedMessage<'_>,
         bad: &BadEvent,

@@ -233,21 +233,21 @@ pub fn to_text(bytes: Vec<u8>, charset: &str) -> Kind {
         },
         // ASCII is UTF-8 as long as no byte is past 0x7F (the server's table says what is).
         "ascii" if bytes.is_ascii() => Kind::Text(String::from_utf8(bytes).expect("ASCII")),
-        other if loaded(other).is_some() => match loaded(other).and_then(|t| t.decode(&bytes)) {
-            Some(text) => Kind::Text(text),
-            None => raw(bytes, charset),
-        },
-        other if unicode(&[], other).is_some() => match unicode(&bytes, other).flatten() {
-            Some(text) => Kind::Text(text),
-            None => raw(bytes, charset),
-        },
-        other => match encoding(other) {
-            Some(enc) => match enc.decode_without_bom_handling_and_without_replacement(&bytes) {
-                Some(text) => Kind::Text(text.into_owned()),
+        other => {
+            // One lookup of the server's table per value.
+            let text = match (loaded(other), unicode(&bytes, other)) {
+                (Some(table), _) => table.decode(&bytes),
+                (None, Some(text)) => text,
+                (None, None) => encoding(other).and_then(|enc| {
+                    enc.decode_without_bom_handling_and_without_replacement(&bytes)
+                        .map(|t| t.into_owned())
+                }),
+            };
+            match text {
+                Some(text) => Kind::Text(text),
                 None => raw(bytes, charset),
-            },
-            None => raw(bytes, charset),
-        },
+            }
+        }
     }
 }
 

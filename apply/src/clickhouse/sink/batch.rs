@@ -158,7 +158,7 @@ impl Sink {
         match self.apply_event(m, shutdown).await {
             Ok(()) => {}
             Err(Refusal::Bad(bad)) => {
-                self.stop_mirror_for(m, &bad).await?;
+                self.stop_table_for(m, &bad).await?;
                 self.dead_letter(m, &bad).await?
             }
             Err(Refusal::Stop(e)) => return Err(e),
@@ -458,7 +458,11 @@ fn key_text(schema: &sluice_proto::v1::TableSchema, image: &[u8]) -> String {
             break;
         };
         if key.contains(&i) {
-            let t = text(&v, c);
+            let mut t = text(&v, c);
+            if let Some((i, _)) = t.char_indices().nth(64) {
+                t.truncate(i);
+                t.push('…');
+            }
             let quoted = matches!(
                 v,
                 ValueRef::Text(_) | ValueRef::RawText { .. } | ValueRef::Bytes(_)

@@ -449,6 +449,9 @@ impl Capture {
         let from_binlog = self.server.has_row_metadata;
         let schema = match schema::from_table_map(&tme, current.as_ref()) {
             Some(s) => {
+                // Its charsets may be ones no table has now (a column changed since).
+                let charsets: Vec<&str> = s.columns.iter().map(|c| c.charset.as_str()).collect();
+                crate::mysql::charset::load(&mut self.schema_conn, charsets).await?;
                 self.publish_schema(&s).await?;
                 s
             }
