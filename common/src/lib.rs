@@ -1,6 +1,7 @@
 //! What every sluice binary shares: the command line and config loading ([`app`], [`config`]),
 //! the Prometheus endpoint ([`metrics`]), logging ([`logging`]), shutdown on signals
-//! ([`shutdown`]), Kafka client settings ([`kafka`]) and preflight checks ([`preflight`]);
+//! ([`shutdown`]), Kafka client settings ([`kafka`]), preflight checks ([`preflight`]) and the
+//! election of a capture's active instance ([`standby`]);
 //! and the small helpers both stages use: the calendar ([`civil`]), the clock ([`clock`]) and
 //! hex ([`hex`]).
 
@@ -17,6 +18,7 @@ pub mod preflight;
 pub mod progress;
 pub mod secret;
 pub mod shutdown;
+pub mod standby;
 pub mod tools;
 pub mod topics;
 
@@ -26,6 +28,7 @@ pub use kafka::KafkaConfig;
 pub use logging::LogConfig;
 pub use preflight::Check;
 pub use shutdown::Shutdown;
+pub use standby::StandbyConfig;
 pub use topics::TopicsConfig;
 
 // Many small allocations per event (decoded values, protobuf): mimalloc handles them far better

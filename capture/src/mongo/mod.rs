@@ -6,7 +6,9 @@ pub mod stream;
 use serde::{Deserialize, Serialize};
 use sluice_common::mongo::{check_uri, describe_server};
 use sluice_common::secret::Uri;
-use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate};
+use sluice_common::{
+    Check, KafkaConfig, LogConfig, MetricsConfig, StandbyConfig, TopicsConfig, Validate,
+};
 
 use crate::filter::{Filter, FilterConfig};
 use crate::publish::PublishConfig;
@@ -31,6 +33,8 @@ pub struct Config {
     pub publish: PublishConfig,
     #[serde(default)]
     pub snapshot: crate::snapshot::SnapshotConfig,
+    #[serde(default)]
+    pub standby: StandbyConfig,
     #[serde(default = "default_metrics")]
     pub metrics: MetricsConfig,
     #[serde(default)]
@@ -206,6 +210,7 @@ impl Validate for Config {
         self.snapshot.validate()?;
         self.kafka.validate()?;
         self.topics.validate()?;
+        self.standby.validate()?;
         self.log.validate()
     }
 }

@@ -12,7 +12,9 @@ pub mod stream;
 use mysql_async::prelude::Queryable;
 use serde::{Deserialize, Serialize};
 use sluice_common::secret::{Secret, Uri};
-use sluice_common::{Check, KafkaConfig, LogConfig, MetricsConfig, TopicsConfig, Validate};
+use sluice_common::{
+    Check, KafkaConfig, LogConfig, MetricsConfig, StandbyConfig, TopicsConfig, Validate,
+};
 
 use crate::filter::FilterConfig;
 use crate::publish::PublishConfig;
@@ -37,6 +39,8 @@ pub struct Config {
     pub publish: PublishConfig,
     #[serde(default)]
     pub snapshot: crate::snapshot::SnapshotConfig,
+    #[serde(default)]
+    pub standby: StandbyConfig,
     #[serde(default = "default_metrics")]
     pub metrics: MetricsConfig,
     #[serde(default)]
@@ -233,6 +237,7 @@ impl Validate for Config {
         crate::filter::Filter::new(&self.filter, stream::SYSTEM_DATABASES)?;
         self.kafka.validate()?;
         self.topics.validate()?;
+        self.standby.validate()?;
         self.publish.validate()?;
         self.snapshot.validate()?;
         self.log.validate()
