@@ -495,12 +495,46 @@ fn the_deployment_files_agree_with_each_other_and_with_the_example_configs() {
             container["volumeMounts"][0]["mountPath"], "/etc/sluice",
             "{rel}"
         );
+        // Every stage keeps one pod through a voluntary disruption.
+        let pdb = &of("PodDisruptionBudget")["spec"];
+        assert_eq!(
+            pdb["selector"]["matchLabels"]["app.kubernetes.io/name"], b,
+            "{rel}"
+        );
         if b.starts_with("capture") {
+            // A standby pair: two pods, one active, elected; never both gone at once.
+            assert_eq!(deployment["spec"]["replicas"], 2, "{rel}: a standby pair");
+            assert_eq!(pdb["minAvailable"], 1, "{rel}");
             assert_eq!(
-                deployment["spec"]["replicas"], 1,
-                "{rel}: one capture per connector"
+                deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0,
+                "{rel}"
             );
-            assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate", "{rel}");
+            let env = container["env"].as_array().unwrap();
+            let var = |name: &str| env.iter().find(|e| e["name"] == name).cloned();
+            assert_eq!(
+                var("SLUICE__STANDBY__ENABLED").map(|e| e["value"].clone()),
+                Some("true".into()),
+                "{rel}: the pair elects its active one"
+            );
+            assert_eq!(
+                var("SLUICE__STANDBY__INSTANCE")
+                    .map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].clone()),
+                Some("metadata.name".into()),
+                "{rel}: each pod's name is its instance's"
+            );
+        } else {
+            // Scaled on consumer lag, never past what the Deployment's own count starts with.
+            let hpa = &of("HorizontalPodAutoscaler")["spec"];
+            assert_eq!(hpa["scaleTargetRef"]["name"], b, "{rel}");
+            assert_eq!(
+                hpa["metrics"][0]["external"]["metric"]["name"],
+                "sluice_apply_consumer_lag_messages",
+                "{rel}"
+            );
+            assert!(
+                hpa["minReplicas"].as_i64() <= deployment["spec"]["replicas"].as_i64(),
+                "{rel}"
+            );
         }
         assert_eq!(
             of("Service")["spec"]["ports"][0]["port"],
