@@ -747,6 +747,7 @@ status() {
 }
 
 # services_of DEFAULT SERVICE...: the services named, checked, or those of the array DEFAULT.
+# Assign its output (list=$(...)): a `for` over $(...) would go on after its `die`.
 services_of() {
   local -n default=$1
   shift
@@ -768,7 +769,8 @@ cmd=${1:-}
 case $cmd in
   start)
     mkdir -p "$state" "$cache"
-    for s in $(services_of all_services "$@"); do
+    list=$(services_of all_services "$@")
+    for s in $list; do
       case $s in
         mariadb) mariadb_start ;; kafka) kafka_start ;; clickhouse) ch_start ;;
         clickhouse-current) chc_start ;; mongo) mongo_start ;; clickhouse-cluster) chx_start ;;
@@ -776,7 +778,8 @@ case $cmd in
     done
     ;;
   stop)
-    for s in $(services_of known_services "$@"); do
+    list=$(services_of known_services "$@")
+    for s in $list; do
       case $s in
         mariadb) mariadb_stop ;; kafka) kafka_stop ;; clickhouse) ch_stop ;;
         clickhouse-current) chc_stop ;; mongo) mongo_stop ;; clickhouse-cluster) chx_stop ;;
@@ -791,7 +794,8 @@ case $cmd in
     ;;
   reset)
     [ $# -gt 0 ] || die "reset: name the services whose data goes (known: ${known_services[*]})"
-    for s in $(services_of known_services "$@"); do
+    list=$(services_of known_services "$@")
+    for s in $list; do
       case $s in
         mariadb) mariadb_stop; rm -rf "$mariadb_dir" ;;
         kafka) kafka_stop; rm -rf "$kafka_dir" ;;
