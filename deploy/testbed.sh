@@ -2,7 +2,8 @@
 # The local test bed: real servers on 127.0.0.1 for the tests, the demo and the benchmarks.
 #
 #   deploy/testbed.sh start [SERVICE...]   install what is missing, start, wait until each answers
-#   deploy/testbed.sh stop  [SERVICE...]   stop (data is kept until `clean`)
+#   deploy/testbed.sh stop  [SERVICE...]   stop (data is kept until `clean`; default: all,
+#                                          clickhouse-cluster included)
 #   deploy/testbed.sh status               what runs where
 #   deploy/testbed.sh env                  the environment variables the tests and tools read
 #   deploy/testbed.sh reset SERVICE...     stop those and delete their data: the next start
@@ -12,7 +13,8 @@
 #                                          check-jsonschema, kubernetes-validate) in a
 #                                          virtualenv under the cache; print its bin folder
 #
-# SERVICE is one of: mariadb kafka clickhouse clickhouse-current mongo (default: all).
+# SERVICE is one of: mariadb kafka clickhouse clickhouse-current mongo (default: all), or
+# clickhouse-cluster, which `start` starts only when named.
 #
 # Servers:
 #   mariadb     MariaDB from Debian's packages, binlog ROW/FULL, server_id 1, GTIDs
@@ -23,6 +25,10 @@
 #               the current ClickHouse engine (chdb-core from PyPI, in process) behind a small
 #               HTTP front (testbed/clickhouse_current.py), in a virtualenv under the cache
 #   mongo       mongo-java-server (Maven Central) with its oplog: a source and a target server
+#   clickhouse-cluster
+#               two more clickhouse-server processes (the same Debian binary) and Apache
+#               ZooKeeper (standalone, Maven Central's jars): cluster sluice_cluster (2 shards
+#               of 1 replica) and sluice_replicated (1 shard of 2 replicas), ON CLUSTER DDL
 #
 # Where things go (all overridable):
 #   SLUICE_TESTBED_DIR  data, logs, pids      (default: /var/tmp/sluice-testbed; one test bed
@@ -31,7 +37,10 @@
 #   ports: SLUICE_MARIADB_PORT 13306, SLUICE_KAFKA_PORT 19092 (controller +1),
 #          SLUICE_CLICKHOUSE_HTTP_PORT 18123, SLUICE_CLICKHOUSE_TCP_PORT 19000,
 #          SLUICE_CLICKHOUSE_CURRENT_PORT 18124,
-#          SLUICE_MONGO_SOURCE_PORT 27117, SLUICE_MONGO_TARGET_PORT 27118
+#          SLUICE_MONGO_SOURCE_PORT 27117, SLUICE_MONGO_TARGET_PORT 27118,
+#          SLUICE_ZOOKEEPER_PORT 12181, and for the cluster's node 1 (node 2: each +1)
+#          SLUICE_CLICKHOUSE_CLUSTER_HTTP_PORT 18125, SLUICE_CLICKHOUSE_CLUSTER_TCP_PORT 19001,
+#          SLUICE_CLICKHOUSE_CLUSTER_INTERSERVER_PORT 19009
 #   SLUICE_CLICKHOUSE_CURRENT_PASSWORD  the password of clickhouse-current's user `default`
 #                       (default: empty)
 set -euo pipefail
@@ -51,9 +60,18 @@ ch_https_port=${SLUICE_CLICKHOUSE_HTTPS_PORT:-18443}
 chc_port=${SLUICE_CLICKHOUSE_CURRENT_PORT:-18124}
 mongo_source_port=${SLUICE_MONGO_SOURCE_PORT:-27117}
 mongo_target_port=${SLUICE_MONGO_TARGET_PORT:-27118}
+zk_port=${SLUICE_ZOOKEEPER_PORT:-12181}
+# The cluster's node N (1 or 2) listens on these + N - 1.
+chx_http_port=${SLUICE_CLICKHOUSE_CLUSTER_HTTP_PORT:-18125}
+chx_tcp_port=${SLUICE_CLICKHOUSE_CLUSTER_TCP_PORT:-19001}
+chx_interserver_port=${SLUICE_CLICKHOUSE_CLUSTER_INTERSERVER_PORT:-19009}
 
 kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/testbed/kafka-pom.xml")
+zk_version=$(sed -n 's:.*<zookeeper.version>\(.*\)</zookeeper.version>.*:\1:p' "$here/testbed/zookeeper-pom.xml")
+# What `start` starts when no service is named; clickhouse-cluster (three more processes) only
+# when named: nothing uses it by default.
 all_services=(mariadb kafka clickhouse clickhouse-current mongo)
+known_services=("${all_services[@]}" clickhouse-cluster)
 
 log() { printf '[testbed] %s\n' "$*" >&2; }
 die() { printf '[testbed] error: %s\n' "$*" >&2; exit 1; }
@@ -450,6 +468,172 @@ ch_query() { curl -fsS "http://127.0.0.1:$ch_http_port/" --data-binary "$1"; }
 ch_stop() { stop_pidfile clickhouse "$ch_dir/pid"; }
 
 # ---------------------------------------------------------------------------------------------
+# ClickHouse cluster: two more clickhouse-server processes (the Debian binary above), each with
+# its own config, data and ports, and a standalone ZooKeeper for replication and ON CLUSTER DDL.
+# Clusters (both on both nodes): sluice_cluster, 2 shards of 1 replica (node 1 is shard 01,
+# node 2 shard 02); sluice_replicated, 1 shard of 2 replicas. Macros: {shard} 01/02 and
+# {replica} ch1/ch2 for sluice_cluster's paths; {replicated_shard} r01 on both nodes for
+# sluice_replicated's (its replicas must share a path; {shard} would split them).
+
+chx_dir=$state/clickhouse-cluster
+zk_dir=$chx_dir/zookeeper
+zk_libs=$cache/zookeeper-$zk_version
+
+# zk_ok: ZooKeeper answers the `srvr` four-letter word as a standalone server.
+zk_ok() {
+  local out
+  out=$(exec 3<>"/dev/tcp/127.0.0.1/$zk_port" && printf srvr >&3 && timeout 5 cat <&3) 2>/dev/null || return 1
+  grep -F "Mode: standalone" >/dev/null <<<"$out"
+}
+
+zk_start() {
+  need_java
+  maven_fetch "$here/testbed/zookeeper-pom.xml" "$zk_libs"
+  if pid_alive "$zk_dir/pid"; then log "zookeeper already running"; return 0; fi
+  mkdir -p "$zk_dir/data"
+  cat >"$zk_dir/zoo.cfg" <<EOC
+tickTime=2000
+dataDir=$zk_dir/data
+clientPort=$zk_port
+clientPortAddress=127.0.0.1
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=srvr,ruok,mntr,stat,cons
+autopurge.snapRetainCount=3
+autopurge.purgeInterval=1
+EOC
+  spawn "$zk_dir/pid" "$zk_dir/server.log" \
+    java -Xms32m -Xmx256m -XX:+UseSerialGC -Djava.awt.headless=true \
+    -Dorg.slf4j.simpleLogger.showDateTime=true -Dorg.slf4j.simpleLogger.dateTimeFormat="yyyy-MM-dd HH:mm:ss.SSS" \
+    -cp "$zk_libs/*" org.apache.zookeeper.server.ZooKeeperServerMain "$zk_dir/zoo.cfg"
+  wait_for zookeeper "$zk_dir/pid" 60 "$zk_dir/server.log" zk_ok
+  log "zookeeper $zk_version up on 127.0.0.1:$zk_port"
+}
+
+# chx_node_start N: node N (1 or 2) of the cluster.
+chx_node_start() {
+  local n=$1
+  local dir=$chx_dir/node$n
+  local http=$((chx_http_port + n - 1))
+  if pid_alive "$dir/pid"; then log "clickhouse-cluster node $n already running"; return 0; fi
+  mkdir -p "$dir/data" "$dir/tmp" "$dir/user_files" "$dir/format_schemas"
+  local replicas="" i
+  for i in 1 2; do
+    replicas+="<replica><host>127.0.0.1</host><port>$((chx_tcp_port + i - 1))</port></replica>"
+  done
+  cat >"$dir/config.xml" <<EOC
+<?xml version="1.0"?>
+<yandex>
+  <logger>
+    <level>information</level>
+    <log>$dir/server.log</log>
+    <errorlog>$dir/error.log</errorlog>
+    <size>100M</size>
+    <count>2</count>
+  </logger>
+  <listen_host>127.0.0.1</listen_host>
+  <http_port>$http</http_port>
+  <tcp_port>$((chx_tcp_port + n - 1))</tcp_port>
+  <interserver_http_port>$((chx_interserver_port + n - 1))</interserver_http_port>
+  <interserver_http_host>127.0.0.1</interserver_http_host>
+  <path>$dir/data/</path>
+  <tmp_path>$dir/tmp/</tmp_path>
+  <user_files_path>$dir/user_files/</user_files_path>
+  <format_schema_path>$dir/format_schemas/</format_schema_path>
+  <users_config>$dir/users.xml</users_config>
+  <default_profile>default</default_profile>
+  <default_database>default</default_database>
+  <max_concurrent_queries>100</max_concurrent_queries>
+  <mark_cache_size>67108864</mark_cache_size>
+  <uncompressed_cache_size>67108864</uncompressed_cache_size>
+  <mlock_executable>false</mlock_executable>
+  <zookeeper>
+    <node><host>127.0.0.1</host><port>$zk_port</port></node>
+    <session_timeout_ms>30000</session_timeout_ms>
+  </zookeeper>
+  <!-- Both nodes on 127.0.0.1: a node knows itself in a cluster by host and native port.
+       internal_replication is true, as for Replicated tables: 18.16 refuses an ALTER ... ON
+       CLUSTER of a Replicated table where it is false, and of any other table (a Distributed
+       one) where it is true (code 371). -->
+  <remote_servers>
+    <sluice_cluster>
+      <shard><internal_replication>true</internal_replication><replica><host>127.0.0.1</host><port>$chx_tcp_port</port></replica></shard>
+      <shard><internal_replication>true</internal_replication><replica><host>127.0.0.1</host><port>$((chx_tcp_port + 1))</port></replica></shard>
+    </sluice_cluster>
+    <sluice_replicated>
+      <shard><internal_replication>true</internal_replication>$replicas</shard>
+    </sluice_replicated>
+  </remote_servers>
+  <macros>
+    <shard>0$n</shard>
+    <replica>ch$n</replica>
+    <replicated_shard>r01</replicated_shard>
+  </macros>
+  <distributed_ddl><path>/clickhouse/task_queue/ddl</path></distributed_ddl>
+</yandex>
+EOC
+  cat >"$dir/users.xml" <<'EOC'
+<?xml version="1.0"?>
+<yandex>
+  <profiles>
+    <default>
+      <max_memory_usage>2000000000</max_memory_usage>
+      <load_balancing>random</load_balancing>
+    </default>
+  </profiles>
+  <users>
+    <default>
+      <password></password>
+      <networks><ip>::/0</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </default>
+  </users>
+  <quotas>
+    <default>
+      <interval>
+        <duration>3600</duration>
+        <queries>0</queries>
+        <errors>0</errors>
+        <result_rows>0</result_rows>
+        <read_rows>0</read_rows>
+        <execution_time>0</execution_time>
+      </interval>
+    </default>
+  </quotas>
+</yandex>
+EOC
+  local bin
+  bin=$(command -v clickhouse-server || echo /usr/bin/clickhouse-server)
+  spawn "$dir/pid" "$dir/stdout.log" "$bin" --config-file="$dir/config.xml"
+  wait_for "clickhouse-cluster node $n" "$dir/pid" 60 "$dir/stdout.log" chx_ping "$n"
+}
+
+chx_ping() { [ "$(curl -fsS "http://127.0.0.1:$((chx_http_port + $1 - 1))/ping")" = "Ok." ]; }
+chx_query() { curl -fsS "http://127.0.0.1:$((chx_http_port + $1 - 1))/" --data-binary "$2"; }
+
+chx_start() {
+  apt_install clickhouse-server clickhouse-client curl
+  zk_start
+  chx_node_start 1
+  chx_node_start 2
+  # Each node sees ZooKeeper and both nodes in its clusters.
+  local n
+  for n in 1 2; do
+    wait_for "clickhouse-cluster node $n" "$chx_dir/node$n/pid" 30 "$chx_dir/node$n/server.log" \
+      chx_query "$n" "SELECT count() FROM system.zookeeper WHERE path = '/'"
+  done
+  log "clickhouse-cluster $(chx_query 1 'SELECT version()') up: http://127.0.0.1:$chx_http_port and" \
+    ":$((chx_http_port + 1)) (native $chx_tcp_port, $((chx_tcp_port + 1))), zookeeper 127.0.0.1:$zk_port"
+}
+
+chx_stop() {
+  stop_pidfile "clickhouse-cluster node 1" "$chx_dir/node1/pid"
+  stop_pidfile "clickhouse-cluster node 2" "$chx_dir/node2/pid"
+  stop_pidfile zookeeper "$zk_dir/pid"
+}
+
+# ---------------------------------------------------------------------------------------------
 # ClickHouse current: chdb (the ClickHouse engine as a Python module) behind an HTTP front
 
 chc_dir=$state/clickhouse-current
@@ -525,6 +709,10 @@ export SLUICE_CLICKHOUSE_URL=http://127.0.0.1:$ch_http_port
 export SLUICE_CLICKHOUSE_CURRENT_URL=http://127.0.0.1:$chc_port
 export SLUICE_MONGO_SOURCE_URL=mongodb://127.0.0.1:$mongo_source_port/?directConnection=true
 export SLUICE_MONGO_TARGET_URL=mongodb://127.0.0.1:$mongo_target_port/?directConnection=true
+export SLUICE_CLICKHOUSE_CLUSTER_URLS=http://127.0.0.1:$chx_http_port,http://127.0.0.1:$((chx_http_port + 1))
+export SLUICE_CLICKHOUSE_CLUSTER_SHARDED=sluice_cluster
+export SLUICE_CLICKHOUSE_CLUSTER_REPLICATED=sluice_replicated
+export SLUICE_ZOOKEEPER=127.0.0.1:$zk_port
 EOF
 }
 
@@ -543,17 +731,36 @@ status() {
   status_line clickhouse "$ch_dir/pid" "http://127.0.0.1:$ch_http_port, native :$ch_tcp_port"
   status_line clickhouse-current "$chc_dir/pid" "http://127.0.0.1:$chc_port (ClickHouse in process: chdb, HTTP only)"
   status_line mongo "$mongo_dir/pid" "mongodb://127.0.0.1:$mongo_source_port (source), :$mongo_target_port (target)"
+  # The cluster: its three processes, each named with its pid.
+  local up=() down=() part
+  for part in zookeeper node1 node2; do
+    if pid_alive "$chx_dir/$part/pid"; then up+=("$part=$(cat "$chx_dir/$part/pid")"); else down+=("$part"); fi
+  done
+  if [ ${#down[@]} -eq 0 ]; then
+    printf '%-18s running   %s\n' clickhouse-cluster "http://127.0.0.1:$chx_http_port and :$((chx_http_port + 1)) (native $chx_tcp_port, $((chx_tcp_port + 1))), zookeeper :$zk_port; pids ${up[*]}"
+  elif [ ${#up[@]} -eq 0 ]; then
+    printf '%-18s stopped\n' clickhouse-cluster
+  else
+    printf '%-18s partly    running: %s; stopped: %s\n' clickhouse-cluster "${up[*]}" "${down[*]}"
+  fi
   echo "data and logs: $state"
 }
 
+# services_of DEFAULT SERVICE...: the services named, checked, or those of the array DEFAULT.
+# Assign its output (list=$(...)): a `for` over $(...) would go on after its `die`.
 services_of() {
+  local -n default=$1
+  shift
   if [ $# -eq 0 ]; then
-    echo "${all_services[@]}"
+    echo "${default[@]}"
     return
   fi
   local s
   for s in "$@"; do
-    case $s in mariadb | kafka | clickhouse | clickhouse-current | mongo) echo "$s" ;; *) die "unknown service '$s' (known: ${all_services[*]})" ;; esac
+    case $s in
+      mariadb | kafka | clickhouse | clickhouse-current | mongo | clickhouse-cluster) echo "$s" ;;
+      *) die "unknown service '$s' (known: ${known_services[*]})" ;;
+    esac
   done
 }
 
@@ -562,18 +769,20 @@ cmd=${1:-}
 case $cmd in
   start)
     mkdir -p "$state" "$cache"
-    for s in $(services_of "$@"); do
+    list=$(services_of all_services "$@")
+    for s in $list; do
       case $s in
         mariadb) mariadb_start ;; kafka) kafka_start ;; clickhouse) ch_start ;;
-        clickhouse-current) chc_start ;; mongo) mongo_start ;;
+        clickhouse-current) chc_start ;; mongo) mongo_start ;; clickhouse-cluster) chx_start ;;
       esac
     done
     ;;
   stop)
-    for s in $(services_of "$@"); do
+    list=$(services_of known_services "$@")
+    for s in $list; do
       case $s in
         mariadb) mariadb_stop ;; kafka) kafka_stop ;; clickhouse) ch_stop ;;
-        clickhouse-current) chc_stop ;; mongo) mongo_stop ;;
+        clickhouse-current) chc_stop ;; mongo) mongo_stop ;; clickhouse-cluster) chx_stop ;;
       esac
     done
     ;;
@@ -584,14 +793,16 @@ case $cmd in
     tools
     ;;
   reset)
-    [ $# -gt 0 ] || die "reset: name the services whose data goes (known: ${all_services[*]})"
-    for s in $(services_of "$@"); do
+    [ $# -gt 0 ] || die "reset: name the services whose data goes (known: ${known_services[*]})"
+    list=$(services_of known_services "$@")
+    for s in $list; do
       case $s in
         mariadb) mariadb_stop; rm -rf "$mariadb_dir" ;;
         kafka) kafka_stop; rm -rf "$kafka_dir" ;;
         clickhouse) ch_stop; rm -rf "$ch_dir" ;;
         clickhouse-current) chc_stop; rm -rf "$chc_dir" ;;
         mongo) mongo_stop; rm -rf "$mongo_dir" ;;
+        clickhouse-cluster) chx_stop; rm -rf "$chx_dir" ;;
       esac
       log "$s reset: its data is gone"
     done
