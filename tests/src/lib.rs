@@ -151,6 +151,32 @@ pub mod private_mariadb;
 pub mod private_mongo;
 pub mod relay;
 
+/// An INSERT of W1 rows `from..from + n` (ids are the row numbers) into `db`.
+pub fn w1_insert(db: &str, from: u64, n: u64) -> String {
+    let values: Vec<String> = (from..from + n)
+        .map(|k| {
+            format!(
+                "({k},'v{k}','c','en2','set1,set3','11:22:33','2024-01-02',2024,\
+                 '2024-01-02 03:04:05','2024-01-02 03:04:05',1.25,2.5,{}.25,'text {k}','blob',\
+                 b'101',1,'m','l','t',{},{},{},{},{k})",
+                k % 1000,
+                k % 256,
+                k % 65536,
+                k % 16_777_216,
+                k
+            )
+        })
+        .collect();
+    format!(
+        "INSERT INTO `{db}`.binlog_field_test_1 (id,testvarchar,testchar,testenum,testset,testtime,\
+         testdate,testyear,testtimestamp,testdatetime,testfloat,testdouble,testdecimal,testtext,\
+         testblob,testbit,testbool,testmediumblob,testlongblob,testtinyblob,test_unsinged_tinyint,\
+         test_unsinged_smallint,test_unsinged_mediumint,test_unsinged_int,test_unsinged_bigint) \
+         VALUES {}",
+        values.join(",")
+    )
+}
+
 /// The W1 table of the reference workload (`deploy/workloads/w1.mysql.sql`), in database `db`.
 pub fn w1_create_table(db: &str) -> String {
     std::fs::read_to_string(concat!(

@@ -10,6 +10,7 @@ use sluice_tests::capture::{
     binlog_end, dead_letters, group_lag, kill_in_first_second, metric_at,
     wait_initial_snapshot_stored, wait_snapshot_done, wait_stored_snapshot_rows, CaptureProcess,
 };
+use sluice_tests::w1_insert;
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 fn ch() -> clickhouse::Client {
@@ -87,31 +88,6 @@ async fn w1_source(db: &str) -> mysql_async::Conn {
         .await
         .unwrap();
     c
-}
-
-fn w1_insert(db: &str, from: u64, n: u64) -> String {
-    let values: Vec<String> = (from..from + n)
-        .map(|k| {
-            format!(
-                "({k},'v{k}','c','en2','set1,set3','11:22:33','2024-01-02',2024,\
-                 '2024-01-02 03:04:05','2024-01-02 03:04:05',1.25,2.5,{}.25,'text {k}','blob',\
-                 b'101',1,'m','l','t',{},{},{},{},{k})",
-                k % 1000,
-                k % 256,
-                k % 65536,
-                k % 16_777_216,
-                k
-            )
-        })
-        .collect();
-    format!(
-        "INSERT INTO `{db}`.binlog_field_test_1 (id,testvarchar,testchar,testenum,testset,testtime,\
-         testdate,testyear,testtimestamp,testdatetime,testfloat,testdouble,testdecimal,testtext,\
-         testblob,testbit,testbool,testmediumblob,testlongblob,testtinyblob,test_unsinged_tinyint,\
-         test_unsinged_smallint,test_unsinged_mediumint,test_unsinged_int,test_unsinged_bigint) \
-         VALUES {}",
-        values.join(",")
-    )
 }
 
 /// The columns compared between source and target, as text.

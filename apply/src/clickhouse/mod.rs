@@ -1,9 +1,12 @@
 //! apply-clickhouse: configuration and preflight checks against the target server.
 //!
 //! - [`sink`]: the sink (batches, writes, target tables, DDL);
+//! - [`cluster`]: target tables on a ClickHouse cluster (Replicated engines, `ON CLUSTER`,
+//!   Distributed tables);
 //! - [`types`]: ClickHouse column types and the mapping from source columns;
 //! - [`rowbinary`]: source values encoded as RowBinary of their target column's type.
 
+pub mod cluster;
 pub mod rowbinary;
 pub mod sink;
 pub mod types;
@@ -31,6 +34,8 @@ pub struct Config {
     pub batch: BatchConfig,
     #[serde(default)]
     pub tables: TablesConfig,
+    #[serde(default)]
+    pub cluster: cluster::ClusterConfig,
     #[serde(default)]
     pub errors: ErrorsConfig,
     /// The compacted topic of schema records the capture writes. Default `_sluice_schemas`.
@@ -125,6 +130,14 @@ pub struct TablesConfig {
     pub temporal: types::Temporal,
     /// Per source table (`database.table`) overrides of `temporal`.
     pub temporal_tables: BTreeMap<String, types::Temporal>,
+    /// Per source table (`database.table`): the `PARTITION BY` expression of the target table
+    /// this stage creates. Default: none (one partition).
+    pub partition_by: BTreeMap<String, String>,
+    /// Per source table (`database.table`): the `ORDER BY` of the mirror this stage creates,
+    /// in place of the primary key; it must name every primary key column (rows replace each
+    /// other by it). A change log's sort key is this, then the version and the operation.
+    /// Default: the primary key.
+    pub order_by: BTreeMap<String, String>,
 }
 
 /// `tables.truncate`: what a source `TRUNCATE TABLE` does to the target.
@@ -175,6 +188,8 @@ impl Default for TablesConfig {
             drop_tables: BTreeMap::new(),
             temporal: types::Temporal::Native,
             temporal_tables: BTreeMap::new(),
+            partition_by: BTreeMap::new(),
+            order_by: BTreeMap::new(),
         }
     }
 }
@@ -383,14 +398,26 @@ impl Validate for Config {
                 "must contain {table} (else every table writes into one)".into(),
             ));
         }
-        for k in self.tables.modes.keys() {
-            if k.split('.').count() != 2 {
-                return Err((
-                    format!("tables.modes.{k}"),
-                    "expected database.table".into(),
-                ));
+        for (section, keys) in [
+            ("modes", self.tables.modes.keys().collect::<Vec<_>>()),
+            ("partition_by", self.tables.partition_by.keys().collect()),
+            ("order_by", self.tables.order_by.keys().collect()),
+        ] {
+            for k in keys {
+                if k.split('.').count() != 2 {
+                    return Err((
+                        format!("tables.{section}.{k}"),
+                        "expected database.table".into(),
+                    ));
+                }
             }
         }
+        for (k, v) in self.tables.partition_by.iter().chain(&self.tables.order_by) {
+            if v.trim().is_empty() {
+                return Err((format!("tables.*_by.{k}"), "an empty expression".into()));
+            }
+        }
+        self.cluster.validate()?;
         self.kafka.validate()?;
         self.consumer.validate()?;
         self.log.validate()

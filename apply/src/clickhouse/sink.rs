@@ -138,7 +138,7 @@ fn refused(message: impl std::fmt::Display) -> ApplyError {
     ApplyError::definite(Origin::ClickHouse, format!("ClickHouse: {message}"))
 }
 
-fn quote(name: &str) -> String {
+pub(crate) fn quote(name: &str) -> String {
     format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
 }
 
@@ -192,6 +192,7 @@ impl Sink {
             database: config.clickhouse.database.clone(),
             dedup_token: features.dedup_token,
             async_insert_off: features.async_insert,
+            distributed: config.cluster.distributed,
             version_column: config.tables.version_column.clone(),
             rows: metrics.rows.clone(),
             outage: crate::group::Outage::new(

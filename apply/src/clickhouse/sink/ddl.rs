@@ -257,9 +257,12 @@ impl Sink {
             quote(&self.config.clickhouse.database),
             quote(&self.config.tables.stopped_table)
         );
+        let cluster = &self.config.cluster;
         let create = format!(
-            "CREATE TABLE IF NOT EXISTS {t} (target String, reason String, at DateTime) \
-             ENGINE = ReplacingMergeTree(at) ORDER BY target"
+            "CREATE TABLE IF NOT EXISTS {t}{} (target String, reason String, at DateTime) \
+             ENGINE = {} ORDER BY target",
+            cluster.on(),
+            cluster.engine("ReplacingMergeTree", "at", true)
         );
         self.answered("creating the stopped tables' table", || {
             self.client.query(&create).execute()
@@ -272,9 +275,12 @@ impl Sink {
             quote(&self.config.clickhouse.database),
             quote(&self.config.tables.ddl_table)
         );
+        let cluster = &self.config.cluster;
         let create = format!(
-            "CREATE TABLE IF NOT EXISTS {t} (target String, version UInt64, renamed String, \
-             dropped String, at DateTime) ENGINE = MergeTree ORDER BY (target, version)"
+            "CREATE TABLE IF NOT EXISTS {t}{} (target String, version UInt64, renamed String, \
+             dropped String, at DateTime) ENGINE = {} ORDER BY (target, version)",
+            cluster.on(),
+            cluster.engine("MergeTree", "", true)
         );
         self.answered("creating the applied DDL's table", || {
             self.client.query(&create).execute()
@@ -480,8 +486,9 @@ impl Sink {
         let (sql, what) = if columns.contains_key(&m.deleted_column) {
             (
                 format!(
-                    "ALTER TABLE {db}.{} DELETE WHERE {} < {version}",
-                    quote(name),
+                    "ALTER TABLE {db}.{}{} DELETE WHERE {} < {version}",
+                    quote(&self.config.cluster.local(name)),
+                    self.config.cluster.on(),
                     quote(&m.version_column)
                 ),
                 format!("deleting the rows of {name} before a {kind}"),
@@ -521,7 +528,7 @@ impl Sink {
                              WHERE database = ? AND table = ? AND is_done = 0",
                         )
                         .bind(&self.config.clickhouse.database)
-                        .bind(name)
+                        .bind(self.config.cluster.local(name))
                         .fetch_one::<u64>()
                 })
                 .await?

@@ -63,10 +63,13 @@ fn answered_with(e: &clickhouse::error::Error, codes: &[i32], illegal_column: bo
 /// Whether an `engine_full` is a ReplacingMergeTree whose `is_deleted` is `deleted`.
 fn hides_deleted(engine: &str, deleted: &str) -> bool {
     let unquoted = |n: &str| n.trim().trim_matches('`').trim_matches('"').to_string();
-    engine
-        .strip_prefix("ReplacingMergeTree(")
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|args| args.split(',').nth(1))
+    // A Replicated engine's first two arguments are its path and replica name.
+    let (rest, skip) = match engine.strip_prefix("ReplicatedReplacingMergeTree(") {
+        Some(rest) => (Some(rest), 2),
+        None => (engine.strip_prefix("ReplacingMergeTree("), 0),
+    };
+    rest.and_then(|rest| rest.split(')').next())
+        .and_then(|args| args.split(',').nth(1 + skip))
         .is_some_and(|a| unquoted(a) == unquoted(deleted))
 }
 
@@ -253,7 +256,7 @@ impl Sink {
                 self.client
                     .query("SELECT engine_full FROM system.tables WHERE database = ? AND name = ?")
                     .bind(&self.config.clickhouse.database)
-                    .bind(name)
+                    .bind(self.config.cluster.local(name))
                     .fetch_optional::<String>()
             })
             .await?
@@ -300,6 +303,8 @@ impl Sink {
 
     async fn create(&mut self, name: &str, mode: Mode, s: &TableSchema) -> Result<(), Refusal> {
         let m = &self.config.tables;
+        let cluster = &self.config.cluster;
+        let source = format!("{}.{}", s.database, s.table);
         let f = self.features_for(&s.database, &s.table);
         let mut cols: Vec<String> = s
             .columns
@@ -311,25 +316,93 @@ impl Sink {
             .iter()
             .map(|i| quote(&s.columns[*i as usize].name))
             .collect();
+        // `tables.order_by` in place of the key. Rows replace each other by it: a mirror's
+        // must name the key columns and nothing else (a version with another value of another
+        // column would stay beside the old one); a change log's must keep every key column.
+        let order_by = m.order_by.get(&source);
+        if let Some(o) = order_by {
+            let named = crate::clickhouse::cluster::identifiers(o);
+            let keys: Vec<&str> = s
+                .primary_key
+                .iter()
+                .map(|i| s.columns[*i as usize].name.as_str())
+                .collect();
+            let missing: Vec<&str> = keys
+                .iter()
+                .copied()
+                .filter(|k| !named.iter().any(|n| n == k))
+                .collect();
+            let others: Vec<&str> = named
+                .iter()
+                .map(String::as_str)
+                .filter(|n| !keys.contains(n))
+                .collect();
+            let why = if !missing.is_empty() {
+                Some(format!(
+                    "leaves out primary key column(s) {}: versions of one row would not replace \
+                     each other",
+                    missing.join(", ")
+                ))
+            } else if mode == Mode::Mirror && !others.is_empty() {
+                Some(format!(
+                    "names column(s) {} besides the primary key: a row whose {} changed would \
+                     be kept twice",
+                    others.join(", "),
+                    others.join(", ")
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(BadEvent::new(
+                    Reason::Value,
+                    format!(
+                        "tables.order_by.\"{source}\" = {o:?} {why}. A mirror's ORDER BY names \
+                         the primary key columns ({}), in any order or within expressions",
+                        keys.join(", ")
+                    ),
+                )
+                .into());
+            }
+        }
+        let sort = |mut order: Vec<String>| {
+            if let Some(o) = order_by {
+                order[0] = o
+                    .trim()
+                    .trim_start_matches('(')
+                    .trim_end_matches(')')
+                    .to_string();
+            }
+            order.join(", ")
+        };
         let (engine, order) = match mode {
             Mode::Mirror => {
                 cols.push(format!("{} UInt64", quote(&m.version_column)));
                 cols.push(format!("{} UInt8", quote(&m.deleted_column)));
-                let engine = if self.features.is_deleted {
-                    format!(
-                        "ReplacingMergeTree({}, {})",
-                        quote(&m.version_column),
-                        quote(&m.deleted_column)
-                    )
+                let args = if self.features.is_deleted {
+                    format!("{}, {}", quote(&m.version_column), quote(&m.deleted_column))
                 } else {
-                    format!("ReplacingMergeTree({})", quote(&m.version_column))
+                    quote(&m.version_column)
                 };
-                (engine, key.join(", "))
+                let engine = cluster.engine("ReplacingMergeTree", &args, false);
+                let order = match order_by {
+                    Some(o) => o
+                        .trim()
+                        .trim_start_matches('(')
+                        .trim_end_matches(')')
+                        .to_string(),
+                    None => key.join(", "),
+                };
+                (engine, order)
             }
             Mode::Changelog => {
                 cols.push(format!("{} String", quote(&m.op_column)));
                 cols.push(format!("{} UInt64", quote(&m.version_column)));
-                let mut order = key.clone();
+                let mut order = vec![key.join(", ")];
+                order.retain(|k| !k.is_empty());
+                if order_by.is_some() && order.is_empty() {
+                    order.push(String::new());
+                }
                 order.push(quote(&m.version_column));
                 order.push(quote(&m.op_column));
                 if key.is_empty() {
@@ -338,26 +411,143 @@ impl Sink {
                     cols.push(format!("{} UInt64", quote(&m.row_column)));
                     order.push(quote(&m.row_column));
                 }
-                ("ReplacingMergeTree".to_string(), order.join(", "))
+                (cluster.engine("ReplacingMergeTree", "", false), sort(order))
             }
         };
-        let settings = if self.features.dedup_token {
+        let partition = m
+            .partition_by
+            .get(&source)
+            .map(|p| format!(" PARTITION BY {p}"))
+            .unwrap_or_default();
+        let settings = if self.features.dedup_token && !cluster.enabled() {
             format!(" SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}")
         } else {
             String::new()
         };
+        let db = &self.config.clickhouse.database;
+        let local = cluster.local(name);
         let sql = format!(
-            "CREATE TABLE IF NOT EXISTS {}.{} ({}) ENGINE = {engine} ORDER BY ({order}){settings}",
-            quote(&self.config.clickhouse.database),
-            quote(name),
+            "CREATE TABLE IF NOT EXISTS {}.{}{} ({}) ENGINE = {engine}{partition} ORDER BY ({order}){settings}",
+            quote(db),
+            quote(&local),
+            cluster.on(),
             cols.join(", ")
         );
-        self.answered(&format!("creating {name}"), || {
+        self.answered(&format!("creating {local}"), || {
             self.client.query(&sql).execute()
         })
         .await?
         .map_err(|e| BadEvent::new(Reason::Value, format!("{sql}: {e}")))?;
-        tracing::info!(table = name, ?mode, "created target table");
+        if cluster.distributed {
+            let sql = cluster.distributed_sql(db, name, &local, &key);
+            self.answered(&format!("creating {name}"), || {
+                self.client.query(&sql).execute()
+            })
+            .await?
+            .map_err(|e| BadEvent::new(Reason::Value, format!("{sql}: {e}")))?;
+        }
+        tracing::info!(table = name, ?mode, cluster = %cluster.name, distributed = cluster.distributed, "created target table");
+        Ok(())
+    }
+
+    /// With Distributed tables: after a change of `table`'s per-shard table, put a Distributed
+    /// table with its columns in place of `table` (made beside it, swapped in by one RENAME
+    /// on every server, the old one dropped). Done already (by another applier, or before a
+    /// restart) when the columns agree.
+    pub(super) async fn refresh_distributed(&self, table: &str) -> Result<(), Refusal> {
+        let cluster = &self.config.cluster;
+        if !cluster.distributed {
+            return Ok(());
+        }
+        let db = quote(&self.config.clickhouse.database);
+        let local = cluster.local(table);
+        let (new, old) = (
+            format!("{table}__sluice_new"),
+            format!("{table}__sluice_old"),
+        );
+        for attempt in 0..3 {
+            let shape = |t: String| {
+                let this = &self;
+                async move {
+                    let what = format!("reading the columns of {t}");
+                    this.answered(&what, || {
+                        this.client
+                            .query(
+                                "SELECT name, type FROM system.columns \
+                                 WHERE database = ? AND table = ? ORDER BY name",
+                            )
+                            .bind(&this.config.clickhouse.database)
+                            .bind(&t)
+                            .fetch_all::<(String, String)>()
+                    })
+                    .await?
+                    .map_err(|e| refused(format_args!("{what}: {e}")))
+                }
+            };
+            if shape(table.to_string()).await? == shape(local.clone()).await? {
+                return Ok(());
+            }
+            let what = format!("reading the engine of {table}");
+            let engine = self
+                .answered(&what, || {
+                    self.client
+                        .query(
+                            "SELECT engine_full FROM system.tables WHERE database = ? AND name = ?",
+                        )
+                        .bind(&self.config.clickhouse.database)
+                        .bind(table)
+                        .fetch_optional::<String>()
+                })
+                .await?
+                .map_err(|e| refused(format_args!("{what}: {e}")))?
+                .unwrap_or_default();
+            if !engine.starts_with("Distributed(") {
+                return Err(BadEvent::new(
+                    Reason::Ddl,
+                    format!("{table} is not a Distributed table ({engine:?}), with cluster.distributed on"),
+                )
+                .into());
+            }
+            let on = cluster.on();
+            let steps = [
+                format!("DROP TABLE IF EXISTS {db}.{}{on}", quote(&new)),
+                format!(
+                    "CREATE TABLE {db}.{}{on} AS {db}.{} ENGINE = {engine}",
+                    quote(&new),
+                    quote(&local)
+                ),
+                format!(
+                    "RENAME TABLE {db}.{t} TO {db}.{o}, {db}.{n} TO {db}.{t}{on}",
+                    t = quote(table),
+                    o = quote(&old),
+                    n = quote(&new)
+                ),
+                format!("DROP TABLE IF EXISTS {db}.{}{on}", quote(&old)),
+            ];
+            let mut failed = None;
+            for sql in &steps {
+                let what = format!("replacing the Distributed table {table}");
+                if let Err(e) = self
+                    .answered(&what, || self.client.query(sql).execute())
+                    .await?
+                {
+                    failed = Some(format!("{sql}: {e}"));
+                    break;
+                }
+            }
+            match failed {
+                None => {
+                    tracing::info!(table, "Distributed table replaced with the new columns");
+                    return Ok(());
+                }
+                // Another applier replacing it at the same time: look again.
+                Some(why) if attempt < 2 => {
+                    tracing::warn!(table, reason = %why, "replacing the Distributed table failed; looking again");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Some(why) => return Err(BadEvent::new(Reason::Ddl, why).into()),
+            }
+        }
         Ok(())
     }
 
@@ -372,9 +562,10 @@ impl Sink {
     ) -> Result<ChType, Refusal> {
         let t = map_column(c, f);
         let sql = format!(
-            "ALTER TABLE {}.{} ADD COLUMN {} {}{}",
+            "ALTER TABLE {}.{}{} ADD COLUMN {} {}{}",
             quote(&self.config.clickhouse.database),
-            quote(table),
+            quote(&self.config.cluster.local(table)),
+            self.config.cluster.on(),
             quote(&c.name),
             t.sql(),
             default.map(|d| format!(" DEFAULT {d}")).unwrap_or_default()
@@ -389,15 +580,17 @@ impl Sink {
             }
             Err(e) => return Err(BadEvent::new(Reason::Value, format!("{sql}: {e}")).into()),
         }
+        self.refresh_distributed(table).await?;
         Ok(t)
     }
 
     /// Drop column `col` of target `table` (its source column was dropped).
     pub(super) async fn drop_column(&self, table: &str, col: &str) -> Result<(), Refusal> {
         let sql = format!(
-            "ALTER TABLE {}.{} DROP COLUMN {}",
+            "ALTER TABLE {}.{}{} DROP COLUMN {}",
             quote(&self.config.clickhouse.database),
-            quote(table),
+            quote(&self.config.cluster.local(table)),
+            self.config.cluster.on(),
             quote(col)
         );
         let what = format!("dropping column {col} of {table}");
@@ -410,7 +603,7 @@ impl Sink {
                 if answered_with(&e, COLUMN_MISSING, self.features.illegal_column_means_done) => {}
             Err(e) => return Err(BadEvent::new(Reason::Ddl, format!("{sql}: {e}")).into()),
         }
-        Ok(())
+        self.refresh_distributed(table).await
     }
 
     /// Rename target column `from` of `table` to `to` (its source column was renamed).
@@ -421,9 +614,10 @@ impl Sink {
         to: &str,
     ) -> Result<(), Refusal> {
         let sql = format!(
-            "ALTER TABLE {}.{} RENAME COLUMN {} TO {}",
+            "ALTER TABLE {}.{}{} RENAME COLUMN {} TO {}",
             quote(&self.config.clickhouse.database),
-            quote(table),
+            quote(&self.config.cluster.local(table)),
+            self.config.cluster.on(),
             quote(from),
             quote(to)
         );
@@ -432,7 +626,7 @@ impl Sink {
             .await?
             .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
         tracing::info!(table = %table, column = %from, to = %to, "renamed column");
-        Ok(())
+        self.refresh_distributed(table).await
     }
 
     /// Change target column `col` of `table` to type `t` (a widening: no value changes).
@@ -460,7 +654,7 @@ impl Sink {
                          WHERE database = ? AND table = ? AND name = ?",
                     )
                     .bind(&self.config.clickhouse.database)
-                    .bind(table)
+                    .bind(self.config.cluster.local(table))
                     .bind(col)
                     .fetch_all::<Default>()
             })
@@ -473,9 +667,10 @@ impl Sink {
             _ => String::new(),
         };
         let sql = format!(
-            "ALTER TABLE {}.{} MODIFY COLUMN {} {}{default}",
+            "ALTER TABLE {}.{}{} MODIFY COLUMN {} {}{default}",
             quote(&self.config.clickhouse.database),
-            quote(table),
+            quote(&self.config.cluster.local(table)),
+            self.config.cluster.on(),
             quote(col),
             t.sql()
         );
@@ -484,7 +679,7 @@ impl Sink {
             .await?
             .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
         tracing::info!(table = %table, column = %col, to = %t.sql(), "widened column");
-        Ok(())
+        self.refresh_distributed(table).await
     }
 
     /// Work out how rows of `event`'s schema are written: the target (created or extended as
@@ -640,6 +835,14 @@ mod tests {
             "_deleted"
         ));
         assert!(!hides_deleted("ReplacingMergeTree ORDER BY id", "_deleted"));
+        assert!(hides_deleted(
+            "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/db/t', '{replica}', _version, _deleted) ORDER BY id",
+            "_deleted"
+        ));
+        assert!(!hides_deleted(
+            "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/db/t', '{replica}', _version) ORDER BY id",
+            "_deleted"
+        ));
         assert!(!hides_deleted(
             "ReplacingMergeTree(_version, other) ORDER BY id",
             "_deleted"

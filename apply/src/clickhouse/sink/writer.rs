@@ -32,6 +32,9 @@ pub(super) struct Writer {
     pub(super) dedup_token: bool,
     /// The server knows `async_insert`: the INSERTs turn it off.
     pub(super) async_insert_off: bool,
+    /// Rows go into Distributed tables (`cluster.distributed`): each INSERT returns once every
+    /// shard has its rows (`insert_distributed_sync`), not when they are queued on this server.
+    pub(super) distributed: bool,
     /// `tables.version_column`: an INSERT without it is not deduplicated (below).
     pub(super) version_column: String,
     pub(super) rows: IntCounterVec,
@@ -67,6 +70,9 @@ impl Writer {
             // A batch already: written and acknowledged now, not queued by the server
             // (`async_insert` is on by default from ClickHouse 26.2).
             insert = insert.with_setting("async_insert", "0");
+        }
+        if self.distributed {
+            insert = insert.with_setting("insert_distributed_sync", "1");
         }
         // Every row the stage writes with its version is unique, so equal INSERTs are replays
         // and may be dropped. Without the version (a table made by hand without it) two equal
