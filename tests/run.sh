@@ -5,7 +5,8 @@
 # A server whose URL is given in the environment is used instead of the test bed's:
 #   SLUICE_MYSQL_URL, SLUICE_KAFKA_BROKERS, SLUICE_CLICKHOUSE_URL,
 #   SLUICE_CLICKHOUSE_CURRENT_URL, SLUICE_MONGO_SOURCE_URL and SLUICE_MONGO_TARGET_URL (both,
-#   for MongoDB).
+#   for MongoDB), SLUICE_CLICKHOUSE_CLUSTER_URLS (two servers of a cluster, with
+#   SLUICE_CLICKHOUSE_CLUSTER_REPLICATED, _SHARDED and _PATH: tests/tests/clickhouse_cluster.rs).
 # The ClickHouse tests run twice: against SLUICE_CLICKHOUSE_URL (the test bed's 18.16) and
 # against SLUICE_CLICKHOUSE_CURRENT_URL (the test bed's ClickHouse 26.9, clickhouse-current).
 # The test bed servers this script started are stopped at the end, unless
@@ -19,6 +20,7 @@ services=()
 [ -n "${SLUICE_CLICKHOUSE_URL:-}" ] || services+=(clickhouse)
 [ -n "${SLUICE_CLICKHOUSE_CURRENT_URL:-}" ] || services+=(clickhouse-current)
 [ -n "${SLUICE_MONGO_SOURCE_URL:-}" ] && [ -n "${SLUICE_MONGO_TARGET_URL:-}" ] || services+=(mongo)
+[ -n "${SLUICE_CLICKHOUSE_CLUSTER_URLS:-}" ] || services+=(clickhouse-cluster)
 
 started=()
 if [ ${#services[@]} -gt 0 ]; then

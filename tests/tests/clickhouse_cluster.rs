@@ -25,14 +25,13 @@ fn var(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
+const TESTBED_NODES: &str = "http://127.0.0.1:18125,http://127.0.0.1:18126";
+
 fn nodes() -> Vec<String> {
-    var(
-        "SLUICE_CLICKHOUSE_CLUSTER_URLS",
-        "http://127.0.0.1:18125,http://127.0.0.1:18126",
-    )
-    .split(',')
-    .map(str::to_string)
-    .collect()
+    var("SLUICE_CLICKHOUSE_CLUSTER_URLS", TESTBED_NODES)
+        .split(',')
+        .map(str::to_string)
+        .collect()
 }
 
 fn client(url: &str) -> clickhouse::Client {
@@ -276,7 +275,11 @@ async fn run(distributed: bool) {
         .await
         .unwrap();
 
-    if !distributed {
+    let own_cluster = var("SLUICE_CLICKHOUSE_CLUSTER_URLS", TESTBED_NODES) == TESTBED_NODES;
+    if !distributed && !own_cluster {
+        eprintln!("a cluster of one's own: no replica is stopped (the test bed's only)");
+    }
+    if !distributed && own_cluster {
         // One replica stopped while rows go on arriving (its applier waits for it), then
         // started: it catches up from the other.
         let pid = node_pid(2);
