@@ -2442,3 +2442,97 @@ async fn sluice_verify_under_a_writer_reports_only_what_persists() {
     eprintln!("the writer ran {statements} statements");
     finish(&db, &mut [&mut cap, &mut a]).await;
 }
+
+/// Many tables on one topic (`topics.template = "{prefix}.{db}"`): the key carries the table
+/// and the primary key, so two appliers of one group write every table into its own target, and
+/// each row's last version wins; an ALTER of one table applies while the others flow. The
+/// capture makes one topic for the database, and no other.
+#[tokio::test(flavor = "multi_thread")]
+async fn many_tables_on_one_topic_each_arrive_whole_in_their_own_target() {
+    const TABLES: usize = 12;
+    let db = unique("sluice_t_one_topic");
+    let ch_db = format!("{db}_m");
+    ch_exec(format!("CREATE DATABASE {ch_db}")).await;
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    for t in 0..TABLES {
+        c.query_drop(format!(
+            "CREATE TABLE `{db}`.t{t} (id INT PRIMARY KEY, v INT NOT NULL, s VARCHAR(20) NOT NULL)"
+        ))
+        .await
+        .unwrap();
+    }
+    let (text, connector, prefix) = CaptureProcess::config(&db, &binlog_end().await, "");
+    let text = text.replace("[topics]\n", "[topics]\ntemplate = \"{prefix}.{db}\"\n");
+    let mut cap = CaptureProcess::spawn((text, connector, prefix.clone()));
+    let group = unique("g");
+    let mut a = apply(&prefix, &ch_db, "mirror", &group, "");
+    let mut b = apply(&prefix, &ch_db, "mirror", &group, "");
+    for round in 0..4 {
+        let mut sql = Vec::new();
+        for t in 0..TABLES {
+            let values: Vec<String> = (round * 25..round * 25 + 25)
+                .map(|id| format!("({id}, {}, 's{t}-{id}')", id * t))
+                .collect();
+            sql.push(format!(
+                "INSERT INTO `{db}`.t{t} (id, v, s) VALUES {}",
+                values.join(",")
+            ));
+            sql.push(format!(
+                "UPDATE `{db}`.t{t} SET v = v + {round} WHERE id % 3 = {}",
+                round % 3
+            ));
+            sql.push(format!("DELETE FROM `{db}`.t{t} WHERE id = {}", round * 7));
+        }
+        c.query_drop(sql.join(";")).await.unwrap();
+        if round == 1 {
+            c.query_drop(format!(
+                "ALTER TABLE `{db}`.t5 ADD COLUMN x INT NOT NULL DEFAULT 5"
+            ))
+            .await
+            .unwrap();
+        }
+    }
+    c.query_drop(format!("UPDATE `{db}`.t5 SET x = id WHERE id > 60"))
+        .await
+        .unwrap();
+
+    // Every table's rows arrive; then each is compared value by value.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for t in 0..TABLES {
+        let want: u64 = c
+            .query_first(format!("SELECT COUNT(*) FROM `{db}`.t{t}"))
+            .await
+            .unwrap()
+            .unwrap();
+        while target_count(&ch_db, &format!("t{t}")).await != want {
+            assert!(Instant::now() < deadline, "t{t}: not {want} rows");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let (code, report, err) = sluice_tests::capture::verify(&cap, &a, &[]);
+    assert_eq!(code, Some(0), "{report:#}\n{err}");
+    assert_eq!(report["result"], "equal", "{report:#}");
+    assert_eq!(
+        report["tables"].as_array().unwrap().len(),
+        TABLES,
+        "{report:#}"
+    );
+    // One topic for the database's tables.
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", sluice_tests::kafka_brokers())
+        .create()
+        .unwrap();
+    let md = rdkafka::consumer::Consumer::fetch_metadata(&consumer, None, Duration::from_secs(10))
+        .unwrap();
+    let mine: Vec<&str> = md
+        .topics()
+        .iter()
+        .map(|t| t.name())
+        .filter(|n| n.starts_with(&format!("{prefix}.")))
+        .collect();
+    assert_eq!(mine, [format!("{prefix}.{db}")], "the capture's topics");
+    finish(&db, &mut [&mut cap, &mut a, &mut b]).await;
+}

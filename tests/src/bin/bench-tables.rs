@@ -25,13 +25,47 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::bench::{cpu_seconds, metric, peak_rss, scrape, spawn_stage};
+use sluice_tests::bench::{cpu_seconds, metric, peak_rss, scrape};
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 /// The three stages; killed if the benchmark ends early.
 struct Stages([std::process::Child; 3]);
 
+/// Start a stage with `config` (metrics on a free port, logs at info into `log`).
+fn stage(
+    binary: &std::path::Path,
+    config: &str,
+    log: &std::path::Path,
+) -> anyhow::Result<(std::process::Child, u16, tempfile::NamedTempFile)> {
+    let port = sluice_tests::free_port();
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        file.path(),
+        format!("{config}\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )?;
+    let child = std::process::Command::new(binary)
+        .args(["-c", file.path().to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()?;
+    Ok((child, port, file))
+}
+
 impl Stages {
+    /// Fail when a stage has exited.
+    fn check(&mut self, logs: &std::path::Path) -> anyhow::Result<()> {
+        for (c, name) in self
+            .0
+            .iter_mut()
+            .zip(["capture-mysql", "apply a", "apply b"])
+        {
+            if let Some(status) = c.try_wait()? {
+                anyhow::bail!("{name} exited ({status}); logs in {}", logs.display());
+            }
+        }
+        Ok(())
+    }
+
     /// SIGTERM each, and wait.
     fn stop(&mut self) {
         for c in self.0.iter_mut() {
@@ -192,11 +226,17 @@ async fn run(
 
     // Start-up: the stages started, one row per table written, until every table has it.
     let started = Instant::now();
-    let (capture, cap_port, _cap_file) =
-        spawn_stage(&release.join("capture-mysql"), &capture_config)?;
+    let logs = std::env::temp_dir().join(format!("bench-tables-{layout}"));
+    std::fs::create_dir_all(&logs)?;
+    let (capture, cap_port, _cap_file) = stage(
+        &release.join("capture-mysql"),
+        &capture_config,
+        &logs.join("capture-mysql.log"),
+    )?;
     let apply = release.join("apply-clickhouse");
-    let (a, a_port, _a_file) = spawn_stage(&apply, &apply_config("a"))?;
-    let (b, b_port, _b_file) = spawn_stage(&apply, &apply_config("b"))?;
+    let (a, a_port, _a_file) = stage(&apply, &apply_config("a"), &logs.join("apply-a.log"))?;
+    let (b, b_port, _b_file) = stage(&apply, &apply_config("b"), &logs.join("apply-b.log"))?;
+    eprintln!("{layout}: the stages' logs are in {}", logs.display());
     let mut children = Stages([capture, a, b]);
     while scrape(cap_port).is_none() {
         anyhow::ensure!(
@@ -317,6 +357,7 @@ async fn run(
     stop.store(true, Ordering::SeqCst);
     writer.await??;
     let stopped = Instant::now();
+    children.check(&logs)?;
 
     // Catch-up, then the check: every table's count and sum of v equal the source's.
     let mut source: Vec<(String, u64, i64)> = Vec::new();
@@ -357,6 +398,7 @@ async fn run(
         if target == source {
             break stopped.elapsed().as_secs_f64();
         }
+        children.check(&logs)?;
         anyhow::ensure!(
             Instant::now() < deadline,
             "{layout}: the target differs from the source 15 minutes after the load stopped \
