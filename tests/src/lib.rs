@@ -145,6 +145,7 @@ pub mod bench;
 pub mod capture;
 pub mod edge;
 pub mod faults;
+pub mod mirror;
 pub mod mongo;
 pub mod private_clickhouse;
 pub mod private_mariadb;

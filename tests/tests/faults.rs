@@ -10,7 +10,6 @@
 //! The broker restart needs the test bed's broker (`deploy/testbed.sh`); with a broker of one's
 //! own (`SLUICE_KAFKA_BROKERS`) that fault is left out, and the test says so.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use sluice_tests::capture::{binlog_end, CaptureProcess};
 use sluice_tests::relay::Relay;
-use sluice_tests::{clickhouse_url, faults, kafka_brokers, mysql_url, seed, unique, Rng};
+use sluice_tests::{clickhouse_url, faults, kafka_brokers, mirror, mysql_url, seed, unique, Rng};
 
 const FAULTS_FOR: Duration = Duration::from_secs(60);
 
@@ -41,49 +40,12 @@ fn applier(
     CaptureProcess::spawn_binary("apply-clickhouse", (config, String::new(), String::new()))
 }
 
-type Row = (u64, i64, String);
-
-async fn source(db: &str) -> Vec<Row> {
-    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
-        .await
-        .unwrap();
-    c.query(format!("SELECT id, v, s FROM `{db}`.t ORDER BY id"))
-        .await
-        .unwrap()
-}
-
-async fn mirror(ch: &clickhouse::Client, ch_db: &str) -> Vec<Row> {
-    ch.query(&format!(
-        "SELECT id, toInt64(v), s FROM {ch_db}.t FINAL WHERE _deleted = 0 ORDER BY id"
-    ))
-    .fetch_all::<Row>()
-    .await
-    .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_mirror_equals_the_source_after_random_faults_under_load() {
     let seed = seed();
     let db = unique("sluice_faults");
     let ch_db = format!("{db}_m");
-    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
-        .await
-        .unwrap();
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(format!(
-        "CREATE TABLE `{db}`.t (id BIGINT PRIMARY KEY, v INT NOT NULL, s VARCHAR(40) NOT NULL)"
-    ))
-    .await
-    .unwrap();
-    let ch = clickhouse::Client::default()
-        .with_url(clickhouse_url())
-        .with_validation(false);
-    ch.query(&format!("CREATE DATABASE {ch_db}"))
-        .execute()
-        .await
-        .unwrap();
+    let (mut c, ch) = mirror::make(&db).await;
     let relay = Relay::to(&clickhouse_url()).await;
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let topic = cap.topic(&db, "t");
@@ -144,23 +106,15 @@ async fn the_mirror_equals_the_source_after_random_faults_under_load() {
     );
 
     // The mirror catches up and equals the source.
-    let want = source(&db).await;
+    let want = mirror::source(&db).await;
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let got = mirror(&ch, &ch_db).await;
+        let got = mirror::mirror(&ch, &ch_db).await;
         if got == want {
             break;
         }
         if Instant::now() > deadline {
-            let g: BTreeMap<u64, &Row> = got.iter().map(|r| (r.0, r)).collect();
-            let w: BTreeMap<u64, &Row> = want.iter().map(|r| (r.0, r)).collect();
-            let missing: Vec<_> = w.keys().filter(|k| !g.contains_key(k)).take(5).collect();
-            let extra: Vec<_> = g.keys().filter(|k| !w.contains_key(k)).take(5).collect();
-            let stale: Vec<_> = w
-                .iter()
-                .filter_map(|(k, v)| g.get(k).filter(|x| *x != v).map(|x| (v, *x)))
-                .take(5)
-                .collect();
+            let diff = mirror::differences(&got, &want);
             // The capture's log too: a capture that stopped after the last fault leaves the
             // mirror behind.
             let mut logs: Vec<String> = appliers.iter_mut().map(|p| p.stop().1).collect();
@@ -170,11 +124,7 @@ async fn the_mirror_equals_the_source_after_random_faults_under_load() {
                 cap.stop().1
             ));
             panic!(
-                "seed {seed}: mirror {} rows, source {}; missing {missing:?}, extra {extra:?}, \
-                 stale (source, mirror) {stale:?}\nfaults:\n  {}\nunplanned exits: {unplanned:#?}\n\
-                 logs:\n{}",
-                got.len(),
-                want.len(),
+                "seed {seed}: {diff}\nfaults:\n  {}\nunplanned exits: {unplanned:#?}\nlogs:\n{}",
                 done.join("\n  "),
                 logs.join("\n----\n")
             );

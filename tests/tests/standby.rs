@@ -10,37 +10,16 @@
 //! 3. The writer stops, and the mirror equals the source: nothing lost, nothing extra, nothing
 //!    stale.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use sluice_tests::capture::{binlog_end, metric_at, CaptureProcess};
-use sluice_tests::{clickhouse_url, mysql_url, seed, unique, Rng};
-
-type Row = (u64, i64, String);
+use sluice_tests::{mirror, mysql_url, seed, unique, Rng};
 
 /// The election's session timeout the captures run with (the broker's minimum by default).
 const SESSION: Duration = Duration::from_millis(6000);
-
-async fn source(db: &str) -> Vec<Row> {
-    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
-        .await
-        .unwrap();
-    c.query(format!("SELECT id, v, s FROM `{db}`.t ORDER BY id"))
-        .await
-        .unwrap()
-}
-
-async fn mirror(ch: &clickhouse::Client, ch_db: &str) -> Vec<Row> {
-    ch.query(&format!(
-        "SELECT id, toInt64(v), s FROM {ch_db}.t FINAL WHERE _deleted = 0 ORDER BY id"
-    ))
-    .fetch_all::<Row>()
-    .await
-    .unwrap_or_default()
-}
 
 /// The largest id the mirror has (deleted rows included).
 async fn mirror_max(ch: &clickhouse::Client, ch_db: &str) -> u64 {
@@ -104,24 +83,7 @@ async fn a_standby_capture_takes_over_from_a_killed_one_and_a_revived_one_cannot
     let seed = seed();
     let db = unique("sluice_standby");
     let ch_db = format!("{db}_m");
-    let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
-        .await
-        .unwrap();
-    c.query_drop(format!("CREATE DATABASE `{db}`"))
-        .await
-        .unwrap();
-    c.query_drop(format!(
-        "CREATE TABLE `{db}`.t (id BIGINT PRIMARY KEY, v INT NOT NULL, s VARCHAR(40) NOT NULL)"
-    ))
-    .await
-    .unwrap();
-    let ch = clickhouse::Client::default()
-        .with_url(clickhouse_url())
-        .with_validation(false);
-    ch.query(&format!("CREATE DATABASE {ch_db}"))
-        .execute()
-        .await
-        .unwrap();
+    let (mut c, ch) = mirror::make(&db).await;
 
     // Two instances of one connector, one configuration but for the instance name (the same
     // server_id too, as two pods of one Deployment have).
@@ -260,28 +222,17 @@ async fn a_standby_capture_takes_over_from_a_killed_one_and_a_revived_one_cannot
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::SeqCst);
     let rounds = writer.await.unwrap();
-    let want = source(&db).await;
+    let want = mirror::source(&db).await;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let got = mirror(&ch, &ch_db).await;
+        let got = mirror::mirror(&ch, &ch_db).await;
         if got == want {
             break;
         }
         if Instant::now() > deadline {
-            let g: BTreeMap<u64, &Row> = got.iter().map(|r| (r.0, r)).collect();
-            let w: BTreeMap<u64, &Row> = want.iter().map(|r| (r.0, r)).collect();
-            let missing: Vec<_> = w.keys().filter(|k| !g.contains_key(k)).take(5).collect();
-            let extra: Vec<_> = g.keys().filter(|k| !w.contains_key(k)).take(5).collect();
-            let stale: Vec<_> = w
-                .iter()
-                .filter_map(|(k, v)| g.get(k).filter(|x| *x != v).map(|x| (v, *x)))
-                .take(5)
-                .collect();
             panic!(
-                "seed {seed}: mirror {} rows, source {}; missing {missing:?}, extra {extra:?}, \
-                 stale (source, mirror) {stale:?}\nactive capture:\n{}\napply:\n{}",
-                got.len(),
-                want.len(),
+                "seed {seed}: {}\nactive capture:\n{}\napply:\n{}",
+                mirror::differences(&got, &want),
                 a.stop().1,
                 apply.stop().1
             );
