@@ -86,6 +86,11 @@ pub struct PublishConfig {
     /// `max.message.bytes` of the topics the capture creates (a MongoDB document may be 16 MiB,
     /// an event can carry it twice). Default 67108864 (64 MiB).
     pub max_message_bytes: usize,
+    /// (capture-mysql) Make the topics of every table the filter takes at start, in one
+    /// request, instead of each at its table's first row: for sources of many tables (a round
+    /// trip per topic adds up to minutes), at the cost of topics for tables that never change.
+    /// Default false.
+    pub topics_at_start: bool,
 }
 
 impl Default for PublishConfig {
@@ -101,6 +106,7 @@ impl Default for PublishConfig {
             delivery_timeout_ms: 120_000,
             max_message_bytes: 64 << 20,
             heartbeat_interval_ms: 0,
+            topics_at_start: false,
         }
     }
 }

@@ -343,32 +343,67 @@ impl KafkaConfig {
         compacted: bool,
         max_message_bytes: Option<usize>,
     ) -> Result<bool, String> {
+        self.ensure_topics(
+            client_id,
+            &[topic.to_string()],
+            partitions,
+            replication,
+            compacted,
+            max_message_bytes,
+        )
+        .await
+        .map(|created| !created.is_empty())
+    }
+
+    /// [`Self::ensure_topic`] for several topics, in one request: the ones it created.
+    pub async fn ensure_topics(
+        &self,
+        client_id: &str,
+        topics: &[String],
+        partitions: i32,
+        replication: i32,
+        compacted: bool,
+        max_message_bytes: Option<usize>,
+    ) -> Result<Vec<String>, String> {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         use rdkafka::client::DefaultClientContext;
         use rdkafka::types::RDKafkaErrorCode;
+        if topics.is_empty() {
+            return Ok(Vec::new());
+        }
         let admin: AdminClient<DefaultClientContext> = self
             .client_config(client_id)
             .create()
             .map_err(|e| e.to_string())?;
-        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
-        if compacted {
-            new = new.set("cleanup.policy", "compact");
-        }
         let max = max_message_bytes.map(|m| m.to_string());
-        if let Some(m) = &max {
-            new = new.set("max.message.bytes", m);
-        }
+        let new: Vec<NewTopic> = topics
+            .iter()
+            .map(|topic| {
+                let mut new =
+                    NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+                if compacted {
+                    new = new.set("cleanup.policy", "compact");
+                }
+                if let Some(m) = &max {
+                    new = new.set("max.message.bytes", m);
+                }
+                new
+            })
+            .collect();
         let opts = AdminOptions::new().operation_timeout(Some(self.request_timeout()));
-        let results = admin
-            .create_topics([&new], &opts)
-            .await
-            .map_err(|e| format!("topic {topic}: {e}"))?;
-        let mut created = false;
+        let results = admin.create_topics(&new, &opts).await.map_err(|e| {
+            if topics.len() == 1 {
+                format!("topic {}: {e}", topics[0])
+            } else {
+                format!("{} topics: {e}", topics.len())
+            }
+        })?;
+        let mut created = Vec::new();
         for r in results {
             match r {
-                Ok(_) => created = true,
+                Ok(t) => created.push(t),
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => return Err(format!("topic {topic}: cannot create it: {code}")),
+                Err((t, code)) => return Err(format!("topic {t}: cannot create it: {code}")),
             }
         }
         Ok(created)

@@ -1452,3 +1452,62 @@ async fn a_year_column_created_while_streaming_is_not_refused() {
     assert_eq!(code, Some(0), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
+
+/// `publish.topics_at_start`: the topics of every table the filter takes are made when the
+/// capture starts, before any row (with the configured partitions), and none for a table it
+/// leaves out; rows then go to them as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn topics_at_start_makes_every_filtered_tables_topic_before_any_row() {
+    let db = unique("sluice_t_topics_at_start");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.a (id INT PRIMARY KEY)"),
+        format!("CREATE TABLE `{db}`.b (id INT PRIMARY KEY)"),
+        format!("CREATE TABLE `{db}`.skipped (id INT PRIMARY KEY)"),
+    ])
+    .await;
+    let (text, connector, prefix) = CaptureProcess::config(&db, &binlog_end().await, "");
+    let text = text
+        .replace(
+            "[filter]\n",
+            &format!("[filter]\nexclude = [\"{db}\\\\.skipped\"]\n"),
+        )
+        .replace("[publish]\n", "[publish]\ntopics_at_start = true\n");
+    let mut cap = CaptureProcess::spawn((text, connector, prefix.clone()));
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    let mine = || -> BTreeMap<String, usize> {
+        let md =
+            rdkafka::consumer::Consumer::fetch_metadata(&consumer, None, Duration::from_secs(10))
+                .unwrap();
+        md.topics()
+            .iter()
+            .filter(|t| t.name().starts_with(&format!("{prefix}.")))
+            .map(|t| (t.name().to_string(), t.partitions().len()))
+            .collect()
+    };
+    let want: BTreeMap<String, usize> = [
+        (format!("{prefix}.{db}.a"), 3),
+        (format!("{prefix}.{db}.b"), 3),
+    ]
+    .into_iter()
+    .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while mine() != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "topics before any row: {:?}",
+            mine()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sql(&[format!("INSERT INTO `{db}`.b VALUES (1), (2), (3)")]).await;
+    let seen = events_of(format!("{prefix}.{db}.b"), |m| count_rows(m) >= 3).await;
+    assert_eq!(count_rows(&seen), 3);
+    let (code, log) = cap.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("created the filtered tables' topics"), "{log}");
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}

@@ -66,7 +66,42 @@ impl Capture {
     pub async fn start(config: Config, registry: &Registry) -> Result<Self, CaptureError> {
         let (mut capture, checkpoint) = Self::connect(config, registry).await?;
         capture.resume_from(checkpoint).await?;
+        if capture.config.publish.topics_at_start {
+            capture.prepare_topics().await;
+        }
         Ok(capture)
+    }
+
+    /// Create the topics of every table the filter takes now, in one request, before the first
+    /// row: with thousands of tables, one at a time at each table's first row takes minutes
+    /// (docs/deploy.md, *Many tables*). Tables created later get theirs at their first row, as
+    /// does every table when this fails (said in the log).
+    async fn prepare_topics(&mut self) {
+        use mysql_async::prelude::Queryable;
+        let tables: Vec<(String, String)> = match self
+            .schema_conn
+            .query(
+                "SELECT table_schema, table_name FROM information_schema.tables \
+                 WHERE table_type = 'BASE TABLE'",
+            )
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the tables to make their topics beforehand failed; each table's topic is made at its first row");
+                return;
+            }
+        };
+        let mut topics: Vec<String> = tables
+            .iter()
+            .filter(|(db, table)| self.filter.wants(db, table))
+            .filter_map(|(db, table)| self.topics.topic(db, table).ok())
+            .collect();
+        topics.sort();
+        topics.dedup();
+        if let Err(e) = self.publisher.prepare_topics(&topics).await {
+            tracing::warn!(error = %e, topics = topics.len(), "making the tables' topics beforehand failed; each table's topic is made at its first row");
+        }
     }
 
     /// Read until shutdown. Transient failures reconnect from the last commit.

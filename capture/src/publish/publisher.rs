@@ -196,6 +196,68 @@ where
             tracing::info!(topic, partitions, compacted, "created topic");
         }
         let now = self.partition_count(topic).await?;
+        self.remember(topic, compacted, now)
+    }
+
+    /// Create the change topics of `topics` that do not exist, in one request, and learn each
+    /// one's partitions from one metadata request: a source of many tables does not make a
+    /// round trip per table at its first row.
+    pub async fn prepare_topics(&mut self, topics: &[String]) -> Result<(), PublishError> {
+        let missing: Vec<String> = topics
+            .iter()
+            .filter(|t| !self.topics.contains_key(*t))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let created = self
+            .kafka
+            .ensure_topics(
+                &self.client_id,
+                &missing,
+                self.config.partitions,
+                self.config.replication_factor,
+                false,
+                Some(self.config.max_message_bytes),
+            )
+            .await
+            .map_err(|reason| PublishError::CreateTopic {
+                topic: format!("{} topics", missing.len()),
+                reason,
+            })?;
+        if !created.is_empty() {
+            tracing::info!(
+                topics = created.len(),
+                partitions = self.config.partitions,
+                "created the filtered tables' topics"
+            );
+        }
+        let deadline = Instant::now() + self.timeout;
+        let counts: HashMap<String, i32> = loop {
+            let md = self.producer.client().fetch_metadata(None, self.timeout)?;
+            let counts: HashMap<String, i32> = md
+                .topics()
+                .iter()
+                .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+                .map(|t| (t.name().to_string(), t.partitions().len() as i32))
+                .collect();
+            if missing.iter().all(|t| counts.contains_key(t)) || Instant::now() > deadline {
+                break counts;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        for topic in &missing {
+            // One whose metadata has not appeared yet is asked again at its first row.
+            if let Some(now) = counts.get(topic) {
+                self.remember(topic, false, *now)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keep `topic`'s partition count for its keys, given that it has `now` partitions.
+    fn remember(&mut self, topic: &str, compacted: bool, now: i32) -> Result<i32, PublishError> {
         let n = if compacted {
             now
         } else {

@@ -2,6 +2,7 @@
 //!
 //!     deploy/testbed.sh start && cargo build --release --bins
 //!     target/release/bench-tables [--tables 1000] [--rate 10] [--seconds 60] [--only per-table|one]
+//!         [--topics-at-start]
 //!
 //! MariaDB gets `--tables` small tables (`id BIGINT PRIMARY KEY, v INT, s VARCHAR(40)`);
 //! capture-mysql and two apply-clickhouse instances of one group start; a writer changes
@@ -13,7 +14,8 @@
 //!   one, the range assignor would give every topic's only partition to the same instance);
 //! - `one`: `{prefix}.{db}`, every table on one topic of 6 partitions.
 //!
-//! Figures per layout: start-up (the stages started until every table has its first row in
+//! `--topics-at-start` sets `publish.topics_at_start` (every table's topic made at the capture's
+//! start, in one request). Figures per layout: start-up (the stages started until every table has its first row in
 //! ClickHouse, tables and topics made on the way), events/s published and rows/s written over
 //! the sustained window, each stage's CPU (share of one core over the window) and peak memory
 //! (VmHWM), ClickHouse's CPU over the window (the test bed's server, by its pid file), and
@@ -112,7 +114,7 @@ fn clickhouse_pid() -> Option<u32> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = sluice_tests::bench::Args::from_env(&[]);
+    let args = sluice_tests::bench::Args::from_env(&["--topics-at-start"]);
     let tables = args.option("--tables", 1000)?.max(1);
     let rate = args.option("--rate", 10)?.max(1);
     let seconds = args.option("--seconds", 60)?.max(5);
@@ -203,10 +205,12 @@ async fn run(
     };
     // From the binlog's end now: the rows written once the stages are up are all captured.
     let start = sluice_tests::capture::binlog_end().await;
+    let at_start = std::env::args().any(|a| a == "--topics-at-start");
     let capture_config = format!(
         "connector = \"{prefix}\"\n[mysql]\nssl_mode = \"disabled\"\nurl = \"{}\"\nstart = \"{start}\"\n\
          server_id = {}\n[filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
          template = \"{template}\"\n[publish]\npartitions = {partitions}\nreplication_factor = 1\n\
+         topics_at_start = {at_start}\n\
          [kafka]\nbrokers = \"{}\"\n",
         mysql_url(),
         sluice_tests::replica_server_id(),
