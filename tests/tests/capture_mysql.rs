@@ -442,9 +442,34 @@ async fn write_checkpoint(connector: &str, json: String) {
 async fn a_purged_checkpoint_stops_with_what_to_do() {
     // Make sure the checkpoint topic exists (a capture creates it), then plant a checkpoint
     // pointing into a binlog file the server does not have.
+    // (Planted before a capture made it, the broker would make it with its default partitions,
+    // and the capture, which reads the one partition it makes, would not see the checkpoint.)
     let db = unique("sluice_t_cap_purged");
     let mut first = CaptureProcess::spawn(CaptureProcess::config(&db, "end", ""));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let probe: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let md = rdkafka::consumer::Consumer::fetch_metadata(
+            &probe,
+            Some("_sluice_checkpoints"),
+            Duration::from_secs(5),
+        );
+        if md.is_ok_and(|m| {
+            m.topics()
+                .iter()
+                .any(|t| t.error().is_none() && !t.partitions().is_empty())
+        }) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the capture did not make the checkpoint topic"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     first.stop();
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
         .await
