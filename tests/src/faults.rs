@@ -41,7 +41,8 @@ pub fn testbed_broker() -> bool {
     b == "127.0.0.1:19092" || b == "localhost:19092"
 }
 
-fn testbed(args: &[&str]) {
+/// `deploy/testbed.sh ARGS`, which must succeed.
+pub fn testbed(args: &[&str]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/testbed.sh");
     let out = std::process::Command::new("bash")
         .arg(script)

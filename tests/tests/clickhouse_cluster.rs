@@ -117,20 +117,6 @@ fn node_pid(n: usize) -> i32 {
         .unwrap()
 }
 
-fn testbed(args: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/testbed.sh");
-    let out = std::process::Command::new("bash")
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "testbed.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 async fn until(
     what: &str,
     limit: Duration,
@@ -300,7 +286,7 @@ async fn run(distributed: bool) {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
-        testbed(&["start", "clickhouse-cluster"]);
+        sluice_tests::faults::testbed(&["start", "clickhouse-cluster"]);
     }
 
     let want = source_rows(&db).await;
