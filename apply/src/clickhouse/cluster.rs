@@ -168,6 +168,35 @@ impl ClusterConfig {
     }
 }
 
+/// `expr` without the parentheses around the whole of it, if any (`(a, b)` -> `a, b`;
+/// `f(a)` and `(a) + (b)` stay as they are): an ORDER BY list to join with more columns.
+pub fn unwrap_parens(expr: &str) -> &str {
+    let e = expr.trim();
+    if !e.starts_with('(') {
+        return e;
+    }
+    // Where the first parenthesis closes (outside string literals).
+    let mut depth = 0usize;
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in e.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '\'' => quoted = !quoted,
+            '(' if !quoted => depth += 1,
+            ')' if !quoted => {
+                depth -= 1;
+                if depth == 0 {
+                    return if i == e.len() - 1 { e[1..i].trim() } else { e };
+                }
+            }
+            _ => {}
+        }
+    }
+    e
+}
+
 /// The names of columns an SQL expression refers to: its identifiers (bare or in backquotes),
 /// without function names (an identifier followed by `(`) and string literals.
 pub fn identifiers(expr: &str) -> Vec<String> {
@@ -289,6 +318,18 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.0, "cluster.meta_zookeeper_path");
         assert!(cluster().validate().is_ok());
+    }
+
+    #[test]
+    fn only_parentheses_around_the_whole_expression_go() {
+        assert_eq!(
+            unwrap_parens(" (intDiv(id, 100), id) "),
+            "intDiv(id, 100), id"
+        );
+        assert_eq!(unwrap_parens("cityHash64(id)"), "cityHash64(id)");
+        assert_eq!(unwrap_parens("(a) + (b)"), "(a) + (b)");
+        assert_eq!(unwrap_parens("(tenant, ')', id)"), "tenant, ')', id");
+        assert_eq!(unwrap_parens("id"), "id");
     }
 
     #[test]

@@ -365,16 +365,8 @@ impl Sink {
                 .into());
             }
         }
-        let sort = |mut order: Vec<String>| {
-            if let Some(o) = order_by {
-                order[0] = o
-                    .trim()
-                    .trim_start_matches('(')
-                    .trim_end_matches(')')
-                    .to_string();
-            }
-            order.join(", ")
-        };
+        // The override without its outer parentheses (a tuple's), ready to join.
+        let order_by = order_by.map(|o| crate::clickhouse::cluster::unwrap_parens(o));
         let (engine, order) = match mode {
             Mode::Mirror => {
                 cols.push(format!("{} UInt64", quote(&m.version_column)));
@@ -385,24 +377,16 @@ impl Sink {
                     quote(&m.version_column)
                 };
                 let engine = cluster.engine("ReplacingMergeTree", &args, false);
-                let order = match order_by {
-                    Some(o) => o
-                        .trim()
-                        .trim_start_matches('(')
-                        .trim_end_matches(')')
-                        .to_string(),
-                    None => key.join(", "),
-                };
+                let order = order_by.map_or_else(|| key.join(", "), str::to_string);
                 (engine, order)
             }
             Mode::Changelog => {
                 cols.push(format!("{} String", quote(&m.op_column)));
                 cols.push(format!("{} UInt64", quote(&m.version_column)));
-                let mut order = vec![key.join(", ")];
-                order.retain(|k| !k.is_empty());
-                if order_by.is_some() && order.is_empty() {
-                    order.push(String::new());
-                }
+                let mut order: Vec<String> = match order_by {
+                    Some(o) => vec![o.to_string()],
+                    None => key.clone(),
+                };
                 order.push(quote(&m.version_column));
                 order.push(quote(&m.op_column));
                 if key.is_empty() {
@@ -411,7 +395,10 @@ impl Sink {
                     cols.push(format!("{} UInt64", quote(&m.row_column)));
                     order.push(quote(&m.row_column));
                 }
-                (cluster.engine("ReplacingMergeTree", "", false), sort(order))
+                (
+                    cluster.engine("ReplacingMergeTree", "", false),
+                    order.join(", "),
+                )
             }
         };
         let partition = m
