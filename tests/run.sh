@@ -57,6 +57,8 @@ if [[ " ${services[*]} " == *" mariadb "* ]]; then export SLUICE_TLS_DIR; SLUICE
 if [[ " ${services[*]} " == *" kafka "* ]]; then export SLUICE_KAFKA_SASL_BROKERS; SLUICE_KAFKA_SASL_BROKERS=$(pick SLUICE_KAFKA_SASL_BROKERS); fi
 if [[ " ${services[*]} " == *" clickhouse "* ]]; then export SLUICE_CLICKHOUSE_HTTPS_URL; SLUICE_CLICKHOUSE_HTTPS_URL=$(pick SLUICE_CLICKHOUSE_HTTPS_URL); fi
 
+# A CI checkout is built once: no incremental-compilation cache (several GB on disk).
+[ -z "${CI:-}" ] || export CARGO_INCREMENTAL=0
 cargo build --workspace --bins --tests
 # One closing line for the whole run: cargo prints a result per test binary.
 log=$(mktemp)
