@@ -24,6 +24,11 @@
 //!    INSERT to ClickHouse counting its rows (polled every 20 ms): p50, p99, max, and the rate
 //!    achieved.
 //!
+//! With `--big-rows K`, step 1 also writes K rows of 4 to 15 MiB each (sizes spread evenly) into
+//! a second table of the same database, `big`, before the W1 rows: the catch-up and the drain
+//! then carry them too (their counters wait for ROWS + K; written first, they are acknowledged
+//! before the last W1 rows), and the peak memory shows what large rows add to it.
+//!
 //! With `--verify`, step 5 is `sluice verify` of the mirror against the source instead (run
 //! `--verify-runs N` times, default 2, with `--parallel P` from `--verify-parallel P`, default
 //! 1): wall time, rows verified per second, and the CPU
@@ -41,6 +46,8 @@ use mysql_async::prelude::Queryable;
 use sluice_tests::bench::{measure, num_cores, spawn_stage, stop_child, Stage};
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
+const MIB: u64 = 1 << 20;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = sluice_tests::bench::Args::from_env(&["--snapshot", "--verify"]);
@@ -48,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
     let verify = args.switch("--verify");
     let verify_runs = args.option("--verify-runs", 2)?.max(1);
     let verify_parallel = args.option("--verify-parallel", 1)?.max(1);
+    let big_rows = args.option("--big-rows", 0)?;
     let load = Load {
         tables: args.option("--tables", 5)? as usize,
         batch: args.option("--batch", 1000)?,
@@ -80,7 +88,35 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("1/4 writing {rows} rows of the W1 table into {db} ...");
     let t0 = Instant::now();
     let mut written = 0;
-    while written < rows {
+    if big_rows > 0 {
+        c.query_drop(format!(
+            "CREATE TABLE `{db}`.big (id INT PRIMARY KEY, b LONGBLOB NOT NULL)"
+        ))
+        .await?;
+    }
+    let mut big_written = 0;
+    while written < rows || big_written < big_rows {
+        if big_written < big_rows {
+            // 4 MiB to 15 MiB (MariaDB's default max_allowed_packet is 16 MiB) of bytes that
+            // do not compress (the broker's LZ4 would otherwise hide the row's size).
+            let size = 4 * MIB + (11 * MIB) * big_written / big_rows.saturating_sub(1).max(1);
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ big_written;
+            let blob: Vec<u8> = (0..size)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            c.exec_drop(
+                format!("INSERT INTO `{db}`.big VALUES (?, ?)"),
+                (big_written, blob),
+            )
+            .await?;
+            big_written += 1;
+            continue;
+        }
         let n = 1000.min(rows - written);
         c.query_drop(insert_sql(&db, written, n)).await?;
         written += n;
@@ -122,7 +158,7 @@ async fn main() -> anyhow::Result<()> {
         &release.join("capture-mysql"),
         capture_config,
         counter,
-        rows,
+        rows + big_rows,
     )
     .await?;
     stop_child(child);
@@ -150,7 +186,7 @@ async fn main() -> anyhow::Result<()> {
         &release.join("apply-clickhouse"),
         apply_config,
         "sluice_apply_rows_total",
-        rows,
+        rows + big_rows,
     )
     .await?;
     stop_child(child);
