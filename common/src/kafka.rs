@@ -239,6 +239,10 @@ impl KafkaConfig {
     /// like, as a placeholder.)
     fn set_client(&self, c: &mut ClientConfig, default_client_id: &str) {
         c.set("bootstrap.servers", &self.brokers);
+        // A broker that restarts is reconnected to within a second of being back: librdkafka
+        // doubles its reconnect wait up to 10 s by default, which after a restart of ten
+        // seconds added up to 13 s more (docs/BENCHMARKS.md, recovery).
+        c.set("reconnect.backoff.max.ms", "1000");
         c.set(
             "client.id",
             if self.client_id.is_empty() {

@@ -218,6 +218,12 @@ impl Args {
         }
     }
 
+    /// The value of `--name VALUE` as text, if given.
+    pub fn text(&self, name: &str) -> Option<String> {
+        let i = self.args.iter().position(|a| a == name)?;
+        self.args.get(i + 1).cloned()
+    }
+
     /// The first word that is neither an option, a switch nor an option's value.
     pub fn first_bare(&self) -> Option<&str> {
         let mut i = 0;

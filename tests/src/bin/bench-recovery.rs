@@ -15,6 +15,16 @@
 //!    Kubernetes manifests set it from the pod name);
 //! 3. killed and restarted at once without it.
 //!
+//! Then, with one apply instance (static membership) reading every partition, two more:
+//!
+//! 4. capture-mysql killed (`kill -9`) and restarted at once: it takes its checkpoint back (the
+//!    fencing of the killed producer included) and publishes the probe;
+//! 5. the Kafka broker restarted (`deploy/testbed.sh stop kafka`, then `start kafka`; only when
+//!    the test bed runs the broker): the figure runs from the stop's start, and the time the two
+//!    commands took (the broker's own shutdown and start) is printed beside it.
+//!
+//! `--only apply|capture|broker` runs one group of them.
+//!
 //! After each run, every row the writer had inserted is checked to be in ClickHouse (so a fast
 //! wrong run cannot report). `--session-ms` sets `session.timeout.ms` in `[kafka.properties]`
 //! (default: the stage's own default).
@@ -36,6 +46,8 @@ async fn main() -> anyhow::Result<()> {
     let args = sluice_tests::bench::Args::from_env(&[]);
     let runs = args.option("--runs", 1)?.max(1);
     let session_ms = args.option("--session-ms", 0)?;
+    let only = args.text("--only");
+    let runs_group = |g: &str| only.as_deref().is_none_or(|o| o == g);
     let release = sluice_tests::bench::release_dir(&["capture-mysql", "apply-clickhouse"])?;
     let db = unique("sluice_recovery");
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
@@ -53,7 +65,8 @@ async fn main() -> anyhow::Result<()> {
         sluice_tests::replica_server_id(),
         kafka_brokers(),
     );
-    let (capture, _, _capture_file) = spawn_stage(&release.join("capture-mysql"), &capture_config)?;
+    let (mut capture, _, mut capture_file) =
+        spawn_stage(&release.join("capture-mysql"), &capture_config)?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The load: 50 rows every 100 ms, ids from 1; `acked` is the next id not yet acknowledged.
@@ -86,8 +99,12 @@ async fn main() -> anyhow::Result<()> {
         ("killed, restarted at once, no instance_id", true, false),
     ];
     let mut results: Vec<(&str, Vec<f64>)> = Vec::new();
+    let mut others: Vec<(&str, Vec<String>)> = Vec::new();
     let mut probe = 1_000_000_000u64;
     for (name, restart, static_members) in scenarios {
+        if !runs_group("apply") {
+            break;
+        }
         let mut times = Vec::new();
         for run in 0..runs {
             let ch_db = format!("{}_mirror", unique("recovery"));
@@ -145,30 +162,7 @@ async fn main() -> anyhow::Result<()> {
             eprintln!("{name}, run {}: {took:.2} s", run + 1);
             times.push(took);
 
-            // Nothing the writer had inserted is missing.
-            let upto = acked.load(Ordering::SeqCst);
-            let want: u64 = c
-                .query_first(format!("SELECT COUNT(*) FROM `{db}`.t WHERE id < {upto}"))
-                .await?
-                .unwrap_or(0);
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                let got: u64 = ch
-                    .query(&format!(
-                        "SELECT count() FROM {ch_db}.t FINAL WHERE id < {upto}"
-                    ))
-                    .fetch_one()
-                    .await
-                    .unwrap_or(0);
-                if got == want {
-                    break;
-                }
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "{name}: the mirror holds {got} of the {want} rows below id {upto}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            check_complete(&mut c, &ch, &db, &ch_db, &acked, name).await?;
             stop_child(b);
             if let Some((child, _file)) = restarted {
                 stop_child(child);
@@ -179,6 +173,83 @@ async fn main() -> anyhow::Result<()> {
         }
         results.push((name, times));
     }
+    // The capture and the broker, with one apply instance reading every partition.
+    for (name, group_name) in [
+        ("capture-mysql killed, restarted at once", "capture"),
+        ("Kafka broker restarted", "broker"),
+    ] {
+        if !runs_group(group_name) {
+            continue;
+        }
+        let testbed_broker = std::env::var("SLUICE_KAFKA_BROKERS").is_err();
+        if group_name == "broker" && !testbed_broker {
+            eprintln!("{name}: left out (the broker is not the test bed's)");
+            continue;
+        }
+        let mut times = Vec::new();
+        for run in 0..runs {
+            let ch_db = format!("{}_mirror", unique("recovery"));
+            ch.query(&format!("CREATE DATABASE {ch_db}"))
+                .execute()
+                .await?;
+            let group = unique("recovery_group");
+            let config = format!(
+                "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
+                 [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{prefix}\\\\..*\"]\n\
+                 instance_id = \"{group}-a\"\n[batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
+                clickhouse_url(),
+                kafka_brokers(),
+            );
+            let (a, a_port, _a_file) = spawn_stage(&release.join("apply-clickhouse"), &config)?;
+            wait_until(Duration::from_secs(120), "the instance assigned", || {
+                assigned(a_port) == PARTITIONS
+            })
+            .await?;
+            insert_probe(&mut c, &db, probe).await?;
+            wait_probe(&ch, &ch_db, probe, Duration::from_secs(180)).await?;
+            probe += PROBE;
+
+            let killed = Instant::now();
+            let mut commands = 0.0;
+            if group_name == "capture" {
+                capture.kill()?;
+                let _ = capture.wait();
+                (capture, _, capture_file) =
+                    spawn_stage(&release.join("capture-mysql"), &capture_config)?;
+                insert_probe(&mut c, &db, probe).await?;
+            } else {
+                let testbed =
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/testbed.sh");
+                for step in ["stop", "start"] {
+                    let status = std::process::Command::new(&testbed)
+                        .args([step, "kafka"])
+                        .stdout(std::process::Stdio::null())
+                        .status()?;
+                    anyhow::ensure!(status.success(), "deploy/testbed.sh {step} kafka failed");
+                    if step == "stop" {
+                        insert_probe(&mut c, &db, probe).await?;
+                    }
+                }
+                commands = killed.elapsed().as_secs_f64();
+            }
+            wait_probe(&ch, &ch_db, probe, Duration::from_secs(300)).await?;
+            let took = killed.elapsed().as_secs_f64();
+            probe += PROBE;
+            eprintln!("{name}, run {}: {took:.2} s", run + 1);
+            times.push(if commands > 0.0 {
+                format!("{took:.1} (stop and start {commands:.1})")
+            } else {
+                format!("{took:.1}")
+            });
+            check_complete(&mut c, &ch, &db, &ch_db, &acked, name).await?;
+            stop_child(a);
+            ch.query(&format!("DROP DATABASE {ch_db}"))
+                .execute()
+                .await?;
+        }
+        others.push((name, times));
+    }
+    drop(capture_file);
     stop.store(true, Ordering::SeqCst);
     writer.await??;
     stop_child(capture);
@@ -196,13 +267,61 @@ async fn main() -> anyhow::Result<()> {
         },
         m.cores
     );
-    println!("| how | kill -> flowing, s (each run) |");
-    println!("|---|---|");
+    if !results.is_empty() {
+        println!("| how | kill -> flowing, s (each run) |");
+        println!("|---|---|");
+    }
     for (name, times) in &results {
         let each: Vec<String> = times.iter().map(|t| format!("{t:.1}")).collect();
         println!("| {name} | {} |", each.join(" / "));
     }
+    if !others.is_empty() {
+        println!();
+        println!(
+            "The capture and the broker, one apply-clickhouse instance (static membership) \
+             reading every partition: kill or stop -> the probe rows in ClickHouse"
+        );
+        println!("| how | -> flowing, s (each run) |");
+        println!("|---|---|");
+        for (name, times) in &others {
+            println!("| {name} | {} |", times.join(" / "));
+        }
+    }
     Ok(())
+}
+
+/// Nothing the writer had inserted (below `acked`) is missing from the mirror.
+async fn check_complete(
+    c: &mut mysql_async::Conn,
+    ch: &clickhouse::Client,
+    db: &str,
+    ch_db: &str,
+    acked: &AtomicU64,
+    name: &str,
+) -> anyhow::Result<()> {
+    let upto = acked.load(Ordering::SeqCst);
+    let want: u64 = c
+        .query_first(format!("SELECT COUNT(*) FROM `{db}`.t WHERE id < {upto}"))
+        .await?
+        .unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got: u64 = ch
+            .query(&format!(
+                "SELECT count() FROM {ch_db}.t FINAL WHERE id < {upto}"
+            ))
+            .fetch_one()
+            .await
+            .unwrap_or(0);
+        if got == want {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{name}: the mirror holds {got} of the {want} rows below id {upto}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 fn insert(db: &str, from: u64, n: u64) -> String {
