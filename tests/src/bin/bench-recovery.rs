@@ -107,30 +107,15 @@ async fn main() -> anyhow::Result<()> {
         }
         let mut times = Vec::new();
         for run in 0..runs {
-            let ch_db = format!("{}_mirror", unique("recovery"));
-            ch.query(&format!("CREATE DATABASE {ch_db}"))
-                .execute()
-                .await?;
-            let group = unique("recovery_group");
+            let (ch_db, group) = fresh_mirror(&ch).await?;
             let config = |member: &str| {
-                let mut text = format!(
-                    "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
-                     [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{prefix}\\\\..*\"]\n",
-                    clickhouse_url(),
-                );
-                if static_members {
-                    text.push_str(&format!("instance_id = \"{group}-{member}\"\n"));
-                }
-                text.push_str(&format!(
-                    "[batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
-                    kafka_brokers()
-                ));
-                if session_ms > 0 {
-                    text.push_str(&format!(
-                        "[kafka.properties]\n\"session.timeout.ms\" = \"{session_ms}\"\n"
-                    ));
-                }
-                text
+                apply_config(
+                    &ch_db,
+                    &group,
+                    &prefix,
+                    static_members.then_some(member),
+                    session_ms,
+                )
             };
             let apply = release.join("apply-clickhouse");
             let (a, a_port, _a_file) = spawn_stage(&apply, &config("a"))?;
@@ -188,18 +173,8 @@ async fn main() -> anyhow::Result<()> {
         }
         let mut times = Vec::new();
         for run in 0..runs {
-            let ch_db = format!("{}_mirror", unique("recovery"));
-            ch.query(&format!("CREATE DATABASE {ch_db}"))
-                .execute()
-                .await?;
-            let group = unique("recovery_group");
-            let config = format!(
-                "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
-                 [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{prefix}\\\\..*\"]\n\
-                 instance_id = \"{group}-a\"\n[batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
-                clickhouse_url(),
-                kafka_brokers(),
-            );
+            let (ch_db, group) = fresh_mirror(&ch).await?;
+            let config = apply_config(&ch_db, &group, &prefix, Some("a"), session_ms);
             let (a, a_port, _a_file) = spawn_stage(&release.join("apply-clickhouse"), &config)?;
             wait_until(Duration::from_secs(120), "the instance assigned", || {
                 assigned(a_port) == PARTITIONS
@@ -257,17 +232,18 @@ async fn main() -> anyhow::Result<()> {
 
     let m = sluice_tests::bench::machine();
     println!(
-        "apply-clickhouse, kill -9 of one of two instances -> every partition read again \
-         (6 partitions, 500 rows/s offered, session.timeout.ms {}); {} cores, Kafka on the same \
-         machine; checked: no row missing after each run",
+        "{} cores, Kafka on the same machine, 6 partitions, 500 rows/s offered, \
+         session.timeout.ms {}; checked: no row missing after each run",
+        m.cores,
         if session_ms > 0 {
             session_ms.to_string()
         } else {
             "the stage's default".into()
         },
-        m.cores
     );
     if !results.is_empty() {
+        println!();
+        println!("apply-clickhouse, kill -9 of one of two instances -> every partition read again");
         println!("| how | kill -> flowing, s (each run) |");
         println!("|---|---|");
     }
@@ -288,6 +264,43 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A new mirror database, and a new consumer group name.
+async fn fresh_mirror(ch: &clickhouse::Client) -> anyhow::Result<(String, String)> {
+    let ch_db = format!("{}_mirror", unique("recovery"));
+    ch.query(&format!("CREATE DATABASE {ch_db}"))
+        .execute()
+        .await?;
+    Ok((ch_db, unique("recovery_group")))
+}
+
+/// An apply-clickhouse instance's config: static membership as `member` when given.
+fn apply_config(
+    ch_db: &str,
+    group: &str,
+    prefix: &str,
+    member: Option<&str>,
+    session_ms: u64,
+) -> String {
+    let mut text = format!(
+        "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n\
+         [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{prefix}\\\\..*\"]\n",
+        clickhouse_url(),
+    );
+    if let Some(member) = member {
+        text.push_str(&format!("instance_id = \"{group}-{member}\"\n"));
+    }
+    text.push_str(&format!(
+        "[batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
+        kafka_brokers()
+    ));
+    if session_ms > 0 {
+        text.push_str(&format!(
+            "[kafka.properties]\n\"session.timeout.ms\" = \"{session_ms}\"\n"
+        ));
+    }
+    text
 }
 
 /// Nothing the writer had inserted (below `acked`) is missing from the mirror.
