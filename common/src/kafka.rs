@@ -510,4 +510,19 @@ mod tests {
         assert_eq!(c.get("enable.auto.offset.store"), Some("false"));
         assert_eq!(c.get("group.id"), Some("g"));
     }
+
+    #[test]
+    fn every_client_reconnects_within_a_second_unless_told_otherwise() {
+        let k = KafkaConfig::default();
+        for c in [k.producer_config("x"), k.consumer_config("x", "g")] {
+            assert_eq!(c.get("reconnect.backoff.max.ms"), Some("1000"));
+        }
+        let mut k = KafkaConfig::default();
+        k.properties
+            .insert("reconnect.backoff.max.ms".into(), "5000".into());
+        assert_eq!(
+            k.producer_config("x").get("reconnect.backoff.max.ms"),
+            Some("5000")
+        );
+    }
 }

@@ -27,7 +27,8 @@
 //! With `--big-rows K`, step 1 also writes K rows of 4 to 15 MiB each (sizes spread evenly) into
 //! a second table of the same database, `big`, before the W1 rows: the catch-up and the drain
 //! then carry them too (their counters wait for ROWS + K; written first, they are acknowledged
-//! before the last W1 rows), and the peak memory shows what large rows add to it.
+//! before the last W1 rows), step 4 checks each of them in the mirror by its MD5, and the peak
+//! memory shows what large rows add.
 //!
 //! With `--verify`, step 5 is `sluice verify` of the mirror against the source instead (run
 //! `--verify-runs N` times, default 2, with `--parallel P` from `--verify-parallel P`, default
@@ -86,37 +87,31 @@ async fn main() -> anyhow::Result<()> {
     let (file, pos): (String, u64) = (status.get(0).unwrap(), status.get(1).unwrap());
 
     eprintln!("1/4 writing {rows} rows of the W1 table into {db} ...");
-    let t0 = Instant::now();
-    let mut written = 0;
     if big_rows > 0 {
         c.query_drop(format!(
             "CREATE TABLE `{db}`.big (id INT PRIMARY KEY, b LONGBLOB NOT NULL)"
         ))
         .await?;
     }
-    let mut big_written = 0;
-    while written < rows || big_written < big_rows {
-        if big_written < big_rows {
-            // 4 MiB to 15 MiB (MariaDB's default max_allowed_packet is 16 MiB) of bytes that
-            // do not compress (the broker's LZ4 would otherwise hide the row's size).
-            let size = 4 * MIB + (11 * MIB) * big_written / big_rows.saturating_sub(1).max(1);
-            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ big_written;
-            let blob: Vec<u8> = (0..size)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
-            c.exec_drop(
-                format!("INSERT INTO `{db}`.big VALUES (?, ?)"),
-                (big_written, blob),
-            )
+    for i in 0..big_rows {
+        // 4 MiB to 15 MiB (MariaDB's default max_allowed_packet is 16 MiB) of bytes that do not
+        // compress (the broker's LZ4 would otherwise hide the row's size).
+        let size = 4 * MIB + (11 * MIB) * i / big_rows.saturating_sub(1).max(1);
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ i;
+        let blob: Vec<u8> = (0..size)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        c.exec_drop(format!("INSERT INTO `{db}`.big VALUES (?, ?)"), (i, blob))
             .await?;
-            big_written += 1;
-            continue;
-        }
+    }
+    let t0 = Instant::now();
+    let mut written = 0;
+    while written < rows {
         let n = 1000.min(rows - written);
         c.query_drop(insert_sql(&db, written, n)).await?;
         written += n;
@@ -236,6 +231,23 @@ async fn main() -> anyhow::Result<()> {
             && same_dec,
         "the mirror differs from the source: {target:?} vs {source:?}"
     );
+    if big_rows > 0 {
+        // Each large row whole: its MD5 on both sides.
+        let source: Vec<(u64, String)> = c
+            .query(format!("SELECT id, MD5(b) FROM `{db}`.big ORDER BY id"))
+            .await?;
+        let got: Vec<(u64, String)> = ch
+            .query(&format!(
+                "SELECT toUInt64(id), lower(hex(MD5(b))) FROM {ch_db}.big FINAL \
+                 WHERE _deleted = 0 ORDER BY id"
+            ))
+            .fetch_all()
+            .await?;
+        anyhow::ensure!(
+            source == got,
+            "the large rows' mirror differs: {got:?} vs {source:?}"
+        );
+    }
     let verified = if verify {
         eprintln!("5/5 sluice verify, {verify_runs} runs ...");
         let mut runs = Vec::new();
