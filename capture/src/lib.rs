@@ -15,3 +15,49 @@ pub mod publish;
 pub mod snapshot;
 
 pub use error::{CaptureError, Origin};
+
+use std::future::Future;
+
+use prometheus::Registry;
+use sluice_common::{standby, Context, KafkaConfig, Shutdown, StandbyConfig};
+
+/// What [`run`] reads of a capture's config.
+pub trait Connector {
+    /// The connector's name: its checkpoints, its fence and its election are by it.
+    fn connector(&self) -> &str;
+    fn kafka(&self) -> &KafkaConfig;
+    fn standby(&self) -> &StandbyConfig;
+}
+
+/// A capture binary's work: `start` runs the capture of `config` until the shutdown it gets.
+/// With `[standby] enabled` it starts only once this instance is the active one of its
+/// connector (`sluice_capture_active`), and a lost role stops it and ends in an error, for the
+/// supervisor to start the instance again as a standby (`sluice_common::standby`).
+pub async fn run<C, F, Fut>(ctx: Context<C>, start: F) -> anyhow::Result<()>
+where
+    C: Connector,
+    F: FnOnce(C, Registry, Shutdown) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let Context {
+        config,
+        registry,
+        shutdown,
+        ..
+    } = ctx;
+    let (connector, kafka, standby) = (
+        config.connector().to_string(),
+        config.kafka().clone(),
+        config.standby().clone(),
+    );
+    standby::run(
+        &standby,
+        &kafka,
+        &connector,
+        &registry.clone(),
+        "sluice_capture_active",
+        shutdown,
+        |shutdown| start(config, registry, shutdown),
+    )
+    .await
+}

@@ -12,6 +12,22 @@ use crate::{kafka_brokers, mongo_source_url, unique};
 /// capture-mongo reading `db` of `uri` (`mongodb` holds the `[mongodb]` keys beyond the URI,
 /// `filter` more `[filter]` keys, `publish` more `[publish]` keys); 3 partitions.
 pub fn capture(uri: &str, db: &str, mongodb: &str, filter: &str, publish: &str) -> CaptureProcess {
+    CaptureProcess::spawn_binary(
+        "capture-mongo",
+        capture_config(uri, db, mongodb, filter, publish),
+    )
+}
+
+/// The config of [`capture`], with its connector name and topic prefix, for a capture started
+/// later (or several of one connector) by `CaptureProcess::spawn_binary("capture-mongo", ..)`;
+/// sections may be appended to its text.
+pub fn capture_config(
+    uri: &str,
+    db: &str,
+    mongodb: &str,
+    filter: &str,
+    publish: &str,
+) -> (String, String, String) {
     let connector = unique("mconn");
     let prefix = unique("mcdc");
     let text = format!(
@@ -24,7 +40,21 @@ pub fn capture(uri: &str, db: &str, mongodb: &str, filter: &str, publish: &str) 
         uri,
         kafka_brokers()
     );
-    CaptureProcess::spawn_binary("capture-mongo", (text, connector, prefix))
+    (text, connector, prefix)
+}
+
+/// Every document of collection `coll` of `db`, by `_id` (none when a batch cannot be read).
+pub async fn documents(c: &Client, db: &str, coll: &str) -> Vec<mongodb::bson::Document> {
+    use futures::TryStreamExt;
+    c.database(db)
+        .collection::<mongodb::bson::Document>(coll)
+        .find(doc! {})
+        .sort(doc! { "_id": 1 })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap_or_default()
 }
 
 /// apply-mongo writing to `uri`, its own records in `meta`; `extra` starts inside

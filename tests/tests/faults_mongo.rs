@@ -13,25 +13,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use mongodb::bson::{doc, Document};
 use mongodb::Client;
 use sluice_tests::relay::Relay;
 use sluice_tests::{faults, mongo, mongo_source_url, mongo_target_url, seed, unique, Rng};
 
 const FAULTS_FOR: Duration = Duration::from_secs(60);
-
-async fn documents(c: &Client, db: &str) -> Vec<Document> {
-    c.database(db)
-        .collection::<Document>("c")
-        .find(doc! {})
-        .sort(doc! { "_id": 1 })
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_target_equals_the_source_after_random_faults_under_load() {
@@ -95,10 +82,10 @@ async fn the_target_equals_the_source_after_random_faults_under_load() {
         report.done.join("\n  ")
     );
 
-    let want = documents(&src, &db).await;
+    let want = mongo::documents(&src, &db, "c").await;
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let got = documents(&dst, &db).await;
+        let got = mongo::documents(&dst, &db, "c").await;
         if got == want {
             break;
         }

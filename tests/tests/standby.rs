@@ -1,22 +1,30 @@
-//! A standby pair of captures under load: MariaDB -> capture-mysql ×2 (`[standby] enabled`,
-//! one connector) -> Kafka -> apply-clickhouse -> ClickHouse, while a writer inserts, updates
-//! and deletes.
+//! A standby pair of captures under load, one connector's two instances (`[standby] enabled`)
+//! while a writer inserts, updates and deletes:
+//! - MariaDB -> capture-mysql ×2 -> Kafka -> apply-clickhouse -> ClickHouse;
+//! - MongoDB -> capture-mongo ×2 (oplog mode) -> Kafka -> apply-mongo -> MongoDB (a real server
+//!   by SLUICE_MONGO_SOURCE_URL, a replica set, and SLUICE_MONGO_TARGET_URL).
 //!
 //! 1. The active one is killed (-9): the standby takes over within the session timeout and
 //!    rows flow again.
 //! 2. The killed one comes back as a standby; the active one is paused (SIGSTOP) until the
 //!    other took over, then resumed: it must find itself no longer active (or fenced) and exit 1,
 //!    without a checkpoint of its own after its successor's start.
-//! 3. The writer stops, and the mirror equals the source: nothing lost, nothing extra, nothing
+//! 3. The writer stops, and the target equals the source: nothing lost, nothing extra, nothing
 //!    stale.
+//!
+//! capture-mysql runs 1 and 2 in one test; capture-mongo each in its own, and 2 is ignored: it
+//! fails today (see its doc).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mongodb::bson::{doc, Document};
 use mysql_async::prelude::Queryable;
 use sluice_tests::capture::{binlog_end, metric_at, CaptureProcess};
-use sluice_tests::{mirror, mysql_url, seed, unique, Rng};
+use sluice_tests::{
+    mirror, mongo, mongo_source_url, mongo_target_url, mysql_url, seed, unique, Rng,
+};
 
 /// The election's session timeout the captures run with (the broker's minimum by default).
 const SESSION: Duration = Duration::from_millis(6000);
@@ -51,17 +59,16 @@ async fn until_active(p: &mut CaptureProcess, limit: Duration, what: &str) -> Du
     }
 }
 
-/// Wait until the mirror has a row the writer inserted at or after `from`; how long that took.
-async fn until_flowing(
-    ch: &clickhouse::Client,
-    ch_db: &str,
-    from: u64,
-    limit: Duration,
-    what: &str,
-) -> Duration {
+/// Wait until `max()`, the largest id in the target, reaches `from` (a row the writer inserted
+/// at or after it); how long that took.
+async fn until_flowing<F, Fut>(max: F, from: u64, limit: Duration, what: &str) -> Duration
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u64>,
+{
     let t0 = Instant::now();
     loop {
-        if mirror_max(ch, ch_db).await >= from {
+        if max().await >= from {
             return t0.elapsed();
         }
         assert!(t0.elapsed() < limit, "{what}: no new row after {limit:?}");
@@ -78,6 +85,118 @@ fn signal(p: &CaptureProcess, sig: &str) {
     assert!(ok, "kill {sig}");
 }
 
+/// Two instances of one connector of `binary`, from one config whose `[standby]` names instance
+/// "a" (the other is "b"): "a" is active, "b" a standby serving its metrics.
+async fn start_pair(
+    binary: &'static str,
+    (text, connector, prefix): (String, String, String),
+) -> (CaptureProcess, CaptureProcess) {
+    let config_of = |name: &str| {
+        (
+            text.replace("instance = \"a\"", &format!("instance = \"{name}\"")),
+            connector.clone(),
+            prefix.clone(),
+        )
+    };
+    let mut a = CaptureProcess::spawn_binary(binary, config_of("a"));
+    until_active(&mut a, Duration::from_secs(60), "the first instance").await;
+    let b = CaptureProcess::spawn_binary(binary, config_of("b"));
+    let t0 = Instant::now();
+    while active(&b).is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the second instance does not serve its metrics"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (a, b)
+}
+
+/// The `[standby]` section of both instances ("a"; [`start_pair`] names the other).
+fn standby_section() -> String {
+    format!(
+        "[standby]\nenabled = true\ninstance = \"a\"\nsession_timeout_ms = {}\n",
+        SESSION.as_millis()
+    )
+}
+
+/// Step 1 of the module's doc, on a pair (`a` active, `b` a standby) under a writer whose next
+/// id is `next_id`; `max` reads the largest id the target has. At the end `b` is active and `a`,
+/// started again after its kill, a standby.
+async fn kill_active<F, Fut>(
+    seed: u64,
+    (a, b): (&mut CaptureProcess, &mut CaptureProcess),
+    next_id: &AtomicU64,
+    max: F,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u64>,
+{
+    assert_eq!(active(b), Some(false), "the second instance is a standby");
+    a.kill();
+    let killed = Instant::now();
+    let killed_at = next_id.load(Ordering::SeqCst);
+    let takeover = until_active(b, SESSION + Duration::from_secs(20), "the standby").await;
+    until_flowing(
+        &max,
+        killed_at,
+        SESSION + Duration::from_secs(30),
+        "after the kill",
+    )
+    .await;
+    let flowing = killed.elapsed();
+    eprintln!(
+        "seed {seed}: kill -9 of the active capture: the standby active after {takeover:?}, \
+         rows written after the kill in the target {flowing:?} after it"
+    );
+    a.restart();
+    let t0 = Instant::now();
+    while active(a) != Some(false) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the restarted one is no standby"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(active(b), Some(true), "one active instance");
+}
+
+/// Step 2 of the module's doc: `a`, the active one, paused past the session timeout until `b`,
+/// the standby, took over and rows flow, then resumed: `a` must stop (exit 1), saying why.
+async fn pause_active<F, Fut>(
+    seed: u64,
+    connector: &str,
+    (a, b): (&mut CaptureProcess, &mut CaptureProcess),
+    next_id: &AtomicU64,
+    max: F,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u64>,
+{
+    assert_eq!(active(a), Some(true), "the first one is active");
+    signal(a, "-STOP");
+    let paused_at = next_id.load(Ordering::SeqCst);
+    let takeover = until_active(b, SESSION + Duration::from_secs(20), "the standby").await;
+    until_flowing(
+        &max,
+        paused_at,
+        SESSION + Duration::from_secs(30),
+        "after the pause",
+    )
+    .await;
+    eprintln!("seed {seed}: the paused capture replaced after {takeover:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    signal(a, "-CONT");
+    let (code, log) = a.wait(Duration::from_secs(40));
+    assert_eq!(code, Some(1), "the revived instance must stop: {log}");
+    assert!(
+        log.contains("is no longer the active capture")
+            || log.contains("another capture was started with the same connector name"),
+        "why it stopped: {log}"
+    );
+    assert!(log.contains(connector), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_standby_capture_takes_over_from_a_killed_one_and_a_revived_one_cannot_write() {
     let seed = seed();
@@ -87,32 +206,10 @@ async fn a_standby_capture_takes_over_from_a_killed_one_and_a_revived_one_cannot
 
     // Two instances of one connector, one configuration but for the instance name (the same
     // server_id too, as two pods of one Deployment have).
-    let (text, connector, prefix) = CaptureProcess::config(
-        &db,
-        &binlog_end().await,
-        &format!(
-            "[standby]\nenabled = true\ninstance = \"a\"\nsession_timeout_ms = {}\n",
-            SESSION.as_millis()
-        ),
-    );
-    let config_of = |name: &str| {
-        (
-            text.replace("instance = \"a\"", &format!("instance = \"{name}\"")),
-            connector.clone(),
-            prefix.clone(),
-        )
-    };
-    let mut a = CaptureProcess::spawn(config_of("a"));
-    until_active(&mut a, Duration::from_secs(60), "the first instance").await;
-    let mut b = CaptureProcess::spawn(config_of("b"));
-    let t0 = Instant::now();
-    while active(&b).is_none() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the second instance does not serve its metrics"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (text, connector, prefix) =
+        CaptureProcess::config(&db, &binlog_end().await, &standby_section());
+    let (mut a, mut b) =
+        start_pair("capture-mysql", (text, connector.clone(), prefix.clone())).await;
     let mut apply = CaptureProcess::apply_clickhouse(&prefix, &ch_db, &unique("dlq"));
 
     // The load.
@@ -156,67 +253,20 @@ async fn a_standby_capture_takes_over_from_a_killed_one_and_a_revived_one_cannot
             rounds
         })
     };
-    until_flowing(&ch, &ch_db, 20, Duration::from_secs(60), "the start").await;
+    until_flowing(
+        || mirror_max(&ch, &ch_db),
+        20,
+        Duration::from_secs(60),
+        "the start",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500 + Rng(seed).below(2000))).await;
 
-    // 1. kill -9 of the active one.
-    assert_eq!(active(&b), Some(false), "the second instance is a standby");
-    a.kill();
-    let killed = Instant::now();
-    let killed_at = next_id.load(Ordering::SeqCst);
-    let takeover = until_active(&mut b, SESSION + Duration::from_secs(20), "the standby").await;
-    until_flowing(
-        &ch,
-        &ch_db,
-        killed_at,
-        SESSION + Duration::from_secs(30),
-        "after the kill",
-    )
+    kill_active(seed, (&mut a, &mut b), &next_id, || mirror_max(&ch, &ch_db)).await;
+    pause_active(seed, &connector, (&mut b, &mut a), &next_id, || {
+        mirror_max(&ch, &ch_db)
+    })
     .await;
-    let flowing = killed.elapsed();
-    eprintln!(
-        "seed {seed}: kill -9 of the active capture: the standby active after {takeover:?}, \
-         rows written after the kill in ClickHouse {flowing:?} after it"
-    );
-
-    // 2. The killed one back, as a standby; the active one paused past the session timeout.
-    a.restart();
-    let t0 = Instant::now();
-    while active(&a) != Some(false) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the restarted one is no standby"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(active(&b), Some(true), "one active instance");
-    signal(&b, "-STOP");
-    let paused_at = next_id.load(Ordering::SeqCst);
-    let takeover = until_active(
-        &mut a,
-        SESSION + Duration::from_secs(20),
-        "the restarted one",
-    )
-    .await;
-    until_flowing(
-        &ch,
-        &ch_db,
-        paused_at,
-        SESSION + Duration::from_secs(30),
-        "after the pause",
-    )
-    .await;
-    eprintln!("seed {seed}: the paused capture replaced after {takeover:?}");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    signal(&b, "-CONT");
-    let (code, log) = b.wait(Duration::from_secs(40));
-    assert_eq!(code, Some(1), "the revived instance must stop: {log}");
-    assert!(
-        log.contains("is no longer the active capture")
-            || log.contains("another capture was started with the same connector name"),
-        "why it stopped: {log}"
-    );
-    assert!(log.contains(&connector), "{log}");
 
     // 3. The writer stops; the mirror equals the source.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -249,4 +299,189 @@ async fn a_standby_capture_takes_over_from_a_killed_one_and_a_revived_one_cannot
     let (code, log) = apply.stop();
     assert_eq!(code, Some(0), "{log}");
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
+}
+
+/// The largest `_id` of the target collection (0 when it has none yet).
+async fn target_max(c: &mongodb::Client, db: &str) -> u64 {
+    let newest = c
+        .database(db)
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .sort(doc! { "_id": -1 })
+        .await
+        .ok()
+        .flatten();
+    newest
+        .and_then(|d| d.get_i64("_id").ok())
+        .map_or(0, |id| id as u64)
+}
+
+/// What happens to the active one of a capture-mongo pair.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// kill -9 (step 1 of the module's doc).
+    Kill,
+    /// SIGSTOP past the session timeout, then SIGCONT (step 2).
+    Pause,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_mongo_capture_takes_over_from_a_killed_one() {
+    mongo_pair(Fault::Kill).await;
+}
+
+/// Known to fail (docs/capture-mysql.md, *A standby capture*): the change records a paused
+/// capture had handed to its Kafka producer before the pause reach their partitions after its
+/// successor's records of the same changes and of later ones. apply-clickhouse keeps the newest
+/// version of each row whatever the order; apply-mongo writes them in their order, and the
+/// document is left at an older state. Seen here: seed 1796390341015828401, one document of
+/// 2 398 a version behind.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "known: records a paused capture-mongo had buffered arrive after its successor's, and apply-mongo writes them"]
+async fn a_paused_mongo_capture_revived_after_its_successor_leaves_nothing_stale() {
+    mongo_pair(Fault::Pause).await;
+}
+
+/// A capture-mongo pair under a writer, `fault` done to the active one, then the target
+/// compared with the source.
+async fn mongo_pair(fault: Fault) {
+    let seed = seed();
+    let db = unique("sluice_m_standby");
+    let src = mongodb::Client::with_uri_str(mongo_source_url())
+        .await
+        .unwrap();
+    let dst = mongodb::Client::with_uri_str(mongo_target_url())
+        .await
+        .unwrap();
+    let (text, connector, prefix) =
+        mongo::capture_config(&mongo_source_url(), &db, "mode = \"oplog\"", "", "");
+    let (mut a, mut b) = start_pair(
+        "capture-mongo",
+        (
+            format!("{text}\n{}", standby_section()),
+            connector.clone(),
+            prefix.clone(),
+        ),
+    )
+    .await;
+    mongo::started(&a, true).await;
+    let mut apply = mongo::apply(
+        &mongo_target_url(),
+        &unique("meta"),
+        &prefix,
+        &unique("g"),
+        "",
+    );
+
+    // The load: each round a few inserts and updates of random documents, sometimes a delete
+    // (never of the newest ten, whose arrival in the target tells that rows flow).
+    let stop = Arc::new(AtomicBool::new(false));
+    let next_id = Arc::new(AtomicU64::new(1));
+    let writer = {
+        let (stop, next_id) = (stop.clone(), next_id.clone());
+        let c = src.database(&db).collection::<Document>("c");
+        let mut rng = Rng(seed ^ 0x2545_f491_4f6c_dd1d);
+        tokio::spawn(async move {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let next = next_id.load(Ordering::SeqCst);
+                let n = 1 + rng.below(5);
+                let docs: Vec<Document> = (next..next + n)
+                    .map(|id| {
+                        doc! { "_id": id as i64, "v": rng.below(1000) as i64, "s": format!("s{id}") }
+                    })
+                    .collect();
+                c.insert_many(docs).await.unwrap();
+                let top = next + n - 1;
+                for _ in 0..2 {
+                    c.update_one(
+                        doc! { "_id": (1 + rng.below(top)) as i64 },
+                        doc! { "$inc": { "v": 1 }, "$set": { "s": format!("u{}", rng.below(1_000_000)) } },
+                    )
+                    .await
+                    .unwrap();
+                }
+                if top > 10 && rng.chance(30) {
+                    let id = 1 + rng.below(top - 10);
+                    c.delete_one(doc! { "_id": id as i64 }).await.unwrap();
+                }
+                next_id.store(next + n, Ordering::SeqCst);
+                rounds += 1;
+                tokio::time::sleep(Duration::from_millis(10 + rng.below(20))).await;
+            }
+            rounds
+        })
+    };
+    until_flowing(
+        || target_max(&dst, &db),
+        20,
+        Duration::from_secs(60),
+        "the start",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500 + Rng(seed).below(2000))).await;
+
+    match fault {
+        Fault::Kill => {
+            kill_active(seed, (&mut a, &mut b), &next_id, || target_max(&dst, &db)).await
+        }
+        Fault::Pause => {
+            pause_active(seed, &connector, (&mut a, &mut b), &next_id, || {
+                target_max(&dst, &db)
+            })
+            .await
+        }
+    }
+
+    // 3. The writer stops; the target equals the source.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let rounds = writer.await.unwrap();
+    let want = mongo::documents(&src, &db, "c").await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = mongo::documents(&dst, &db, "c").await;
+        if got == want {
+            break;
+        }
+        if Instant::now() > deadline {
+            let differ: Vec<_> = want
+                .iter()
+                .zip(got.iter())
+                .filter(|(w, g)| w != g)
+                .take(5)
+                .collect();
+            panic!(
+                "seed {seed}: target {} documents, source {}; the first that differ (source, \
+                 target): {differ:?}\nactive capture:\n{}\napply:\n{}",
+                got.len(),
+                want.len(),
+                b.stop().1,
+                apply.stop().1
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "seed {seed}: {rounds} writer rounds, {} documents",
+        want.len()
+    );
+    let (code, log) = b.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains("this instance is now the active capture"),
+        "{log}"
+    );
+    if fault == Fault::Kill {
+        let (code, log) = a.stop();
+        assert_eq!(code, Some(0), "the standby: {log}");
+        assert!(log.contains("stopped while a standby"), "{log}");
+    }
+    let (code, log) = apply.stop();
+    assert_eq!(code, Some(0), "{log}");
+    for (c, what) in [(&src, "source"), (&dst, "target")] {
+        if let Err(e) = c.database(&db).drop().await {
+            eprintln!("dropping the {what} database {db}: {e}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use sluice_capture::mongo::{preflight, stream::Capture, Config};
-use sluice_common::{app, standby, Context};
+use sluice_common::{app, Context};
 
 fn main() -> ExitCode {
     app::main(
@@ -15,21 +15,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
-    let config = ctx.config;
-    let registry = ctx.registry;
-    // With `[standby] enabled`, this instance waits until it is the active one.
-    standby::run(
-        &config.standby.clone(),
-        &config.kafka.clone(),
-        &config.connector.clone(),
-        &registry.clone(),
-        "sluice_capture_active",
-        ctx.shutdown,
-        |shutdown| async move {
-            let capture = Capture::start(config, &registry).await?;
-            capture.run(shutdown).await?;
-            Ok(())
-        },
-    )
+    sluice_capture::run(ctx, |config, registry, shutdown| async move {
+        Capture::start(config, &registry)
+            .await?
+            .run(shutdown)
+            .await?;
+        Ok(())
+    })
     .await
 }

@@ -259,3 +259,15 @@ async fn oplog_check(uri: &str) -> Check {
         Err(e) => Check::fail("oplog", format!("cannot read local.oplog.rs: {e}")),
     }
 }
+
+impl crate::Connector for Config {
+    fn connector(&self) -> &str {
+        &self.connector
+    }
+    fn kafka(&self) -> &KafkaConfig {
+        &self.kafka
+    }
+    fn standby(&self) -> &StandbyConfig {
+        &self.standby
+    }
+}

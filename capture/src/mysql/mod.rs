@@ -738,3 +738,15 @@ mod tests {
         );
     }
 }
+
+impl crate::Connector for Config {
+    fn connector(&self) -> &str {
+        &self.connector
+    }
+    fn kafka(&self) -> &KafkaConfig {
+        &self.kafka
+    }
+    fn standby(&self) -> &StandbyConfig {
+        &self.standby
+    }
+}
