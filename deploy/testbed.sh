@@ -189,7 +189,17 @@ need_java() { command -v java >/dev/null || die "Java 17+ is needed (java not fo
 # venv_install VENV REQUIREMENTS WHAT [MINOR]: a virtualenv holding the pinned packages of
 # REQUIREMENTS (from PyPI), made anew only when that file has changed since the last install;
 # it needs Python 3.MINOR or later (default 3.9).
+# Two callers at once (tests run in parallel) take turns: the second finds the first's venv.
 venv_install() {
+  mkdir -p "$(dirname "$1")"
+  command -v flock >/dev/null || apt_install util-linux
+  (
+    flock 9
+    venv_install_locked "$@"
+  ) 9>"$1.lock" || exit 1
+}
+
+venv_install_locked() {
   local venv=$1 req=$2 what=$3 minor=${4:-9}
   local want
   want=$(sha256sum "$req" | cut -d' ' -f1)

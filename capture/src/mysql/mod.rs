@@ -608,6 +608,18 @@ async fn server_checks(
     Ok(checks)
 }
 
+impl crate::Connector for Config {
+    fn connector(&self) -> &str {
+        &self.connector
+    }
+    fn kafka(&self) -> &KafkaConfig {
+        &self.kafka
+    }
+    fn standby(&self) -> &StandbyConfig {
+        &self.standby
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -736,17 +748,5 @@ mod tests {
                 && f[0].contains("SET GLOBAL binlog_row_metadata = 'FULL'"),
             "{f:?}"
         );
-    }
-}
-
-impl crate::Connector for Config {
-    fn connector(&self) -> &str {
-        &self.connector
-    }
-    fn kafka(&self) -> &KafkaConfig {
-        &self.kafka
-    }
-    fn standby(&self) -> &StandbyConfig {
-        &self.standby
     }
 }
