@@ -50,10 +50,38 @@ impl Offsets {
         }
     }
 
-    pub fn store<C: Consumer<X>, X: ConsumerContext>(&self, consumer: &C) {
+    /// Store every partition's offset, with the capture incarnations reached there as the
+    /// commit's metadata ([`crate::incarnation`]).
+    pub fn store<D, C>(&self, consumer: &C)
+    where
+        D: Drain,
+        C: Consumer<GroupContext<D>>,
+    {
+        let incarnations = &consumer.context().incarnations;
         for (topic, partitions) in &self.0 {
             for (partition, last) in partitions {
-                if let Err(e) = consumer.store_offset(topic, *partition, *last) {
+                let stored = match incarnations
+                    .at(topic, *partition, *last)
+                    .and_then(|known| crate::incarnation::metadata(&known))
+                {
+                    None => consumer.store_offset(topic, *partition, *last),
+                    Some(metadata) => {
+                        let mut tpl = rdkafka::TopicPartitionList::with_capacity(1);
+                        tpl.add_partition_offset(
+                            topic,
+                            *partition,
+                            rdkafka::Offset::Offset(*last + 1),
+                        )
+                        .and_then(|()| {
+                            let mut e = tpl
+                                .find_partition(topic, *partition)
+                                .expect("the partition just added");
+                            e.set_metadata(metadata);
+                            consumer.store_offsets(&tpl)
+                        })
+                    }
+                };
+                if let Err(e) = stored {
                     // The partition was revoked meanwhile: its next owner reads it again.
                     tracing::debug!(topic, partition, error = %e, "offset not stored");
                 }
@@ -82,6 +110,8 @@ pub struct GroupMetrics {
     pub lag_seconds: prometheus::Gauge,
     /// `sluice_apply_consumer_rejoins_total`: consumers replaced after a fatal error.
     pub rejoins: IntCounter,
+    /// `sluice_apply_stale_capture_records_total`: a taken-over capture's late records skipped.
+    pub stale_capture_records: IntCounter,
     /// What the sink wrote, per partition, and what it is writing: for the lag in seconds.
     progress: Arc<std::sync::Mutex<Progress>>,
 }
@@ -121,13 +151,21 @@ impl GroupMetrics {
             "Times the Kafka consumer hit a fatal error (fenced: another member with the same \
              consumer.instance_id, or a session that timed out) and a new one joined the group.",
         )?;
+        let stale_capture_records = IntCounter::new(
+            "sluice_apply_stale_capture_records_total",
+            "Records skipped because a later incarnation of their capture (a standby that took \
+             over, or a restart) had already written to the partition: a revived old capture's \
+             late records, whose content the successor re-sent.",
+        )?;
         r.register(Box::new(lag_seconds.clone()))?;
         r.register(Box::new(rejoins.clone()))?;
+        r.register(Box::new(stale_capture_records.clone()))?;
         Ok(Self {
             lag,
             assigned,
             lag_seconds,
             rejoins,
+            stale_capture_records,
             progress: Arc::default(),
         })
     }
@@ -358,6 +396,9 @@ pub struct GroupContext<D> {
     /// Set once this consumer is replaced ([`BatchSink::rejoin`]): its callbacks no longer
     /// touch the sink's batch, which belongs to the new consumer.
     retired: std::sync::atomic::AtomicBool,
+    /// The capture incarnations seen per partition: records of a taken-over capture arriving
+    /// after its successor's are skipped ([`crate::incarnation`]).
+    pub incarnations: crate::incarnation::Incarnations,
 }
 
 impl<D> GroupContext<D> {
@@ -368,6 +409,7 @@ impl<D> GroupContext<D> {
             expired: Default::default(),
             expired_flag: Default::default(),
             retired: Default::default(),
+            incarnations: Default::default(),
         }
     }
 
@@ -390,6 +432,7 @@ impl<D> GroupContext<D> {
     }
 
     /// Partitions of `tpl` whose committed offset is below their first offset, with both.
+    /// Learns on the way the capture incarnations each committed offset carries.
     fn expired_in(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -416,6 +459,9 @@ impl<D> GroupContext<D> {
             .map_err(|e| format!("the committed offsets: {e}"))?;
         let mut out = Vec::new();
         for e in committed.elements() {
+            if let Some(known) = crate::incarnation::from_metadata(e.metadata()) {
+                self.incarnations.assigned(e.topic(), e.partition(), known);
+            }
             let rdkafka::Offset::Offset(at) = e.offset() else {
                 continue; // nothing committed: a new group starts at the beginning
             };
@@ -515,7 +561,10 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
                         .store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             }
-            Rebalance::Revoke(_) => self.metrics.assigned.set(0),
+            Rebalance::Revoke(_) => {
+                self.metrics.assigned.set(0);
+                self.incarnations.clear();
+            }
             Rebalance::Error(_) => {}
         }
     }
@@ -794,6 +843,9 @@ pub(crate) trait BatchSink {
         m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
     ) -> Result<(), Self::Error>;
+    /// Skip one record (of a taken-over capture, [`crate::incarnation`]): its offset is
+    /// stored with the batch in hand, as if it had been handled.
+    fn skip(&mut self, m: &BorrowedMessage<'_>);
     /// Write the batch in hand (or start writing it); its offsets are stored once written.
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), Self::Error>;
     /// Wait for every write started, storing their offsets.
@@ -945,10 +997,40 @@ async fn run_loop<S: BatchSink>(
             Some(Ok(_)) if consumer.context().expired().is_some() => {
                 return Err(sink.fatal(consumer.context().expired().unwrap_or_default()));
             }
-            Some(Ok(m)) => match sink.on_message(&m, shutdown).await {
-                Ok(()) if sink.batch_full() => sink.write_held(shutdown).await,
-                other => other,
-            },
+            Some(Ok(m)) => {
+                let stamp = crate::incarnation::of(&m);
+                let admit = consumer.context().incarnations.admit(
+                    m.topic(),
+                    m.partition(),
+                    m.offset(),
+                    stamp,
+                );
+                match admit {
+                    crate::incarnation::Admit::Stale { seen, first } => {
+                        consumer.context().metrics.stale_capture_records.inc();
+                        if first {
+                            let (connector, incarnation) = stamp.unwrap_or_default();
+                            tracing::warn!(
+                                topic = m.topic(),
+                                partition = m.partition(),
+                                offset = m.offset(),
+                                connector,
+                                incarnation,
+                                successor = seen,
+                                "skipping records of a capture that was taken over: they \
+                                 reached Kafka after its successor's, which re-sent all they \
+                                 hold (sluice_apply_stale_capture_records_total counts them)"
+                            );
+                        }
+                        sink.skip(&m);
+                        Ok(())
+                    }
+                    crate::incarnation::Admit::Yes => match sink.on_message(&m, shutdown).await {
+                        Ok(()) if sink.batch_full() => sink.write_held(shutdown).await,
+                        other => other,
+                    },
+                }
+            }
         };
         if let Err(e) = r {
             break Err(e);

@@ -11,6 +11,7 @@ pub mod clickhouse;
 pub mod consumer;
 pub mod error;
 pub mod group;
+pub mod incarnation;
 pub mod mongo;
 pub mod position;
 pub mod replay;

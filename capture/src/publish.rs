@@ -13,6 +13,11 @@
 //! of growing memory. A record that cannot be delivered (librdkafka gave up) stops the capture; on restart
 //! it resumes from the last checkpoint, and replays are harmless because events carry versions.
 //!
+//! Each start first takes the connector's next *incarnation* (stored in the checkpoint topic
+//! by the checkpoint writer, whose transactional id fences the previous start) and stamps it on
+//! every record ([`sluice_common::kafka::INCARNATION_HEADER`]): records a taken-over start
+//! still delivers after its successor's are then known as late, and the appliers skip them.
+//!
 //! Children: `ledger` (numbering the records handed to the producer and ticking them off as
 //! librdkafka acknowledges them), `publisher` (the [`Publisher`]: topics, sending with the
 //! in-flight bounds, marks), `acker` (the task that turns marks into stored checkpoints) and

@@ -14,6 +14,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::secret::Secret;
 
+/// The header every record of a capture carries: `<connector>/<incarnation>`, the number in
+/// decimal ASCII. Each start of a connector's capture takes a number above the last one
+/// (stored in the checkpoint topic in a transaction of its fenced writer, and never below the
+/// start's time in milliseconds since the epoch) before it publishes anything, so a capture
+/// that was taken over and then revived (a paused process resumed) sends its buffered records
+/// with a lower number than its successor's: the apply stages skip, per partition and
+/// connector, every record whose incarnation is below one already seen there.
+pub const INCARNATION_HEADER: &str = "sluice.incarnation";
+
 /// Properties the pipeline's guarantees depend on; `[kafka.properties]` may not set them.
 const FIXED_PRODUCER: &[(&str, &str)] = &[
     ("enable.idempotence", "true"),

@@ -476,6 +476,12 @@ impl BatchSink for Sink {
         self.handle(kept, shutdown).await
     }
 
+    fn skip(&mut self, m: &BorrowedMessage<'_>) {
+        let mut batch = self.batch();
+        batch.started.get_or_insert_with(Instant::now);
+        batch.offsets.record(m);
+    }
+
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
         self.flush(shutdown).await
     }

@@ -24,6 +24,11 @@ use super::PublishError;
 /// How often an unchanged checkpoint is written again (to learn of a successor).
 pub(super) const KEEPALIVE: Duration = Duration::from_secs(10);
 
+/// The checkpoint topic's key of a connector's incarnation counter ([`super::Incarnation`]).
+pub(super) fn incarnation_key(connector: &str) -> String {
+    format!("sluice.incarnation/{connector}")
+}
+
 /// The transactional id of a connector's checkpoint writer.
 pub(super) fn transactional_id(connector: &str) -> String {
     format!("sluice-capture.{connector}")
@@ -93,8 +98,18 @@ impl CheckpointWriter {
 
     /// Write one checkpoint, in a transaction of its own; waits for its commit.
     pub(super) async fn write(self: &Arc<Self>, payload: Vec<u8>) -> Result<(), PublishError> {
+        let key = self.connector.clone().into_bytes();
+        self.write_keyed(key, payload).await
+    }
+
+    /// Write `payload` under `key`, in a transaction of its own; waits for its commit.
+    pub(super) async fn write_keyed(
+        self: &Arc<Self>,
+        key: Vec<u8>,
+        payload: Vec<u8>,
+    ) -> Result<(), PublishError> {
         let w = self.clone();
-        tokio::task::spawn_blocking(move || w.write_blocking(&payload))
+        tokio::task::spawn_blocking(move || w.write_blocking(&key, &payload))
             .await
             .map_err(|_| PublishError::AckerGone)?
     }
@@ -112,7 +127,7 @@ impl CheckpointWriter {
         }
     }
 
-    fn write_blocking(&self, payload: &[u8]) -> Result<(), PublishError> {
+    fn write_blocking(&self, record_key: &[u8], payload: &[u8]) -> Result<(), PublishError> {
         let counts = {
             let c = self.counts.lock().expect("counts lock");
             (c.version != c.written).then(|| {
@@ -128,7 +143,7 @@ impl CheckpointWriter {
         let result = loop {
             let attempt = (|| {
                 self.producer.begin_transaction()?;
-                self.send_blocking(self.connector.as_bytes(), payload)?;
+                self.send_blocking(record_key, payload)?;
                 if let Some((_, json)) = &counts {
                     let key = super::keying::key_of(&self.connector);
                     self.send_blocking(key.as_bytes(), json)?;

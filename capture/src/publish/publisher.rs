@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
 use serde::Serialize;
 use sluice_common::KafkaConfig;
@@ -41,6 +42,9 @@ pub struct Publisher<C> {
     timeout: Duration,
     /// When the last heartbeat event was sent (`publish.heartbeat_interval_ms`).
     last_heartbeat: Option<Instant>,
+    /// `<connector>/<incarnation>` of this start, in every record's
+    /// [`sluice_common::kafka::INCARNATION_HEADER`].
+    incarnation: String,
 }
 
 /// Hand one record to the producer, waiting while its queue is full; returns its sequence
@@ -48,15 +52,21 @@ pub struct Publisher<C> {
 async fn produce(
     producer: &KafkaProducer,
     next: &AtomicU64,
+    incarnation: &str,
     topic: &str,
     key: &[u8],
     payload: &[u8],
     partition: Option<i32>,
 ) -> Result<u64, PublishError> {
     let seq = next.fetch_add(1, Ordering::Relaxed);
+    let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
+        key: sluice_common::kafka::INCARNATION_HEADER,
+        value: Some(incarnation),
+    });
     let mut record = BaseRecord::with_opaque_to(topic, seq as usize)
         .key(key)
-        .payload(payload);
+        .payload(payload)
+        .headers(headers);
     if let Some(p) = partition {
         record = record.partition(p);
     }
@@ -117,13 +127,55 @@ where
         // Once the earlier writer is fenced: the connector's checkpoint, and the partition
         // counts its keys are spread over, in one pass over the checkpoint topic.
         let counts_key = keying::key_of(connector);
+        let incarnation_key = super::checkpoint::incarnation_key(connector);
         let mut last = super::checkpoint::read_last(
             kafka,
             &config.checkpoint_topic,
-            vec![connector.to_string(), counts_key.clone()],
+            vec![
+                connector.to_string(),
+                counts_key.clone(),
+                incarnation_key.clone(),
+            ],
             client_id,
         )
         .await?;
+        // The next incarnation, committed before any record is published: a successor,
+        // fencing this writer, reads it and takes a higher one.
+        let previous: Option<u64> =
+            super::checkpoint::parse(&config.checkpoint_topic, last.remove(&incarnation_key))?;
+        // Above the previous one, and above any number a lost checkpoint topic may have held
+        // (milliseconds since the epoch): a capture whose checkpoints were deleted must not
+        // start below what the apply stages already saw.
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let incarnation = (previous.unwrap_or(0) + 1).max(now_ms);
+        kafka
+            .ensure_topic(
+                client_id,
+                &config.checkpoint_topic,
+                1,
+                config.replication_factor,
+                true,
+                None,
+            )
+            .await
+            .map_err(|reason| PublishError::CreateTopic {
+                topic: config.checkpoint_topic.clone(),
+                reason,
+            })?;
+        writer
+            .write_keyed(
+                incarnation_key.into_bytes(),
+                incarnation.to_string().into_bytes(),
+            )
+            .await?;
+        tracing::info!(
+            connector,
+            incarnation,
+            "this capture's incarnation (every record it publishes carries it; the apply stages \
+             skip a lower one's records arriving after it)"
+        );
         let resumed: Option<C> =
             super::checkpoint::parse(&config.checkpoint_topic, last.remove(connector))?;
         let recorded: Option<keying::Counts> =
@@ -160,6 +212,7 @@ where
             acker,
             timeout: kafka.request_timeout(),
             last_heartbeat: None,
+            incarnation: format!("{connector}/{incarnation}"),
         };
         let (schemas, checkpoints) = (config.schema_topic.clone(), config.checkpoint_topic.clone());
         p.ensure_topic(&schemas, true).await?;
@@ -350,7 +403,16 @@ where
             None => keying::partition_of(key, self.ensure_topic(topic, false).await?),
         };
         let partition = Some(partition);
-        produce(&self.producer, &self.next, topic, key, payload, partition).await?;
+        produce(
+            &self.producer,
+            &self.next,
+            &self.incarnation,
+            topic,
+            key,
+            payload,
+            partition,
+        )
+        .await?;
         Ok(())
     }
 
@@ -415,7 +477,16 @@ where
         key: &[u8],
         payload: &[u8],
     ) -> Result<(), PublishError> {
-        let seq = produce(&self.producer, &self.next, topic, key, payload, None).await?;
+        let seq = produce(
+            &self.producer,
+            &self.next,
+            &self.incarnation,
+            topic,
+            key,
+            payload,
+            None,
+        )
+        .await?;
         let mut rx = self.acked.clone();
         self.producer.context().wait(&mut rx, seq + 1).await
     }
