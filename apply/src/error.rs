@@ -107,7 +107,8 @@ impl From<mongodb::error::Error> for ApplyError {
 /// ClickHouse exception codes that say "try again later" (`src/Common/ErrorCodes.cpp`):
 /// timeouts, too many queries or connections, the network, memory, too many parts, a
 /// read-only replica (TABLE_IS_READ_ONLY: its Keeper session lost), too few live replicas, an
-/// insert of unknown status, a query cancelled or aborted by the server, Keeper. (READONLY,
+/// insert of unknown status, an ALTER a replica has not done yet, a query cancelled or aborted
+/// by the server, Keeper. (READONLY,
 /// 164, is a read-only *user* or profile: definite, so that a wrong grant stops the stage
 /// instead of stalling it.)
 pub const CLICKHOUSE_TRANSIENT_CODES: &[i32] = &[
@@ -122,7 +123,11 @@ pub const CLICKHOUSE_TRANSIENT_CODES: &[i32] = &[
     252, // TOO_MANY_PARTS
     285, // TOO_FEW_LIVE_REPLICAS
     319, // UNKNOWN_STATUS_OF_INSERT
-    394, // QUERY_WAS_CANCELLED
+    // UNFINISHED: an ALTER of a Replicated table while a replica is inactive (18.16: "Alter is
+    // not finished because some replicas are inactive right now"). The ALTER is in Keeper and
+    // done on the live replicas; tried again, it finds its change made (the column there or
+    // gone), which counts as done, and the inactive replica applies it when it is back.
+    341, 394, // QUERY_WAS_CANCELLED
     425, // SYSTEM_ERROR
     999, // KEEPER_EXCEPTION
 ];

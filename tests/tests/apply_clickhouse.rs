@@ -1554,6 +1554,74 @@ async fn a_row_a_mirror_cannot_hold_stops_its_table_and_the_rest_flows() {
 /// before letting its partitions go stores nothing of it and stops (so that no later offset of
 /// a partition it keeps or gets back is stored over those events); the other member reads them
 /// again from the committed offsets, and nothing is lost.
+/// A `tables.order_by` a mirror cannot be kept by (a column besides the primary key: a row
+/// whose value there changed would be kept twice) stops that table before it is created,
+/// naming the setting; its rows are dead-lettered and the other tables flow.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_order_by_a_mirror_cannot_be_kept_by_stops_its_table_and_the_rest_flows() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_orderby", "_mirror").await;
+    let mut c = w1_source(&db).await;
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.keyed (id INT PRIMARY KEY, v INT NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    let dlq = unique("dlq");
+    let mut a = CaptureProcess::apply_clickhouse_with(
+        &cap.prefix,
+        &m_db,
+        &dlq,
+        "",
+        &format!("[tables.order_by]\n\"{db}.keyed\" = \"(id, v)\"\n"),
+    );
+    c.query_drop(format!("INSERT INTO `{db}`.keyed VALUES (1, 10), (2, 20)"))
+        .await
+        .unwrap();
+    c.query_drop(w1_insert(&db, 1, 30)).await.unwrap();
+    c.query_drop(format!("UPDATE `{db}`.keyed SET v = 11 WHERE id = 1"))
+        .await
+        .unwrap();
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    let stopped = || {
+        let sql = format!("SELECT target, reason FROM {m_db}._sluice_stopped");
+        async move { sluice_tests::capture::clickhouse_tsv(&sql).await }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut rows = stopped().await.unwrap_or_default();
+    while !rows.contains("keyed") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rows = stopped().await.unwrap_or_default();
+    }
+    assert!(
+        rows.contains(&format!(
+            "tables.order_by.\"{db}.keyed\" = \"(id, v)\" names column(s) v besides \
+             the primary key"
+        )),
+        "{rows}"
+    );
+    let created = sluice_tests::capture::clickhouse_tsv(&format!(
+        "SELECT count() FROM system.tables WHERE database = '{m_db}' AND name = 'keyed'"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(created.trim(), "0", "the table was created");
+    let topic = dlq.clone();
+    let letters = tokio::task::spawn_blocking(move || dead_letters(&topic, 3))
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 3, "{letters:?}");
+    assert!(
+        letters
+            .iter()
+            .all(|(_, r)| r.contains("tables.order_by") || r.contains("is stopped")),
+        "{letters:?}"
+    );
+    let (code, out) = a.stop();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("table stopped"), "{out}");
+    finish(&db, &mut [&mut cap]).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rebalance_while_the_target_refuses_writes_stops_the_member_and_loses_nothing() {
     let (db, m_db, mut cap) = pipeline("sluice_t_apply_drainfail", "_mirror").await;

@@ -3,9 +3,10 @@
 //! writing to each server -> the cluster.
 //!
 //! - `sluice_replicated` (one shard, both servers replicas): `ReplicatedReplacingMergeTree`
-//!   made `ON CLUSTER`. W1 rows, updates and deletes; an ALTER ADD COLUMN; one replica stopped
-//!   while rows go on arriving, then started: each replica equals the source (`sluice verify`
-//!   against each server).
+//!   made `ON CLUSTER`. W1 rows, updates and deletes; one replica stopped, then an ALTER ADD
+//!   COLUMN (its `ON CLUSTER` task waits for the stopped server) while rows go on arriving, then
+//!   the replica started: each replica equals the source (`sluice verify` against each
+//!   server).
 //! - `sluice_cluster` (two shards): the same tables per shard and a `Distributed` table over
 //!   them. The Distributed table equals the source read through either server; after the ALTER
 //!   too; every row is on one shard only.
@@ -249,25 +250,15 @@ async fn run(distributed: bool) {
         );
     }
 
-    // A schema change while rows flow: the new column on every server (and in the Distributed
-    // table), with its values.
-    c.query_drop(format!(
-        "ALTER TABLE `{db}`.{t} ADD COLUMN extra INT NOT NULL DEFAULT 7"
-    ))
-    .await
-    .unwrap();
-    c.query_drop(w1_insert(&db, 401, 100)).await.unwrap();
-    c.query_drop(format!("UPDATE `{db}`.{t} SET extra = id WHERE id % 5 = 0"))
-        .await
-        .unwrap();
-
     let own_cluster = var("SLUICE_CLICKHOUSE_CLUSTER_URLS", TESTBED_NODES) == TESTBED_NODES;
     if !distributed && !own_cluster {
         eprintln!("a cluster of one's own: no replica is stopped (the test bed's only)");
     }
-    if !distributed && own_cluster {
-        // One replica stopped while rows go on arriving (its applier waits for it), then
-        // started: it catches up from the other.
+    // One replica stopped (its applier waits for it) before a schema change, while rows go
+    // on arriving: the other applier's ALTER ... ON CLUSTER waits in the cluster's DDL queue
+    // for it; started again, it runs the ALTER and catches up from the other replica.
+    let stopped = !distributed && own_cluster;
+    if stopped {
         let pid = node_pid(2);
         assert!(std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -281,11 +272,46 @@ async fn run(distributed: bool) {
         )
         .await
         .unwrap();
-        c.query_drop(w1_insert(&db, 501, 100)).await.unwrap();
-        c.query_drop(format!("DELETE FROM `{db}`.{t} WHERE id % 13 = 0"))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // A schema change while rows flow: the new column on every server (and in the Distributed
+    // table), with its values.
+    c.query_drop(format!(
+        "ALTER TABLE `{db}`.{t} ADD COLUMN extra INT NOT NULL DEFAULT 7"
+    ))
+    .await
+    .unwrap();
+    c.query_drop(w1_insert(&db, 401, 100)).await.unwrap();
+    c.query_drop(format!("UPDATE `{db}`.{t} SET extra = id WHERE id % 5 = 0"))
+        .await
+        .unwrap();
+    c.query_drop(w1_insert(&db, 501, 100)).await.unwrap();
+    c.query_drop(format!("DELETE FROM `{db}`.{t} WHERE id % 13 = 0"))
+        .await
+        .unwrap();
+    if stopped {
+        // The ALTER reached the running server's applier, which is waiting for the other.
+        let first = &nodes[0];
+        if let Err(e) = until(
+            "the ALTER in the cluster's DDL queue",
+            Duration::from_secs(60),
+            async || {
+                number(
+                    first,
+                    &format!(
+                        "SELECT count() FROM system.columns WHERE database = '{ch_db}' AND \
+                         table = '{t}' AND name = 'extra'"
+                    ),
+                )
+                .await
+                    == 1
+            },
+        )
+        .await
+        {
+            let [a, b] = &mut appliers;
+            fail(e, &mut [a, b, &mut cap]);
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
         sluice_tests::faults::testbed(&["start", "clickhouse-cluster"]);
     }
 
