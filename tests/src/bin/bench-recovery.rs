@@ -21,7 +21,9 @@
 //!    fencing of the killed producer included) and publishes the probe;
 //! 5. the Kafka broker restarted (`deploy/testbed.sh stop kafka`, then `start kafka`; only when
 //!    the test bed runs the broker): the figure runs from the stop's start, and the time the two
-//!    commands took (the broker's own shutdown and start) is printed beside it.
+//!    commands took (the broker's own shutdown and start) is printed beside it, and when,
+//!    sampled from both stages' metrics every 50 ms, the capture's deliveries were acknowledged
+//!    again, its first checkpoint committed and apply's first rows written.
 //!
 //! `--only apply|capture|broker` runs one group of them.
 //!
@@ -65,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
         sluice_tests::replica_server_id(),
         kafka_brokers(),
     );
-    let (mut capture, _, mut capture_file) =
+    let (mut capture, mut capture_port, mut capture_file) =
         spawn_stage(&release.join("capture-mysql"), &capture_config)?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -159,6 +161,7 @@ async fn main() -> anyhow::Result<()> {
         results.push((name, times));
     }
     // The capture and the broker, with one apply instance reading every partition.
+    let mut breakdown: Vec<String> = Vec::new();
     for (name, group_name) in [
         ("capture-mysql killed, restarted at once", "capture"),
         ("Kafka broker restarted", "broker"),
@@ -186,15 +189,17 @@ async fn main() -> anyhow::Result<()> {
 
             let killed = Instant::now();
             let mut commands = 0.0;
+            let mut phases: Option<std::thread::JoinHandle<Phases>> = None;
             if group_name == "capture" {
                 capture.kill()?;
                 let _ = capture.wait();
-                (capture, _, capture_file) =
+                (capture, capture_port, capture_file) =
                     spawn_stage(&release.join("capture-mysql"), &capture_config)?;
                 insert_probe(&mut c, &db, probe).await?;
             } else {
                 let testbed =
                     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/testbed.sh");
+                let mut sampler = None;
                 for step in ["stop", "start"] {
                     let status = std::process::Command::new(&testbed)
                         .args([step, "kafka"])
@@ -203,12 +208,19 @@ async fn main() -> anyhow::Result<()> {
                     anyhow::ensure!(status.success(), "deploy/testbed.sh {step} kafka failed");
                     if step == "stop" {
                         insert_probe(&mut c, &db, probe).await?;
+                        sampler = Some(Phases::sample(capture_port, a_port, killed));
                     }
                 }
                 commands = killed.elapsed().as_secs_f64();
+                phases = sampler;
             }
             wait_probe(&ch, &ch_db, probe, Duration::from_secs(300)).await?;
             let took = killed.elapsed().as_secs_f64();
+            if let Some(p) = phases.take() {
+                let p = p.join().expect("the sampler");
+                eprintln!("{name}, run {}: {}", run + 1, p.describe(commands, took));
+                breakdown.push(p.describe(commands, took));
+            }
             probe += PROBE;
             eprintln!("{name}, run {}: {took:.2} s", run + 1);
             times.push(if commands > 0.0 {
@@ -261,6 +273,17 @@ async fn main() -> anyhow::Result<()> {
         println!("|---|---|");
         for (name, times) in &others {
             println!("| {name} | {} |", times.join(" / "));
+        }
+    }
+    if !breakdown.is_empty() {
+        println!();
+        println!(
+            "After the broker restart, from the stop's start (s): the broker back (the start \
+             command returned), then the capture's first delivery acknowledged, its first \
+             checkpoint committed, apply's first rows written, and the probe in ClickHouse"
+        );
+        for (run, b) in breakdown.iter().enumerate() {
+            println!("- run {}: {b}", run + 1);
         }
     }
     Ok(())
@@ -394,4 +417,65 @@ async fn wait_until(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
+}
+
+/// When, after the broker went down, each stage did its first work again.
+struct Phases {
+    /// Seconds from the stop's start: the capture's first delivery acknowledged, its first
+    /// checkpoint committed, apply's first rows written (None: not within 300 s).
+    ack: Option<f64>,
+    checkpoint: Option<f64>,
+    rows: Option<f64>,
+}
+
+impl Phases {
+    /// Poll both stages' metrics every 50 ms from now (the broker is down) until each of the
+    /// three counters has grown, or 300 s.
+    fn sample(capture: u16, apply: u16, from: Instant) -> std::thread::JoinHandle<Phases> {
+        let read = move || {
+            let c = scrape(capture).unwrap_or_default();
+            let a = scrape(apply).unwrap_or_default();
+            (
+                metric(&c, "sluice_capture_produce_latency_seconds_count"),
+                metric(&c, "sluice_capture_checkpoints_total"),
+                metric(&a, "sluice_apply_rows_total"),
+            )
+        };
+        std::thread::spawn(move || {
+            let base = read();
+            let mut p = Phases {
+                ack: None,
+                checkpoint: None,
+                rows: None,
+            };
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while (p.ack.is_none() || p.checkpoint.is_none() || p.rows.is_none())
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(50));
+                let now = read();
+                let t = from.elapsed().as_secs_f64();
+                if p.ack.is_none() && now.0 > base.0 {
+                    p.ack = Some(t);
+                }
+                if p.checkpoint.is_none() && now.1 > base.1 {
+                    p.checkpoint = Some(t);
+                }
+                if p.rows.is_none() && now.2 > base.2 {
+                    p.rows = Some(t);
+                }
+            }
+            p
+        })
+    }
+
+    fn describe(&self, back: f64, probe: f64) -> String {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        format!(
+            "broker back {back:.1}, capture acked {}, checkpoint {}, apply wrote {}, probe {probe:.1}",
+            f(self.ack),
+            f(self.checkpoint),
+            f(self.rows)
+        )
+    }
 }
