@@ -442,7 +442,9 @@ impl Kafka {
     }
 
     /// A source partition's events from `from` to its end, with each record's [`REPLAY`]
-    /// header; and the end.
+    /// header; and the end. Records a taken-over capture delivered after its successor's
+    /// ([`crate::incarnation`]) are left out, as the apply stages skip them: re-offered without
+    /// their header they would be written.
     fn source(
         &self,
         c: &BaseConsumer,
@@ -452,7 +454,12 @@ impl Kafka {
     ) -> Result<(Window, i64), String> {
         let (_, hi) = self.bounds(c, topic, p)?;
         let mut out = Vec::new();
+        let seen = crate::incarnation::Incarnations::default();
         self.read(c, topic, p, from, hi, |m| {
+            let stamp = crate::incarnation::of(m);
+            if seen.admit(topic, p, m.offset(), stamp) != crate::incarnation::Admit::Yes {
+                return;
+            }
             let payload = m.payload().unwrap_or_default().to_vec();
             let replay = m.headers().and_then(|h| {
                 h.iter()

@@ -465,17 +465,18 @@ async fn mongo_pair(fault: Fault) {
         "seed {seed}: {rounds} writer rounds, {} documents",
         want.len()
     );
+    // The standby first: stopped after the active one, it would take over at once.
+    if fault == Fault::Kill {
+        let (code, log) = a.stop();
+        assert_eq!(code, Some(0), "the standby: {log}");
+        assert!(log.contains("stopped while a standby"), "{log}");
+    }
     let (code, log) = b.stop();
     assert_eq!(code, Some(0), "{log}");
     assert!(
         log.contains("this instance is now the active capture"),
         "{log}"
     );
-    if fault == Fault::Kill {
-        let (code, log) = a.stop();
-        assert_eq!(code, Some(0), "the standby: {log}");
-        assert!(log.contains("stopped while a standby"), "{log}");
-    }
     let (code, log) = apply.stop();
     assert_eq!(code, Some(0), "{log}");
     for (c, what) in [(&src, "source"), (&dst, "target")] {
