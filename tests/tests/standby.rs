@@ -317,6 +317,17 @@ async fn target_max(c: &mongodb::Client, db: &str) -> u64 {
         .map_or(0, |id| id as u64)
 }
 
+/// Clients of the MongoDB source and target.
+async fn mongo_clients() -> (mongodb::Client, mongodb::Client) {
+    let src = mongodb::Client::with_uri_str(mongo_source_url())
+        .await
+        .unwrap();
+    let dst = mongodb::Client::with_uri_str(mongo_target_url())
+        .await
+        .unwrap();
+    (src, dst)
+}
+
 /// What happens to the active one of a capture-mongo pair.
 #[derive(Clone, Copy, PartialEq)]
 enum Fault {
@@ -346,12 +357,7 @@ async fn a_paused_mongo_capture_revived_after_its_successor_leaves_nothing_stale
 async fn mongo_pair(fault: Fault) {
     let seed = seed();
     let db = unique("sluice_m_standby");
-    let src = mongodb::Client::with_uri_str(mongo_source_url())
-        .await
-        .unwrap();
-    let dst = mongodb::Client::with_uri_str(mongo_target_url())
-        .await
-        .unwrap();
+    let (src, dst) = mongo_clients().await;
     let (text, connector, prefix) =
         mongo::capture_config(&mongo_source_url(), &db, "mode = \"oplog\"", "", "");
     let (mut a, mut b) = start_pair(
@@ -600,12 +606,7 @@ async fn until_skipped(apply: &mut sluice_tests::capture::CaptureProcess, n: f64
 async fn a_record_of_an_earlier_capture_start_arriving_late_is_skipped_also_after_a_restart() {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let db = unique("sluice_m_incarnation");
-    let src = mongodb::Client::with_uri_str(mongo_source_url())
-        .await
-        .unwrap();
-    let dst = mongodb::Client::with_uri_str(mongo_target_url())
-        .await
-        .unwrap();
+    let (src, dst) = mongo_clients().await;
     let coll = src.database(&db).collection::<Document>("c");
     let mut cap = mongo::capture(&mongo_source_url(), &db, "mode = \"oplog\"", "", "");
     mongo::started(&cap, true).await;

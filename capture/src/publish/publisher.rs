@@ -403,16 +403,7 @@ where
             None => keying::partition_of(key, self.ensure_topic(topic, false).await?),
         };
         let partition = Some(partition);
-        produce(
-            &self.producer,
-            &self.next,
-            &self.incarnation,
-            topic,
-            key,
-            payload,
-            partition,
-        )
-        .await?;
+        self.produce(topic, key, payload, partition).await?;
         Ok(())
     }
 
@@ -469,6 +460,26 @@ where
         Ok(partitions)
     }
 
+    /// Hand one record to the producer with this start's incarnation ([`produce`]).
+    async fn produce(
+        &self,
+        topic: &str,
+        key: &[u8],
+        payload: &[u8],
+        partition: Option<i32>,
+    ) -> Result<u64, PublishError> {
+        produce(
+            &self.producer,
+            &self.next,
+            &self.incarnation,
+            topic,
+            key,
+            payload,
+            partition,
+        )
+        .await
+    }
+
     /// Publish one record and wait for its acknowledgement, and that of every record before
     /// it (schema records).
     pub async fn send_and_wait(
@@ -477,16 +488,7 @@ where
         key: &[u8],
         payload: &[u8],
     ) -> Result<(), PublishError> {
-        let seq = produce(
-            &self.producer,
-            &self.next,
-            &self.incarnation,
-            topic,
-            key,
-            payload,
-            None,
-        )
-        .await?;
+        let seq = self.produce(topic, key, payload, None).await?;
         let mut rx = self.acked.clone();
         self.producer.context().wait(&mut rx, seq + 1).await
     }
