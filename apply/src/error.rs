@@ -123,11 +123,12 @@ pub const CLICKHOUSE_TRANSIENT_CODES: &[i32] = &[
     252, // TOO_MANY_PARTS
     285, // TOO_FEW_LIVE_REPLICAS
     319, // UNKNOWN_STATUS_OF_INSERT
-    // UNFINISHED: an ALTER of a Replicated table while a replica is inactive (18.16: "Alter is
-    // not finished because some replicas are inactive right now"). The ALTER is in Keeper and
-    // done on the live replicas; tried again, it finds its change made (the column there or
-    // gone), which counts as done, and the inactive replica applies it when it is back.
-    341, 394, // QUERY_WAS_CANCELLED
+    // An ALTER of a Replicated table while a replica is inactive (18.16: "Alter is not
+    // finished because some replicas are inactive right now"). The ALTER is in Keeper and done
+    // on the live replicas; tried again, it finds its change made (the column there or gone),
+    // which counts as done, and the inactive replica applies it when it is back.
+    341, // UNFINISHED
+    394, // QUERY_WAS_CANCELLED
     425, // SYSTEM_ERROR
     999, // KEEPER_EXCEPTION
 ];

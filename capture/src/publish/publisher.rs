@@ -214,9 +214,9 @@ where
             last_heartbeat: None,
             incarnation: format!("{connector}/{incarnation}"),
         };
-        let (schemas, checkpoints) = (config.schema_topic.clone(), config.checkpoint_topic.clone());
+        // (The checkpoint topic was made above, before the incarnation was written to it.)
+        let schemas = config.schema_topic.clone();
         p.ensure_topic(&schemas, true).await?;
-        p.ensure_topic(&checkpoints, true).await?;
         Ok((p, resumed))
     }
 
