@@ -8,8 +8,10 @@
 //!   the replica started: each replica equals the source (`sluice verify` against each
 //!   server).
 //! - `sluice_cluster` (two shards): the same tables per shard and a `Distributed` table over
-//!   them. The Distributed table equals the source read through either server; after the ALTER
-//!   too; every row is on one shard only.
+//!   them, sharded by the stage's shard column. The Distributed table equals the source read
+//!   through either server; after the ALTER too; every row is on one shard only, the one its
+//!   shard column names. Once written through the Distributed table, once straight to the
+//!   shards (`cluster.write = "shards"`).
 //!
 //! Servers: `SLUICE_CLICKHOUSE_CLUSTER_URLS` (two HTTP URLs, default the test bed's), clusters
 //! `SLUICE_CLICKHOUSE_CLUSTER_REPLICATED` and `SLUICE_CLICKHOUSE_CLUSTER_SHARDED`, and
@@ -139,7 +141,7 @@ fn fail(why: String, processes: &mut [&mut CaptureProcess]) -> ! {
     panic!("{why}\nlogs:\n{}", logs.join("\n----\n"));
 }
 
-async fn run(distributed: bool) {
+async fn run(distributed: bool, to_shards: bool) {
     let nodes = nodes();
     let (cluster, path) = if distributed {
         (
@@ -155,7 +157,9 @@ async fn run(distributed: bool) {
             ),
         )
     };
-    let db = unique(if distributed {
+    let db = unique(if to_shards {
+        "sluice_t_straight"
+    } else if distributed {
         "sluice_t_shards"
     } else {
         "sluice_t_replicas"
@@ -186,8 +190,17 @@ async fn run(distributed: bool) {
     } else {
         String::new()
     };
+    // Straight to the shards: each shard's URL, in the cluster's shard order.
+    let write = if to_shards {
+        format!(
+            "write = \"shards\"\nshards = [[\"{}\"], [\"{}\"]]\n",
+            nodes[0], nodes[1]
+        )
+    } else {
+        String::new()
+    };
     let section = format!(
-        "[cluster]\nname = \"{cluster}\"\nzookeeper_path = \"{path}\"\ndistributed = {distributed}\n{overrides}"
+        "[cluster]\nname = \"{cluster}\"\nzookeeper_path = \"{path}\"\ndistributed = {distributed}\n{write}{overrides}"
     );
     let mut appliers = [
         applier(&cap.prefix, &nodes[0], &ch_db, &group, "a", &section),
@@ -228,6 +241,10 @@ async fn run(distributed: bool) {
     .await;
     if distributed {
         assert!(create.starts_with("Distributed("), "{create}");
+        assert!(
+            create.contains("_shard)"),
+            "sharded by the shard column: {create}"
+        );
         let local = text(
             &nodes[1],
             &format!(
@@ -356,10 +373,26 @@ async fn run(distributed: bool) {
         }
         let all = number(&nodes[0], &format!("SELECT uniqExact(id) FROM {ch_db}.{t}")).await;
         assert_eq!(per_shard, all, "a key on both shards");
+        // Each row on the shard its shard column names (weights 1 and 1: `_shard % 2`), the
+        // same whether ClickHouse's Distributed table routed it or the stage wrote it to the
+        // shard itself.
+        for (i, url) in nodes.iter().enumerate() {
+            let elsewhere = number(
+                url,
+                &format!("SELECT count() FROM {ch_db}.{t}_local WHERE _shard % 2 != {i}"),
+            )
+            .await;
+            assert_eq!(elsewhere, 0, "{url}: rows of the other shard");
+        }
     }
     for a in appliers.iter_mut() {
         let (code, log) = a.stop();
         assert_eq!(code, Some(0), "{log}");
+        assert_eq!(
+            log.contains("writing straight to the shards"),
+            to_shards,
+            "where the rows went: {log}"
+        );
     }
     let (code, log) = cap.stop();
     assert_eq!(code, Some(0), "{log}");
@@ -369,6 +402,7 @@ async fn run(distributed: bool) {
 // One test, the two clusters one after the other: the first stops a server of both.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_appliers_keep_each_replica_and_a_distributed_table_equal_to_the_source() {
-    run(false).await;
-    run(true).await;
+    run(false, false).await;
+    run(true, false).await;
+    run(true, true).await;
 }

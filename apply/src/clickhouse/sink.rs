@@ -91,6 +91,8 @@ pub struct Sink {
     in_flight: Arc<Mutex<InFlight>>,
     writer: Writer,
     metrics: Metrics,
+    /// Reused to work out a row's shard.
+    scratch: Vec<u8>,
     /// The run's shutdown, for waits outside a batch write (a target looked up or changed).
     shutdown: Shutdown,
 }
@@ -140,6 +142,95 @@ fn refused(message: impl std::fmt::Display) -> ApplyError {
 
 pub(crate) fn quote(name: &str) -> String {
     format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+/// The shards of `cluster.write = "shards"`: their weights from `system.clusters` of the
+/// `[clickhouse]` server, and per shard the replicas of `cluster.shards`, each checked to be
+/// that shard of the cluster (its own `system.clusters` row). A replica that does not answer
+/// now is left out until the next start (said so); a shard none of whose replicas answers
+/// stops the start (tried again), a replica of another shard or a count of shards unlike the
+/// cluster's is a configuration to fix.
+async fn shards(
+    config: &Config,
+    client: &clickhouse::Client,
+) -> Result<self::writer::Shards, ApplyError> {
+    let cluster = &config.cluster;
+    let weights: Vec<(u32, u32)> = client
+        .query(
+            "SELECT shard_num, any(shard_weight) FROM system.clusters WHERE cluster = ? \
+             GROUP BY shard_num ORDER BY shard_num",
+        )
+        .bind(&cluster.name)
+        .fetch_all()
+        .await?;
+    let bad = |m: String| ApplyError::definite(Origin::Sink, format!("cluster.shards: {m}"));
+    if weights.len() != cluster.shards.len() {
+        return Err(bad(format!(
+            "{} shard(s) given, cluster {} has {} (system.clusters of {})",
+            cluster.shards.len(),
+            cluster.name,
+            weights.len(),
+            sluice_common::secret::redact_uri(&config.clickhouse.url)
+        )));
+    }
+    let w: Vec<u32> = weights.iter().map(|(_, w)| *w).collect();
+    let slots = crate::clickhouse::cluster::Slots::from_weights(&w).ok_or_else(|| {
+        bad(format!(
+            "every shard of cluster {} has weight 0",
+            cluster.name
+        ))
+    })?;
+    let mut replicas = Vec::new();
+    for (i, urls) in cluster.shards.iter().enumerate() {
+        let want = weights[i].0;
+        let mut here = Vec::new();
+        for url in urls {
+            let shown = sluice_common::secret::redact_uri(url);
+            let mut c = config.clickhouse.clone();
+            c.url = url.clone();
+            let client = c.client().map_err(|e| bad(format!("{shown}: {e}")))?;
+            let is = client
+                .query("SELECT shard_num FROM system.clusters WHERE cluster = ? AND is_local = 1")
+                .bind(&cluster.name)
+                .fetch_all::<u32>()
+                .await;
+            match is {
+                Ok(n) if n == [want] => here.push((shown, client)),
+                Ok(n) => {
+                    return Err(bad(format!(
+                        "{shown} is given as a replica of shard {want} (the {}. list), but it is \
+                         {} of cluster {}",
+                        i + 1,
+                        match n.as_slice() {
+                            [] => "no shard".to_string(),
+                            n => format!("shard {n:?}"),
+                        },
+                        cluster.name
+                    )))
+                }
+                Err(e) if crate::error::clickhouse_transient(&e) => {
+                    tracing::warn!(server = %shown, shard = want, error = %e, "a replica of a shard does not answer: left out until the next start");
+                }
+                Err(e) => return Err(bad(format!("{shown}: {e}"))),
+            }
+        }
+        if here.is_empty() {
+            return Err(ApplyError::transient(
+                Origin::ClickHouse,
+                format!(
+                    "ClickHouse: no replica of shard {want} of cluster {} answers ({})",
+                    cluster.name,
+                    urls.iter()
+                        .map(|u| sluice_common::secret::redact_uri(u))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        replicas.push(here);
+    }
+    tracing::info!(cluster = %cluster.name, shards = replicas.len(), ?w, "writing straight to the shards");
+    Ok(self::writer::Shards { slots, replicas })
 }
 
 /// The group's consumer, subscribed; its rebalances drain `batch` and `in_flight`.
@@ -193,6 +284,12 @@ impl Sink {
             dedup_token: features.dedup_token,
             async_insert_off: features.async_insert,
             distributed: config.cluster.distributed,
+            shards: if config.cluster.to_shards() {
+                Some(Arc::new(shards(&config, &client).await?))
+            } else {
+                None
+            },
+            local_suffix: config.cluster.local_suffix.clone(),
             version_column: config.tables.version_column.clone(),
             rows: metrics.rows.clone(),
             outage: crate::group::Outage::new(
@@ -226,6 +323,7 @@ impl Sink {
             in_flight,
             writer,
             metrics,
+            scratch: Vec::new(),
             config,
             shutdown: Shutdown::new(),
         };

@@ -76,7 +76,7 @@ impl Drain for ChDrain {
             return (!offsets.is_empty()).then_some(offsets);
         }
         let write = async {
-            for (name, tb) in &taken.tables {
+            for ((name, _), tb) in &taken.tables {
                 self.writer.insert_once(name, tb).await?;
             }
             Ok::<(), clickhouse::error::Error>(())
@@ -106,6 +106,9 @@ impl Drain for ChDrain {
 /// INSERT holds no second copy of the batch.
 pub(super) struct TableBatch {
     pub(super) columns: Arc<Vec<String>>,
+    /// The shard whose per-shard table it goes into (`cluster.write = "shards"`; otherwise
+    /// `None`: into the table itself).
+    pub(super) shard: Option<usize>,
     /// Full pieces.
     pub(super) done: Vec<Bytes>,
     /// The piece being filled.
@@ -129,7 +132,8 @@ impl TableBatch {
 
 #[derive(Default)]
 pub(crate) struct Batch {
-    tables: BTreeMap<String, TableBatch>,
+    /// Per target table and shard (0 unless rows go straight to the shards), its part.
+    tables: BTreeMap<(String, usize), TableBatch>,
     /// The offsets stored once this batch is written.
     offsets: Offsets,
     rows: usize,
@@ -192,12 +196,23 @@ impl Sink {
             BadEvent::new(Reason::Value, format!("{op:?} event without its row image"))
         })?;
         let schema = &plan.schema;
-        // One INSERT per table per batch: a different column list (a schema change) closes
-        // this table's part first.
+        // The row's shard hash, and the part it goes into.
+        let shard_value = if plan.shard {
+            Some(self.shard_value(event, &plan, image)?)
+        } else {
+            None
+        };
+        let shard = match (&self.writer.shards, shard_value) {
+            (Some(s), Some(v)) => Some(s.slots.shard(v)),
+            _ => None,
+        };
+        let part = (plan.target.clone(), shard.unwrap_or(0));
+        // One INSERT per table (and shard) per batch: a different column list (a schema
+        // change) closes this table's parts first.
         let mut guard = loop {
             {
                 let guard = self.batch();
-                let other_columns = guard.tables.get(&plan.target).is_some_and(|b| {
+                let other_columns = guard.tables.get(&part).is_some_and(|b| {
                     !Arc::ptr_eq(&b.columns, &plan.insert_columns)
                         && *b.columns != *plan.insert_columns
                 });
@@ -208,17 +223,15 @@ impl Sink {
             self.flush_table(&plan.target).await?;
         };
         let batch = &mut *guard;
-        let tb = match batch.tables.get_mut(&plan.target) {
+        let tb = match batch.tables.get_mut(&part) {
             Some(tb) => tb,
-            None => batch
-                .tables
-                .entry(plan.target.clone())
-                .or_insert_with(|| TableBatch {
-                    columns: plan.insert_columns.clone(),
-                    done: Vec::new(),
-                    body: Vec::with_capacity(1 << 16),
-                    rows: 0,
-                }),
+            None => batch.tables.entry(part).or_insert_with(|| TableBatch {
+                columns: plan.insert_columns.clone(),
+                shard,
+                done: Vec::new(),
+                body: Vec::with_capacity(1 << 16),
+                rows: 0,
+            }),
         };
         // Encode straight into the table's buffer; a failing row is cut off again.
         let start = tb.body.len();
@@ -274,6 +287,9 @@ impl Sink {
                 )
                 .map_err(|e| value(format!("row column: {e}")))?;
             }
+            if let Some(v) = shard_value {
+                tb.body.extend_from_slice(&v.to_le_bytes()); // UInt64
+            }
             Ok(())
         };
         if let Err(bad) = encode_row() {
@@ -294,11 +310,74 @@ impl Sink {
         Ok(())
     }
 
-    /// Write one table's part now (its column list changes), after the batch being written.
+    /// The sharding value of a row of `plan` ([`shard_hash`]): of its key columns, each as
+    /// RowBinary of its target column, in key order; of its version and transaction index for a
+    /// table without a key.
+    ///
+    /// [`shard_hash`]: crate::clickhouse::cluster::shard_hash
+    fn shard_value(
+        &mut self,
+        event: &RowEvent<'_>,
+        plan: &super::target::Plan,
+        image: &[u8],
+    ) -> Result<u64, Refusal> {
+        let schema = &plan.schema;
+        let key = &schema.primary_key;
+        let buf = &mut self.scratch;
+        buf.clear();
+        if key.is_empty() {
+            buf.extend_from_slice(&event.version.to_le_bytes());
+            buf.extend_from_slice(&event.transaction_index.to_le_bytes());
+            return Ok(crate::clickhouse::cluster::shard_hash(buf));
+        }
+        let mut values: Vec<Option<ValueRef<'_>>> = vec![None; key.len()];
+        for (n, v) in view::values(image).enumerate() {
+            if let Some(k) = key.iter().position(|i| *i as usize == n) {
+                values[k] = Some(v.map_err(undecodable)?);
+            }
+        }
+        for (k, v) in key.iter().zip(values) {
+            let n = *k as usize;
+            let (Some(v), Some(c), Some(Some(t))) = (v, schema.columns.get(n), plan.types.get(n))
+            else {
+                return Err(BadEvent::new(
+                    Reason::Value,
+                    format!(
+                        "{}.{}: key column {n} is missing from the row or the target {}, so                          the row's shard is not known",
+                        event.database, event.table, plan.target
+                    ),
+                )
+                .into());
+            };
+            encode(v, c, t, buf).map_err(|e| {
+                BadEvent::new(
+                    Reason::Value,
+                    format!(
+                        "{}.{} row {} key column {}: {e}",
+                        event.database,
+                        event.table,
+                        key_text(schema, image),
+                        c.name
+                    ),
+                )
+            })?;
+        }
+        Ok(crate::clickhouse::cluster::shard_hash(buf))
+    }
+
+    /// Write one table's parts now (its column list changes), after the batch being written.
     pub(super) async fn flush_table(&mut self, name: &str) -> Result<(), ApplyError> {
         self.settle().await?;
-        let part = self.batch().tables.remove(name);
-        if let Some(tb) = part {
+        let parts: Vec<TableBatch> = {
+            let mut b = self.batch();
+            let keys: Vec<(String, usize)> = b
+                .tables
+                .range((name.to_string(), 0)..=(name.to_string(), usize::MAX))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter().filter_map(|k| b.tables.remove(k)).collect()
+        };
+        for tb in parts {
             insert(&self.writer, &self.metrics, name, tb, &self.shutdown).await?;
         }
         Ok(())
@@ -322,7 +401,7 @@ impl Sink {
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let mut batch = batch;
-            for (name, tb) in std::mem::take(&mut batch.tables) {
+            for ((name, _), tb) in std::mem::take(&mut batch.tables) {
                 // On failure nothing of this batch is stored; it is read again after a restart.
                 insert(&writer, &metrics, &name, tb, &shutdown).await?;
             }

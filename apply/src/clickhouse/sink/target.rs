@@ -143,6 +143,10 @@ pub(super) struct Plan {
     pub(super) flag: Option<ChType>,
     /// A change log's row column (tables without a primary key), where the target has it.
     pub(super) row: Option<ChType>,
+    /// The shard column (UInt64) is written: the row's [`shard_hash`].
+    ///
+    /// [`shard_hash`]: crate::clickhouse::cluster::shard_hash
+    pub(super) shard: bool,
     /// The INSERT's column list.
     pub(super) insert_columns: Arc<Vec<String>>,
 }
@@ -225,6 +229,9 @@ impl Sink {
         } else if mode == Mode::Mirror && self.features.is_deleted {
             self.warn_of_old_engine(&name).await?;
         }
+        if self.config.cluster.to_shards() {
+            self.check_sharding(&name, &columns).await?;
+        }
         let t = Target {
             name: name.clone(),
             mode,
@@ -244,6 +251,69 @@ impl Sink {
         };
         self.targets.insert(name, t.clone());
         Ok(t)
+    }
+
+    /// With `write = "shards"`: rows go where the Distributed table `name` would send them
+    /// only if it is sharded by the shard column, over this cluster's per-shard tables, and
+    /// that column holds UInt64. A table sharded otherwise (made by an earlier version with
+    /// `cityHash64` of the key, or by hand) is refused: written straight to the shards, a row's
+    /// versions could land on two of them and `FINAL` would show both.
+    async fn check_sharding(
+        &self,
+        name: &str,
+        columns: &BTreeMap<String, ChType>,
+    ) -> Result<(), Refusal> {
+        let cluster = &self.config.cluster;
+        let what = format!("reading the engine of {name}");
+        let engine = self
+            .answered(&what, || {
+                self.client
+                    .query("SELECT engine_full FROM system.tables WHERE database = ? AND name = ?")
+                    .bind(&self.config.clickhouse.database)
+                    .bind(name)
+                    .fetch_optional::<String>()
+            })
+            .await?
+            .map_err(|e| refused(format_args!("{what}: {e}")))?
+            .unwrap_or_default();
+        let args = crate::clickhouse::cluster::engine_args(&engine);
+        let local = cluster.local(name);
+        let column = &cluster.shard_column;
+        let why = if !engine.starts_with("Distributed(") {
+            Some(format!("it is not a Distributed table ({engine:?})"))
+        } else if args.len() < 4
+            || args[0] != cluster.name
+            || args[1] != self.config.clickhouse.database
+            || args[2] != local
+        {
+            Some(format!(
+                "its engine {engine:?} is not a Distributed table over {local} of cluster {}",
+                cluster.name
+            ))
+        } else if args[3] != *column {
+            Some(format!(
+                "it is sharded by {:?}, not by the shard column {column:?} the stage fills",
+                args[3]
+            ))
+        } else if columns.get(column) != Some(&ChType::UInt(64)) {
+            Some(format!("its shard column {column:?} is not UInt64"))
+        } else {
+            None
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(BadEvent::new(
+                Reason::Value,
+                format!(
+                    "cluster.write = \"shards\" cannot write {name}: {why}. Written straight to \
+                     the shards its rows would not land where the Distributed table puts them. \
+                     Remedy: write this table with cluster.write = \"distributed\", or make it \
+                     again (drop {name} and {local} ON CLUSTER and re-snapshot the table): the \
+                     stage makes it sharded by {column}"
+                ),
+            )
+            .into()),
+        }
     }
 
     /// A mirror made before ClickHouse 23.2 (or by hand) may be a `ReplacingMergeTree` without
@@ -401,6 +471,10 @@ impl Sink {
                 )
             }
         };
+        if cluster.distributed && !cluster.shard_column.is_empty() {
+            // The Distributed table's sharding key, filled by the stage with each row.
+            cols.push(format!("{} UInt64", quote(&cluster.shard_column)));
+        }
         let partition = m
             .partition_by
             .get(&source)
@@ -426,7 +500,8 @@ impl Sink {
         .await?
         .map_err(|e| BadEvent::new(Reason::Value, format!("{sql}: {e}")))?;
         if cluster.distributed {
-            let sql = cluster.distributed_sql(db, name, &local, &key);
+            let keyless = [quote(&m.version_column), quote(&m.row_column)];
+            let sql = cluster.distributed_sql(db, name, &local, &key, &keyless);
             self.answered(&format!("creating {name}"), || {
                 self.client.query(&sql).execute()
             })
@@ -748,6 +823,13 @@ impl Sink {
         if row.is_some() {
             insert_columns.push(m.row_column.clone());
         }
+        // The Distributed table's sharding column, where the target has it.
+        let shard = self.config.cluster.distributed
+            && !self.config.cluster.shard_column.is_empty()
+            && target.columns.get(&self.config.cluster.shard_column) == Some(&ChType::UInt(64));
+        if shard {
+            insert_columns.push(self.config.cluster.shard_column.clone());
+        }
         let schema = Arc::new(schema);
         // The schema ALTERs are worked out against: set by ALTERs, or by the first rows since
         // start (rows of an older schema, read late from another partition, do not reset it).
@@ -764,6 +846,7 @@ impl Sink {
             version,
             flag,
             row,
+            shard,
             insert_columns: Arc::new(insert_columns),
         }))
     }

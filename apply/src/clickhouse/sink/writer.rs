@@ -3,6 +3,8 @@
 //! - [`Writer::insert_once`]: one table's part of a batch, one INSERT in RowBinary, its pieces
 //!   sent as they are. On servers that know `insert_deduplication_token` (22.2+) it carries a
 //!   hash of the part, so an INSERT repeated after a crash or a lost answer is dropped at once.
+//! - With `cluster.write = "shards"` a part goes into its shard's per-shard table, on the first
+//!   of the shard's replicas that answers ([`Shards`]).
 //! - [`insert`]: that INSERT retried with backoff (0.5 s to 30 s) while ClickHouse is
 //!   unreachable or overloaded, until written, refused for good, or shut down.
 //! - [`Sink::answered`]: the same retries for the bookkeeping around writes (reading, creating
@@ -35,6 +37,10 @@ pub(super) struct Writer {
     /// Rows go into Distributed tables (`cluster.distributed`): each INSERT returns once every
     /// shard has its rows (`insert_distributed_sync`), not when they are queued on this server.
     pub(super) distributed: bool,
+    /// With `cluster.write = "shards"`: the shards, parts are written to.
+    pub(super) shards: Option<std::sync::Arc<Shards>>,
+    /// `cluster.local_suffix` (the per-shard tables' names), with `shards`.
+    pub(super) local_suffix: String,
     /// `tables.version_column`: an INSERT without it is not deduplicated (below).
     pub(super) version_column: String,
     pub(super) rows: IntCounterVec,
@@ -45,16 +51,55 @@ pub(super) struct Writer {
     pub(super) server: String,
 }
 
+/// The shards of `cluster.write = "shards"`: which shard a row goes to, and per shard its
+/// replicas (URL with the password masked, client), in the order `cluster.shards` gives.
+pub(crate) struct Shards {
+    pub(super) slots: crate::clickhouse::cluster::Slots,
+    pub(super) replicas: Vec<Vec<(String, clickhouse::Client)>>,
+}
+
 impl Writer {
+    /// One table's part, one INSERT: into `name` on the server of `[clickhouse]`, or into the
+    /// per-shard table on its shard's replicas (the next one when one does not answer; the
+    /// last failure returned).
     pub(super) async fn insert_once(
         &self,
         name: &str,
         tb: &TableBatch,
     ) -> Result<(), clickhouse::error::Error> {
+        let (Some(shards), Some(shard)) = (&self.shards, tb.shard) else {
+            self.insert_into(&self.client, name, tb).await?;
+            self.rows.with_label_values(&[name]).inc_by(tb.rows as u64);
+            return Ok(());
+        };
+        let local = format!("{name}{}", self.local_suffix);
+        let mut last = None;
+        for (url, client) in &shards.replicas[shard] {
+            match self.insert_into(client, &local, tb).await {
+                Ok(()) => {
+                    self.rows.with_label_values(&[name]).inc_by(tb.rows as u64);
+                    return Ok(());
+                }
+                Err(e) if clickhouse_transient(&e) => {
+                    tracing::warn!(table = %local, shard = shard + 1, server = %url, error = %e, "INSERT into a shard's replica failed; trying the next one");
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("a shard has a replica"))
+    }
+
+    async fn insert_into(
+        &self,
+        client: &clickhouse::Client,
+        table: &str,
+        tb: &TableBatch,
+    ) -> Result<(), clickhouse::error::Error> {
         let sql = format!(
             "INSERT INTO {}.{} ({}) FORMAT RowBinary",
             quote(&self.database),
-            quote(name),
+            quote(table),
             tb.columns
                 .iter()
                 .map(|c| quote(c))
@@ -65,13 +110,13 @@ impl Writer {
         // a piece).
         let tail = Bytes::copy_from_slice(&tb.body);
         let pieces = tb.done.iter().chain(std::iter::once(&tail));
-        let mut insert = self.client.insert_formatted_with(sql);
+        let mut insert = client.insert_formatted_with(sql);
         if self.async_insert_off {
             // A batch already: written and acknowledged now, not queued by the server
             // (`async_insert` is on by default from ClickHouse 26.2).
             insert = insert.with_setting("async_insert", "0");
         }
-        if self.distributed {
+        if self.distributed && tb.shard.is_none() {
             insert = insert.with_setting("insert_distributed_sync", "1");
         }
         // Every row the stage writes with its version is unique, so equal INSERTs are replays
@@ -97,7 +142,6 @@ impl Writer {
             }
         }
         insert.end().await?;
-        self.rows.with_label_values(&[name]).inc_by(tb.rows as u64);
         Ok(())
     }
 }
