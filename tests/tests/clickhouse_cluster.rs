@@ -202,6 +202,39 @@ async fn run(distributed: bool, to_shards: bool) {
     let section = format!(
         "[cluster]\nname = \"{cluster}\"\nzookeeper_path = \"{path}\"\ndistributed = {distributed}\n{write}{overrides}"
     );
+    // Straight to the shards, a table whose Distributed table is sharded otherwise (as an
+    // earlier version made it, by cityHash64 of the key) cannot be written: it stops, naming
+    // the engine and the remedy, and the other table flows.
+    let older = "older";
+    if to_shards {
+        c.query_drop(format!(
+            "CREATE TABLE `{db}`.{older} (id INT PRIMARY KEY, v INT NOT NULL)"
+        ))
+        .await
+        .unwrap();
+        ddl(
+            &nodes[0],
+            &format!(
+                "CREATE TABLE {ch_db}.{older}_local ON CLUSTER {cluster} (id Int32, v Int32, \
+                 _version UInt64, _deleted UInt8) ENGINE = ReplicatedReplacingMergeTree('{path}', \
+                 '{{replica}}', _version) ORDER BY id"
+            ),
+        )
+        .await;
+        ddl(
+            &nodes[0],
+            &format!(
+                "CREATE TABLE {ch_db}.{older} ON CLUSTER {cluster} AS {ch_db}.{older}_local \
+                 ENGINE = Distributed({cluster}, {ch_db}, {older}_local, cityHash64(id))"
+            ),
+        )
+        .await;
+        c.query_drop(format!(
+            "INSERT INTO `{db}`.{older} VALUES (1, 10), (2, 20), (3, 30)"
+        ))
+        .await
+        .unwrap();
+    }
     let mut appliers = [
         applier(&cap.prefix, &nodes[0], &ch_db, &group, "a", &section),
         applier(&cap.prefix, &nodes[1], &ch_db, &group, "b", &section),
@@ -358,8 +391,10 @@ async fn run(distributed: bool, to_shards: bool) {
     }
     // Each server's copy (or the Distributed table read through it) equals the source, value
     // by value.
+    // (The W1 table only: the older table of the shards run is stopped, checked below.)
+    let w1 = format!("{db}.{t}");
     for a in &appliers {
-        let (code, report, err) = sluice_tests::capture::verify(&cap, a, &[]);
+        let (code, report, err) = sluice_tests::capture::verify(&cap, a, &["--table", &w1]);
         assert_eq!(code, Some(0), "{report:#}\n{err}");
         assert_eq!(report["result"], "equal", "{report:#}");
     }
@@ -384,6 +419,36 @@ async fn run(distributed: bool, to_shards: bool) {
             .await;
             assert_eq!(elsewhere, 0, "{url}: rows of the other shard");
         }
+    }
+    if to_shards {
+        let sql = format!("SELECT target, reason FROM {ch_db}._sluice_stopped");
+        let mut rows = String::new();
+        let found = until(
+            "the older table stopped",
+            Duration::from_secs(60),
+            async || {
+                rows = client(&nodes[0])
+                    .query(&sql)
+                    .fetch_all::<(String, String)>()
+                    .await
+                    .map(|r| format!("{r:?}"))
+                    .unwrap_or_default();
+                rows.contains(older)
+            },
+        )
+        .await;
+        if let Err(e) = found {
+            let [a, b] = &mut appliers;
+            fail(e, &mut [a, b, &mut cap]);
+        }
+        assert!(
+            rows.contains(&format!(
+                "cluster.write = \\\"shards\\\" cannot write {older}: it is sharded by \\\"cityHash64(id)\\\""
+            )) && rows.contains("Remedy: make it again"),
+            "{rows}"
+        );
+        let written = number(&nodes[0], &format!("SELECT count() FROM {ch_db}.{older}")).await;
+        assert_eq!(written, 0, "rows written into a table sharded otherwise");
     }
     for a in appliers.iter_mut() {
         let (code, log) = a.stop();

@@ -343,7 +343,8 @@ impl Sink {
                 return Err(BadEvent::new(
                     Reason::Value,
                     format!(
-                        "{}.{}: key column {n} is missing from the row or the target {}, so                          the row's shard is not known",
+                        "{}.{}: key column {n} is missing from the row or the target {}, so \
+                         the row's shard is not known",
                         event.database, event.table, plan.target
                     ),
                 )

@@ -307,9 +307,9 @@ impl Sink {
                 format!(
                     "cluster.write = \"shards\" cannot write {name}: {why}. Written straight to \
                      the shards its rows would not land where the Distributed table puts them. \
-                     Remedy: write this table with cluster.write = \"distributed\", or make it \
-                     again (drop {name} and {local} ON CLUSTER and re-snapshot the table): the \
-                     stage makes it sharded by {column}"
+                     Remedy: make it again (drop {name} and {local} ON CLUSTER and re-snapshot \
+                     the table: the stage makes it sharded by {column}), or set cluster.write = \
+                     \"distributed\" (for every table)"
                 ),
             )
             .into()),
