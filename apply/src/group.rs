@@ -889,30 +889,60 @@ pub(crate) fn retire<D: Drain>(old: &StreamConsumer<GroupContext<D>>) {
     old.context().retire();
 }
 
-/// Consume until shutdown or an error: a batch is written when full or `max_wait` after its
-/// first event. On shutdown what is held is written and the offsets committed before leaving
-/// the group.
+/// Consume until shutdown or an error: a batch is written when full, or once it holds an event
+/// and `max_wait` has passed since the previous write began ([`due`]). On shutdown what is held
+/// is written and the offsets committed before leaving the group.
 pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), S::Error> {
     let max_wait = sink.max_wait();
     run_loop(sink, shutdown, max_wait).await
 }
 
-/// The lag watcher of one consumer, stopped when dropped.
-struct Watcher(Option<tokio::task::JoinHandle<()>>);
+/// When a batch that got its first event at `started` is written, the previous write having
+/// begun at `last_write`: at once (as soon as no more events are ready) if that write began
+/// `max_wait` ago or more, otherwise `max_wait` after it began. So an event waits at most
+/// `max_wait`, and only while writes would otherwise follow each other faster than one per
+/// `max_wait`: the first row after a quiet spell is written at once, while a steady stream is
+/// gathered into one write per `max_wait` (fewer, larger parts for the target to merge), and a
+/// write that takes long makes the next batch larger. (A full batch is written at once.)
+pub(crate) fn due(started: Instant, last_write: Option<Instant>, max_wait: Duration) -> Instant {
+    match last_write {
+        Some(w) => started.max(w + max_wait),
+        None => started,
+    }
+}
+
+/// The lag watcher of one consumer and its topic finder ([`find_topics`]), stopped when
+/// dropped.
+struct Watcher {
+    lag: Option<tokio::task::JoinHandle<()>>,
+    finder: Option<tokio::task::JoinHandle<()>>,
+    /// Tells the finder to stop (it ends a metadata request in flight first, which holds the
+    /// consumer).
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl Watcher {
     fn start<D: Drain>(consumer: &Arc<StreamConsumer<GroupContext<D>>>) -> Self {
-        Watcher(Some(tokio::spawn(watch_lag(
-            consumer.clone(),
-            consumer.context().metrics.clone(),
-            Duration::from_secs(10),
-        ))))
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        Watcher {
+            lag: Some(tokio::spawn(watch_lag(
+                consumer.clone(),
+                consumer.context().metrics.clone(),
+                Duration::from_secs(10),
+            ))),
+            finder: Some(tokio::spawn(find_topics(consumer.clone(), stop.clone()))),
+            stop,
+        }
     }
 
-    /// Stop it, and wait until it let go of its consumer.
+    /// Stop both, and wait until they let go of their consumer.
     async fn stop(&mut self) {
-        if let Some(task) = self.0.take() {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(task) = self.lag.take() {
             task.abort();
+            let _ = task.await;
+        }
+        if let Some(task) = self.finder.take() {
             let _ = task.await;
         }
     }
@@ -920,9 +950,47 @@ impl Watcher {
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        if let Some(task) = &self.0 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(task) = &self.lag {
             task.abort();
         }
+    }
+}
+
+/// How often [`find_topics`] asks for the topics, for how long after a consumer is made, and
+/// for how long more while it holds no partition.
+const FIND_TOPICS_EVERY: Duration = Duration::from_millis(250);
+const FIND_TOPICS_FOR: Duration = Duration::from_secs(30);
+const FIND_TOPICS_UNASSIGNED_FOR: Duration = Duration::from_secs(60);
+
+/// The cluster's topics, every 250 ms, for the first 30 s of a consumer (and on to a minute
+/// while it holds no partition). A pattern subscription (`^prefix\..*`) matches the topics of
+/// the metadata librdkafka last read, which it refreshes every
+/// `topic.metadata.refresh.interval.ms` (3 s): on a new pipeline, whose capture makes its topics
+/// as their tables' first rows come, those rows would wait up to that long to be seen. A
+/// metadata request for every topic makes librdkafka check the subscription against it at once
+/// and join with the new topics. Later, the periodic refresh finds new tables' topics.
+async fn find_topics<D: Drain>(
+    consumer: Arc<StreamConsumer<GroupContext<D>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let started = Instant::now();
+    let due = |c: &StreamConsumer<GroupContext<D>>| {
+        let since = started.elapsed();
+        since < FIND_TOPICS_FOR
+            || (since < FIND_TOPICS_UNASSIGNED_FOR && c.context().metrics.assigned.get() == 0)
+    };
+    while due(&consumer) && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let c = consumer.clone();
+        // (a blocking call of librdkafka's, off the runtime's threads)
+        let asked = tokio::task::spawn_blocking(move || {
+            c.fetch_metadata(None, Duration::from_secs(2)).map(|_| ())
+        })
+        .await;
+        if let Ok(Err(e)) = asked {
+            tracing::debug!(error = %e, "asking for the cluster's topics");
+        }
+        tokio::time::sleep(FIND_TOPICS_EVERY).await;
     }
 }
 
@@ -935,6 +1003,8 @@ async fn run_loop<S: BatchSink>(
     let mut watcher = Watcher::start(&consumer);
     // Messages taken without waiting since the clock was last read.
     let mut unclocked = 0u32;
+    // When the last write of a batch with events began.
+    let mut last_write: Option<Instant> = None;
     let result = loop {
         if shutdown.is_triggered() {
             break Ok(());
@@ -954,9 +1024,10 @@ async fn run_loop<S: BatchSink>(
                 let overdue = unclocked >= 64
                     && sink.batch_started().is_some_and(|s| {
                         unclocked = 0;
-                        s.elapsed() >= max_wait
+                        Instant::now() >= due(s, last_write, max_wait)
                     });
                 if overdue {
+                    last_write = Some(Instant::now());
                     if let Err(e) = sink.write_held(shutdown).await {
                         break Err(e);
                     }
@@ -966,7 +1037,7 @@ async fn run_loop<S: BatchSink>(
             None => {
                 let deadline = sink
                     .batch_started()
-                    .map(|s| s + max_wait)
+                    .map(|s| due(s, last_write, max_wait))
                     .unwrap_or_else(|| Instant::now() + max_wait);
                 tokio::select! {
                     biased;
@@ -978,7 +1049,12 @@ async fn run_loop<S: BatchSink>(
         };
         let mut fatal = None;
         let r = match step {
-            None => sink.write_held(shutdown).await,
+            None => {
+                if sink.batch_started().is_some() {
+                    last_write = Some(Instant::now());
+                }
+                sink.write_held(shutdown).await
+            }
             Some(Err(e)) if no_topic_yet(&e) => {
                 tracing::debug!(error = %e, "no topic of the subscription yet");
                 Ok(())
@@ -1026,7 +1102,10 @@ async fn run_loop<S: BatchSink>(
                         Ok(())
                     }
                     crate::incarnation::Admit::Yes => match sink.on_message(&m, shutdown).await {
-                        Ok(()) if sink.batch_full() => sink.write_held(shutdown).await,
+                        Ok(()) if sink.batch_full() => {
+                            last_write = Some(Instant::now());
+                            sink.write_held(shutdown).await
+                        }
                         other => other,
                     },
                 }
@@ -1060,7 +1139,7 @@ async fn run_loop<S: BatchSink>(
             tracing::info!("a new Kafka consumer joined the group");
         }
     };
-    drop(watcher);
+    watcher.stop().await;
     if result.is_ok() {
         // Write what is held (no longer interruptible), then commit synchronously.
         sink.write_held(&Shutdown::new()).await?;
@@ -1094,6 +1173,22 @@ mod tests {
     use super::*;
 
     const S: i64 = 1_000_000;
+
+    #[test]
+    fn a_batch_waits_only_while_writes_would_come_faster_than_one_per_max_wait() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let wait = ms(500);
+        // The first batch since the start: at once.
+        assert_eq!(due(t0, None, wait), t0);
+        // After a quiet spell (the last write began longer ago than max_wait): at once.
+        assert_eq!(due(t0 + ms(900), Some(t0), wait), t0 + ms(900));
+        assert_eq!(due(t0 + ms(500), Some(t0), wait), t0 + ms(500));
+        // In a steady stream: max_wait after the last write began, so never longer than
+        // max_wait after the batch's own first event.
+        assert_eq!(due(t0 + ms(10), Some(t0), wait), t0 + ms(500));
+        assert_eq!(due(t0, Some(t0), wait), t0 + ms(500));
+    }
 
     /// A partition behind shows the age of what it last wrote, or the time since it was last
     /// seen caught up if that is shorter (an idle partition that just got an event is not

@@ -59,7 +59,9 @@ pub struct BatchConfig {
     pub max_rows: usize,
     /// RowBinary bytes (all tables together). Default 16777216 (16 MiB).
     pub max_bytes: usize,
-    /// Milliseconds after the batch's first event. Default 1000.
+    /// The longest an event waits in the batch, in milliseconds: a batch is written once it
+    /// holds an event and this long has passed since the previous write began (at once after a
+    /// quiet spell; one write per `max_wait_ms` under a steady stream). Default 500.
     pub max_wait_ms: u64,
 }
 
@@ -68,7 +70,7 @@ impl Default for BatchConfig {
         Self {
             max_rows: 50_000,
             max_bytes: 16 << 20,
-            max_wait_ms: 1000,
+            max_wait_ms: 500,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! Progress and resumption:
 //! - Events are read from the consumer group's partitions and encoded straight into RowBinary,
 //!   one buffer per target table. A batch closes when it reaches `batch.max_rows` or
-//!   `batch.max_bytes`, or `batch.max_wait_ms` after its first event; then every table's buffer
+//!   `batch.max_bytes`, or once it holds an event and `batch.max_wait_ms` has passed since the
+//!   previous write began ([`crate::group::due`]); then every table's buffer
 //!   is written with one INSERT each, and only when ClickHouse has acknowledged all of them are
 //!   the partitions' offsets stored (and committed by the consumer, every second and at stop).
 //! - A crash between the INSERT and the commit re-reads the batch. Replays are harmless: mirror

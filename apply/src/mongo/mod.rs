@@ -99,7 +99,9 @@ pub struct BatchConfig {
     pub max_events: usize,
     /// BSON bytes of the writes. Default 16777216 (16 MiB).
     pub max_bytes: usize,
-    /// Milliseconds after the batch's first event. Default 500.
+    /// The longest an event waits in the batch, in milliseconds: a batch is written once it
+    /// holds an event and this long has passed since the previous write began (at once after a
+    /// quiet spell; one write per `max_wait_ms` under a steady stream). Default 500.
     pub max_wait_ms: u64,
 }
 

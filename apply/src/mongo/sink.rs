@@ -3,7 +3,8 @@
 //! Progress and resumption:
 //! - Events are read from the consumer group's partitions and turned into writes
 //!   ([`super::write`]) held in the batch ([`batch`]). A batch closes at `batch.max_events`,
-//!   `batch.max_bytes`, or `batch.max_wait_ms` after its first event; it is written round by
+//!   `batch.max_bytes`, or once it holds an event and `batch.max_wait_ms` has passed since the
+//!   previous write began ([`crate::group::due`]); it is written round by
 //!   round (one write per document per round, unordered within a round: [`writer`]) and only
 //!   when MongoDB has acknowledged every write (with the configured write concern) are the
 //!   partitions' offsets stored.
