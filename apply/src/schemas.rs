@@ -103,6 +103,7 @@ impl SchemaCache {
         let topic = self.topic.clone();
         let timeout = self.kafka.request_timeout();
         let read_for = self.read_window();
+        let started = Instant::now();
         let found = tokio::task::spawn_blocking(move || -> Result<Vec<TableSchema>, KafkaError> {
             let consumer: BaseConsumer = config.create()?;
             let md = consumer.fetch_metadata(Some(&topic), timeout)?;
@@ -158,6 +159,7 @@ impl SchemaCache {
         })
         .await
         .expect("schema reader task")?;
+        tracing::debug!(topic = %self.topic, records = found.len(), took = ?started.elapsed(), "read the schema topic");
         for s in found {
             self.schemas.insert(s.schema_id, s);
         }

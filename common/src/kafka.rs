@@ -322,6 +322,12 @@ impl KafkaConfig {
         // (docs/BENCHMARKS.md).
         c.set("queued.max.messages.kbytes", "1024");
         c.set("fetch.queue.backoff.ms", "5");
+        // A fetch waits at the broker up to this long for data. librdkafka keeps one fetch per
+        // broker in flight, and partitions whose start offset is found while one waits join
+        // the next: at 500 ms (the default) the first events after an assignment (a start, a
+        // rebalance) waited about half a second more; 100 ms costs an idle consumer ten small
+        // requests a second per broker.
+        c.set("fetch.wait.max.ms", "100");
         // A member that dies without leaving (kill -9, a lost node) holds its partitions until
         // the broker gives up on it: 10 s here, not librdkafka's 45 s. A restarted one with
         // `consumer.instance_id` takes them back at once (docs/BENCHMARKS.md, recovery).

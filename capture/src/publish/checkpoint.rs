@@ -304,7 +304,10 @@ pub(super) async fn read_last(
             consumer.assign(&tpl)?;
             let deadline = Instant::now() + timeout * 3;
             loop {
-                match consumer.poll(Duration::from_millis(200)) {
+                // Short waits: the partition's end is a commit marker, which is never
+                // delivered, so the end shows only as the position reaching it (checked
+                // between polls), and a capture's start waits on this read.
+                match consumer.poll(Duration::from_millis(10)) {
                     Some(Ok(m)) => {
                         if let (Some(key), Some(payload)) = (m.key(), m.payload()) {
                             if let Some(k) = keys.iter().find(|k| k.as_bytes() == key) {

@@ -164,12 +164,30 @@ where
                 topic: config.checkpoint_topic.clone(),
                 reason,
             })?;
-        writer
-            .write_keyed(
+        // The incarnation committed, and meanwhile the schema topic made (a start waits on both).
+        let schemas = config.schema_topic.clone();
+        let (written, schemas_made) = tokio::join!(
+            writer.write_keyed(
                 incarnation_key.into_bytes(),
                 incarnation.to_string().into_bytes(),
+            ),
+            kafka.ensure_topic(
+                client_id,
+                &schemas,
+                1,
+                config.replication_factor,
+                true,
+                None
             )
-            .await?;
+        );
+        written?;
+        let schemas_made = schemas_made.map_err(|reason| PublishError::CreateTopic {
+            topic: schemas.clone(),
+            reason,
+        })?;
+        if schemas_made {
+            tracing::info!(topic = %schemas, partitions = 1, compacted = true, "created topic");
+        }
         tracing::info!(
             connector,
             incarnation,
@@ -214,9 +232,10 @@ where
             last_heartbeat: None,
             incarnation: format!("{connector}/{incarnation}"),
         };
-        // (The checkpoint topic was made above, before the incarnation was written to it.)
-        let schemas = config.schema_topic.clone();
-        p.ensure_topic(&schemas, true).await?;
+        // (The checkpoint topic was made above, before the incarnation was written to it, and
+        // the schema topic beside that write.)
+        let now = p.partition_count(&schemas).await?;
+        p.remember(&schemas, true, now)?;
         Ok((p, resumed))
     }
 
