@@ -29,7 +29,8 @@
 //!
 //! After each run, every row the writer had inserted is checked to be in ClickHouse (so a fast
 //! wrong run cannot report). `--session-ms` sets `session.timeout.ms` in `[kafka.properties]`
-//! (default: the stage's own default).
+//! (default: the stage's own default). Prints the figures and writes them to
+//! `target/bench/recovery.json` (for `bench-report`).
 
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -102,6 +103,8 @@ async fn main() -> anyhow::Result<()> {
     ];
     let mut results: Vec<(&str, Vec<f64>)> = Vec::new();
     let mut others: Vec<(&str, Vec<String>)> = Vec::new();
+    // Every case's seconds, for target/bench/recovery.json: (case, seconds, goal).
+    let mut cases: Vec<serde_json::Value> = Vec::new();
     let mut probe = 1_000_000_000u64;
     for (name, restart, static_members) in scenarios {
         if !runs_group("apply") {
@@ -158,6 +161,11 @@ async fn main() -> anyhow::Result<()> {
                 .execute()
                 .await?;
         }
+        cases.push(serde_json::json!({
+            "name": format!("apply-clickhouse, one of two {name}"),
+            "seconds": times,
+            "goal_seconds": (restart && static_members).then_some(5.0),
+        }));
         results.push((name, times));
     }
     // The capture and the broker, with one apply instance reading every partition.
@@ -175,6 +183,7 @@ async fn main() -> anyhow::Result<()> {
             continue;
         }
         let mut times = Vec::new();
+        let mut seconds = Vec::new();
         for run in 0..runs {
             let (ch_db, group) = fresh_mirror(&ch).await?;
             let config = apply_config(&ch_db, &group, &prefix, Some("a"), session_ms);
@@ -223,6 +232,7 @@ async fn main() -> anyhow::Result<()> {
             }
             probe += PROBE;
             eprintln!("{name}, run {}: {took:.2} s", run + 1);
+            seconds.push(took);
             times.push(if commands > 0.0 {
                 format!("{took:.1} (stop and start {commands:.1})")
             } else {
@@ -234,6 +244,11 @@ async fn main() -> anyhow::Result<()> {
                 .execute()
                 .await?;
         }
+        cases.push(serde_json::json!({
+            "name": name,
+            "seconds": seconds,
+            "goal_seconds": if group_name == "broker" { 10.0 } else { 5.0 },
+        }));
         others.push((name, times));
     }
     drop(capture_file);
@@ -275,6 +290,17 @@ async fn main() -> anyhow::Result<()> {
             println!("| {name} | {} |", times.join(" / "));
         }
     }
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(
+        out.join("recovery.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "benchmark": "recovery: kill -9 of a stage, a broker restart",
+            "machine": m.json(),
+            "cases": cases,
+            "broker_restart_breakdown": breakdown,
+        }))?,
+    )?;
     if !breakdown.is_empty() {
         println!();
         println!(

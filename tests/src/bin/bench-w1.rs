@@ -22,7 +22,12 @@
 //!    50 000 rows/s offered by default (`--every-ms 0`: as fast as the writers go, as many
 //!    batches as 10 ms apart would make); each batch's latency runs from MariaDB acknowledging its
 //!    INSERT to ClickHouse counting its rows (polled every 20 ms): p50, p99, max, and the rate
-//!    achieved.
+//!    achieved; the ClickHouse server's CPU seconds over the load (the test bed's server, by its
+//!    pid file) and the applier's writes. The stages start on an empty pipeline (no topic, group
+//!    or target table) with a row inserted into each table at once: the time until ClickHouse
+//!    shows them is the first row's. The applier runs with its default `[batch]` settings, or
+//!    `max_wait_ms` from `--max-wait-ms MS`. `--sustained-only` runs only this step (writes
+//!    `target/bench/w1-sustained.json`).
 //!
 //! With `--big-rows K`, step 1 also writes K rows of 4 to 15 MiB each (sizes spread evenly) into
 //! a second table of the same database, `big`, before the W1 rows: the catch-up and the drain
@@ -51,8 +56,9 @@ const MIB: u64 = 1 << 20;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = sluice_tests::bench::Args::from_env(&["--snapshot", "--verify"]);
+    let args = sluice_tests::bench::Args::from_env(&["--snapshot", "--verify", "--sustained-only"]);
     let snapshot = args.switch("--snapshot");
+    let max_wait_ms = args.text("--max-wait-ms").map(|v| v.parse()).transpose()?;
     let verify = args.switch("--verify");
     let verify_runs = args.option("--verify-runs", 2)?.max(1);
     let verify_parallel = args.option("--verify-parallel", 1)?.max(1);
@@ -74,6 +80,27 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(1_000_000);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let release = sluice_tests::bench::release_dir(&["capture-mysql", "apply-clickhouse"])?;
+    if args.switch("--sustained-only") {
+        eprintln!("sustained end to end only ...");
+        let e2e = sustained(&release, load, max_wait_ms).await?;
+        let machine = sluice_tests::bench::machine();
+        println!(
+            "Machine: {} cores ({}), {:.1} GiB; every server on the same machine",
+            machine.cores, machine.cpu, machine.memory_gib
+        );
+        println!("{}", e2e.line());
+        let out = root.join("target/bench");
+        std::fs::create_dir_all(&out)?;
+        std::fs::write(
+            out.join("w1-sustained.json"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "benchmark": "W1 MySQL binlog -> ClickHouse, sustained",
+                "machine": machine.json(),
+                "sustained": e2e.json(),
+            }))?,
+        )?;
+        return Ok(());
+    }
     let db = unique("sluice_bench");
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
     let ddl = sluice_tests::w1_create_table(&db);
@@ -366,7 +393,7 @@ async fn main() -> anyhow::Result<()> {
         load.offered(),
         load.seconds
     );
-    let e2e = sustained(&release, load).await?;
+    let e2e = sustained(&release, load, max_wait_ms).await?;
 
     let machine = sluice_tests::bench::machine();
     let mariadb: String = c.query_first("SELECT VERSION()").await?.unwrap_or_default();
@@ -408,25 +435,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!();
-    println!(
-        "Sustained end to end ({} tables x {} rows every {} ms): {} rows/s offered for {} s ({} rows): achieved {:.0} rows/s; \
-         latency MariaDB commit -> visible in ClickHouse p50 {:.3} s, p99 {:.3} s, max {:.3} s; \
-         CPU capture {:.1} s, apply {:.1} s; peak RSS capture {:.1} MiB, apply {:.1} MiB",
-        e2e.load.tables,
-        e2e.load.batch,
-        e2e.load.every_ms,
-        e2e.load.offered(),
-        e2e.load.seconds,
-        e2e.rows,
-        e2e.achieved,
-        e2e.p50,
-        e2e.p99,
-        e2e.max,
-        e2e.capture_cpu,
-        e2e.apply_cpu,
-        e2e.capture_rss / 1048576.0,
-        e2e.apply_rss / 1048576.0
-    );
+    println!("{}", e2e.line());
     let both_cpu = capture.cpu + apply.cpu;
     sluice_tests::bench::print_comparison(
         "Beside the report (Bifrost v1.6.2, W1: 4-core VMs, sync tool alone on one)",
@@ -501,22 +510,7 @@ async fn main() -> anyhow::Result<()> {
         "source_insert_seconds": write_secs,
         "capture_catch_up": stage_json(&capture),
         "apply_drain": stage_json(&apply),
-        "sustained": {
-            "tables": e2e.load.tables,
-            "batch_rows": e2e.load.batch,
-            "every_ms": e2e.load.every_ms,
-            "offered_rows_per_second": e2e.load.offered(),
-            "seconds": e2e.load.seconds,
-            "rows": e2e.rows,
-            "achieved_rows_per_second": e2e.achieved,
-            "latency_p50_seconds": e2e.p50,
-            "latency_p99_seconds": e2e.p99,
-            "latency_max_seconds": e2e.max,
-            "capture_cpu_seconds": e2e.capture_cpu,
-            "apply_cpu_seconds": e2e.apply_cpu,
-            "capture_peak_rss_bytes": e2e.capture_rss,
-            "apply_peak_rss_bytes": e2e.apply_rss,
-        },
+        "sustained": e2e.json(),
         "checked": true,
     });
     let out = root.join("target/bench");
@@ -580,8 +574,22 @@ impl Load {
 
 struct Sustained {
     load: Load,
+    /// `[batch] max_wait_ms` of the applier (None: its default).
+    max_wait_ms: Option<u64>,
+    /// From the start of both stages (on an empty pipeline: no topic, no group, no target
+    /// table yet) until ClickHouse showed the row inserted into each table right after it.
+    first_row: f64,
     rows: u64,
     achieved: f64,
+    /// CPU seconds of the ClickHouse server over the load (the test bed's, by its pid file;
+    /// None for a server elsewhere).
+    clickhouse_cpu: Option<f64>,
+    /// Of those, what the benchmark's own count polls cost it (the polls over the load times
+    /// the cost of one, measured before the load).
+    clickhouse_poll_cpu: Option<f64>,
+    polls: usize,
+    /// Batches the applier wrote over the load (each one INSERT per table it holds).
+    writes: f64,
     p50: f64,
     p99: f64,
     max: f64,
@@ -591,7 +599,84 @@ struct Sustained {
     apply_rss: f64,
 }
 
-async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sustained> {
+impl Sustained {
+    /// ClickHouse's CPU seconds for the pipeline's writes: over the load, less the polls'.
+    fn write_cpu(&self) -> Option<f64> {
+        self.clickhouse_cpu
+            .zip(self.clickhouse_poll_cpu)
+            .map(|(c, p)| c - p)
+    }
+
+    /// What a run of the sustained step printed.
+    fn line(&self) -> String {
+        let e2e = self;
+        format!(
+            "Sustained end to end ({} tables x {} rows every {} ms, max_wait_ms {}): {} rows/s offered for {} s ({} rows): achieved {:.0} rows/s; \
+             latency MariaDB commit -> visible in ClickHouse p50 {:.3} s, p99 {:.3} s, max {:.3} s; \
+             CPU capture {:.1} s, apply {:.1} s, ClickHouse {} ({:.0} writes); peak RSS capture {:.1} MiB, apply {:.1} MiB; \
+             first row visible {:.2} s after both stages started",
+            e2e.load.tables,
+            e2e.load.batch,
+            e2e.load.every_ms,
+            e2e.max_wait_ms.map_or("default".to_string(), |m| m.to_string()),
+            e2e.load.offered(),
+            e2e.load.seconds,
+            e2e.rows,
+            e2e.achieved,
+            e2e.p50,
+            e2e.p99,
+            e2e.max,
+            e2e.capture_cpu,
+            e2e.apply_cpu,
+            match (e2e.clickhouse_cpu, e2e.clickhouse_poll_cpu) {
+                (Some(c), Some(p)) => format!(
+                    "{:.1} s for the writes ({c:.1} s in all, less {p:.1} s answering the benchmark's {} count polls)",
+                    c - p,
+                    e2e.polls
+                ),
+                _ => "not measured (not the test bed's)".to_string(),
+            },
+            e2e.writes,
+            e2e.capture_rss / 1048576.0,
+            e2e.apply_rss / 1048576.0,
+            e2e.first_row,
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let e2e = self;
+        serde_json::json!({
+            "tables": e2e.load.tables,
+            "batch_rows": e2e.load.batch,
+            "every_ms": e2e.load.every_ms,
+            "max_wait_ms": e2e.max_wait_ms,
+            "offered_rows_per_second": e2e.load.offered(),
+            "seconds": e2e.load.seconds,
+            "rows": e2e.rows,
+            "achieved_rows_per_second": e2e.achieved,
+            "latency_p50_seconds": e2e.p50,
+            "latency_p99_seconds": e2e.p99,
+            "latency_max_seconds": e2e.max,
+            "capture_cpu_seconds": e2e.capture_cpu,
+            "apply_cpu_seconds": e2e.apply_cpu,
+            "clickhouse_cpu_seconds": e2e.clickhouse_cpu,
+            "clickhouse_poll_cpu_seconds": e2e.clickhouse_poll_cpu,
+            "polls": e2e.polls,
+            "clickhouse_write_cpu_seconds": e2e.write_cpu(),
+            "clickhouse_write_cpu_seconds_per_million_rows": e2e.write_cpu().map(|c| c / e2e.rows as f64 * 1e6),
+            "writes": e2e.writes,
+            "capture_peak_rss_bytes": e2e.capture_rss,
+            "apply_peak_rss_bytes": e2e.apply_rss,
+            "first_row_seconds": e2e.first_row,
+        })
+    }
+}
+
+async fn sustained(
+    release: &std::path::Path,
+    load: Load,
+    max_wait_ms: Option<u64>,
+) -> anyhow::Result<Sustained> {
     let db = unique("sluice_bench_e2e");
     let ch_db = format!("{db}_mirror");
     let prefix = unique("bench_e2e");
@@ -608,10 +693,26 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
     ch.query(&format!("CREATE DATABASE {ch_db}"))
         .execute()
         .await?;
+    // The capture starts where the binlog is now, so that the rows inserted right after its
+    // start are read however long its start takes.
+    let version: String = c.query_first("SELECT @@version").await?.unwrap_or_default();
+    let status: mysql_async::Row = c
+        .query_first(sluice_capture::mysql::binlog_status_sql(&version))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no binlog position"))?;
+    let (file, pos): (String, u64) = (
+        status.get(0).unwrap_or_default(),
+        status.get(1).unwrap_or_default(),
+    );
+    let batch = match max_wait_ms {
+        Some(ms) => format!("[batch]\nmax_wait_ms = {ms}\n"),
+        None => String::new(),
+    };
+    let started = Instant::now();
     let (capture, _, _cf) = spawn_stage(
         &release.join("capture-mysql"),
         &format!(
-            "connector = \"{prefix}\"\n[mysql]\nssl_mode = \"disabled\"\nurl = \"{}\"\nstart = \"end\"\nserver_id = {}\n\
+            "connector = \"{prefix}\"\n[mysql]\nssl_mode = \"disabled\"\nurl = \"{}\"\nstart = \"{file}:{pos}\"\nserver_id = {}\n\
              [filter]\ninclude = [\"{db}\\\\..*\"]\n[topics]\nprefix = \"{prefix}\"\n\
              [publish]\npartitions = 6\nreplication_factor = 1\n[kafka]\nbrokers = \"{}\"\n",
             mysql_url(),
@@ -619,20 +720,24 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
             kafka_brokers()
         ),
     )?;
-    let (apply, _, _af) = spawn_stage(
+    let (apply, apply_port, _af) = spawn_stage(
         &release.join("apply-clickhouse"),
         &format!(
             "[clickhouse]\nurl = \"{}\"\ndatabase = \"{ch_db}\"\n[consumer]\ngroup_id = \"{prefix}\"\n\
-             topics = [\"^{prefix}\\\\..*\"]\n[batch]\nmax_wait_ms = 100\n[kafka]\nbrokers = \"{}\"\n",
+             topics = [\"^{prefix}\\\\..*\"]\n{batch}[kafka]\nbrokers = \"{}\"\n",
             clickhouse_url(),
             kafka_brokers()
         ),
     )?;
-    // Every table's row count in one query.
-    let counts_sql = (1..=load.tables)
-        .map(|t| format!("SELECT {t} AS t, count() AS n FROM {ch_db}.binlog_field_test_{t}"))
-        .collect::<Vec<_>>()
-        .join(" UNION ALL ");
+    // Every table's row count in one query, from the parts' row counts: metadata only.
+    // (`count()` on ClickHouse 18.16 reads a column of every part: polled every 20 ms it cost
+    // the server more CPU than the pipeline's writes. Every row is inserted once here, so
+    // merges drop none and the parts' rows are the table's.)
+    let counts_sql = format!(
+        "SELECT toUInt8(substring(table, {})) AS t, sum(rows) AS n FROM system.parts \
+         WHERE database = '{ch_db}' AND active AND table LIKE 'binlog\\_field\\_test\\_%' GROUP BY table",
+        "binlog_field_test_".len() + 1
+    );
     let counts = |ch: clickhouse::Client, sql: String, tables: usize| async move {
         #[derive(clickhouse::Row, serde::Deserialize)]
         struct Count {
@@ -647,8 +752,8 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
         }
         out
     };
-    // Warm-up: one row per table through the whole pipeline (topics, group, tables in place).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first rows: one per table, inserted as the stages start, through the whole pipeline
+    // (the topics made, the group joined, the target tables created): the start-up path.
     for t in 1..=load.tables {
         c.query_drop(insert_into(&db, t, 0, 1)).await?;
     }
@@ -658,9 +763,29 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
         .iter()
         .any(|n| *n < 1)
     {
-        anyhow::ensure!(Instant::now() < deadline, "warm-up rows never arrived");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        anyhow::ensure!(Instant::now() < deadline, "the first rows never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let first_row = started.elapsed().as_secs_f64();
+    let ch_pid = clickhouse_pid();
+    // What one count poll costs ClickHouse (the benchmark's own query, not the pipeline's
+    // work): 100 of them, back to back, before the load.
+    let ch_cpu = || ch_pid.and_then(|p| sluice_tests::bench::cpu_seconds(p).ok());
+    let per_poll = {
+        let before = ch_cpu();
+        for _ in 0..100 {
+            counts(ch.clone(), counts_sql.clone(), load.tables).await;
+        }
+        before.zip(ch_cpu()).map(|(a, b)| (b - a) / 100.0)
+    };
+    let mut polls = 0usize;
+    let ch_cpu0 = ch_cpu();
+    let writes = || {
+        sluice_tests::bench::scrape(apply_port)
+            .map(|b| sluice_tests::bench::metric(&b, "sluice_apply_batch_rows_count"))
+            .unwrap_or(0.0)
+    };
+    let writes0 = writes();
     // The watcher: (time, rows visible per table) every 20 ms.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {
@@ -706,19 +831,30 @@ async fn sustained(release: &std::path::Path, load: Load) -> anyhow::Result<Sust
         .iter()
         .any(|n| *n < per_table)
     {
+        polls += 1;
         anyhow::ensure!(Instant::now() < deadline, "the pipeline never caught up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let ch_cpu1 = ch_cpu();
+    let writes = writes() - writes0;
     tokio::time::sleep(Duration::from_millis(50)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let seen = watcher.await?;
+    // (1 + the polls of the wait above: every query the benchmark sent over the load)
+    let polls = polls + 1 + seen.len();
     let l = sluice_tests::bench::latencies(&acked, &seen, load.batch);
     let rows = batches * load.batch * load.tables as u64;
     let [(capture_cpu, capture_rss), (apply_cpu, apply_rss)] =
         sluice_tests::bench::usage_and_stop(capture, apply)?;
     let result = Sustained {
         load,
+        max_wait_ms,
+        first_row,
         rows,
+        clickhouse_cpu: ch_cpu0.zip(ch_cpu1).map(|(a, b)| b - a),
+        clickhouse_poll_cpu: per_poll.map(|p| p * polls as f64),
+        polls,
+        writes,
         achieved: rows as f64 / l.all_visible.duration_since(started).as_secs_f64(),
         p50: l.p50,
         p99: l.p99,
@@ -741,6 +877,19 @@ struct VerifyRun {
     sluice_cpu: f64,
     mariadb_cpu: f64,
     clickhouse_cpu: f64,
+}
+
+/// The test bed's ClickHouse server process when the benchmark writes to it (for its CPU).
+fn clickhouse_pid() -> Option<u32> {
+    let url = clickhouse_url();
+    let file = if url.ends_with(":18124") {
+        "clickhouse-current/pid"
+    } else if url.ends_with(":18123") {
+        "clickhouse/pid"
+    } else {
+        return None;
+    };
+    server_pid(file).ok()
 }
 
 /// A test bed server's process (`deploy/testbed.sh`), by the pid file it keeps.
