@@ -99,7 +99,9 @@ impl SchemaCache {
         let mut config = self.kafka.client_config(&self.client_id);
         config
             .set("group.id", format!("{}-schema-reader", self.client_id))
-            .set("enable.auto.commit", "false");
+            .set("enable.auto.commit", "false")
+            // A small prefetch, not librdkafka's 64 MiB: the topic is read whole.
+            .set("queued.max.messages.kbytes", "1024");
         let topic = self.topic.clone();
         let timeout = self.kafka.request_timeout();
         let read_for = self.read_window();

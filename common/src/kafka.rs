@@ -352,7 +352,10 @@ impl KafkaConfig {
     }
 
     /// Create a topic unless it exists. `partitions`/`replication` of -1 take the broker's
-    /// defaults; `compacted` sets `cleanup.policy=compact`.
+    /// defaults; `compacted` sets `cleanup.policy=compact` and rolls a segment every hour
+    /// (`segment.ms`): the broker compacts only closed segments, and by its default (7 days or
+    /// 1 GiB) a checkpoint topic written every second grows to hundreds of MB that every
+    /// capture's start reads from the beginning.
     pub async fn ensure_topic(
         &self,
         client_id: &str,
@@ -401,7 +404,9 @@ impl KafkaConfig {
                 let mut new =
                     NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
                 if compacted {
-                    new = new.set("cleanup.policy", "compact");
+                    new = new
+                        .set("cleanup.policy", "compact")
+                        .set("segment.ms", "3600000");
                 }
                 if let Some(m) = &max {
                     new = new.set("max.message.bytes", m);

@@ -242,3 +242,40 @@ async fn a_schema_read_cut_short_is_an_error_never_an_unknown_schema() {
     assert_eq!(s.table, "t300");
     assert_eq!(cache.get(301).await.unwrap(), None);
 }
+
+/// The compacted topics the stages make (schemas, checkpoints) roll a segment every hour, so
+/// the broker compacts them: by its defaults (7 days, 1 GiB) a checkpoint topic written every
+/// second keeps growing, and every capture's start reads it from the beginning.
+#[tokio::test]
+async fn compacted_topics_are_made_to_be_compacted_within_the_hour() {
+    let topic = unique("compacted");
+    let made = config()
+        .ensure_topic("sluice-tests", &topic, 1, 1, true, None)
+        .await
+        .unwrap();
+    assert!(made);
+    let admin: AdminClient<DefaultClientContext> =
+        config().client_config("sluice-tests").create().unwrap();
+    let described = admin
+        .describe_configs(
+            &[rdkafka::admin::ResourceSpecifier::Topic(&topic)],
+            &AdminOptions::new().request_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    let resource = described.into_iter().next().unwrap().unwrap();
+    let value = |name: &str| {
+        resource
+            .get(name)
+            .and_then(|e| e.value.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(value("cleanup.policy"), "compact");
+    assert_eq!(value("segment.ms"), "3600000");
+    // Made again: nothing to do, and said so.
+    let again = config()
+        .ensure_topic("sluice-tests", &topic, 1, 1, true, None)
+        .await
+        .unwrap();
+    assert!(!again);
+}

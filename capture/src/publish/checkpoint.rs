@@ -281,7 +281,11 @@ pub(super) async fn read_last(
     config
         .set("group.id", format!("{client_id}-checkpoint-reader"))
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed");
+        .set("isolation.level", "read_committed")
+        // Read from its start, the topic can be large (a checkpoint a second, until the
+        // broker compacts it): a small prefetch, not librdkafka's 64 MiB, so that a start's
+        // memory does not grow with it.
+        .set("queued.max.messages.kbytes", "1024");
     let timeout = kafka.request_timeout();
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
