@@ -177,7 +177,8 @@ async fn main() -> anyhow::Result<()> {
         if !runs_group(group_name) {
             continue;
         }
-        let testbed_broker = std::env::var("SLUICE_KAFKA_BROKERS").is_err();
+        // (the test bed's address, which `deploy/testbed.sh env` exports too)
+        let testbed_broker = kafka_brokers() == "127.0.0.1:19092";
         if group_name == "broker" && !testbed_broker {
             eprintln!("{name}: left out (the broker is not the test bed's)");
             continue;
