@@ -322,6 +322,19 @@ fn merge_toml(config: &str, extra: &str) -> anyhow::Result<String> {
     Ok(toml::to_string(&base)?)
 }
 
+/// The folder the benchmarks write their figures to: the workspace's `target/bench`.
+pub fn out_dir() -> anyhow::Result<std::path::PathBuf> {
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&out)?;
+    Ok(out)
+}
+
+/// Write `value` (pretty JSON) to `target/bench/<file>`.
+pub fn write_json(file: &str, value: &serde_json::Value) -> anyhow::Result<()> {
+    std::fs::write(out_dir()?.join(file), serde_json::to_string_pretty(value)?)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

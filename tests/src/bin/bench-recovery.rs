@@ -291,16 +291,14 @@ async fn main() -> anyhow::Result<()> {
             println!("| {name} | {} |", times.join(" / "));
         }
     }
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("recovery.json"),
-        serde_json::to_string_pretty(&serde_json::json!({
+    sluice_tests::bench::write_json(
+        "recovery.json",
+        &serde_json::json!({
             "benchmark": "recovery: kill -9 of a stage, a broker restart",
             "machine": m.json(),
             "cases": cases,
             "broker_restart_breakdown": breakdown,
-        }))?,
+        }),
     )?;
     if !breakdown.is_empty() {
         println!();

@@ -44,8 +44,7 @@ fn main() -> anyhow::Result<()> {
         "bench-w2",
         "bench-recovery",
     ])?;
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
-    std::fs::create_dir_all(&out)?;
+    let out = sluice_tests::bench::out_dir()?;
     let run = |bin: &str, a: &[String], file: &str| -> anyhow::Result<Value> {
         let path = out.join(file);
         let _ = std::fs::remove_file(&path);
@@ -310,9 +309,9 @@ fn main() -> anyhow::Result<()> {
         ));
     }
     std::fs::write(out.join("report.md"), &md)?;
-    std::fs::write(
-        out.join("report.json"),
-        serde_json::to_string_pretty(&json!({
+    sluice_tests::bench::write_json(
+        "report.json",
+        &json!({
             "machine": machine.json(),
             "runs": runs,
             "per_cpu_second": goals,
@@ -320,7 +319,7 @@ fn main() -> anyhow::Result<()> {
             "w1": w1,
             "w2": w2,
             "recovery": recovery,
-        }))?,
+        }),
     )?;
     eprintln!("written: target/bench/report.md, target/bench/report.json");
     Ok(())

@@ -78,7 +78,6 @@ async fn main() -> anyhow::Result<()> {
         .map(|a| a.parse())
         .transpose()?
         .unwrap_or(1_000_000);
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let release = sluice_tests::bench::release_dir(&["capture-mysql", "apply-clickhouse"])?;
     if args.switch("--sustained-only") {
         eprintln!("sustained end to end only ...");
@@ -89,15 +88,13 @@ async fn main() -> anyhow::Result<()> {
             machine.cores, machine.cpu, machine.memory_gib
         );
         println!("{}", e2e.line());
-        let out = root.join("target/bench");
-        std::fs::create_dir_all(&out)?;
-        std::fs::write(
-            out.join("w1-sustained.json"),
-            serde_json::to_string_pretty(&serde_json::json!({
+        sluice_tests::bench::write_json(
+            "w1-sustained.json",
+            &serde_json::json!({
                 "benchmark": "W1 MySQL binlog -> ClickHouse, sustained",
                 "machine": machine.json(),
                 "sustained": e2e.json(),
-            }))?,
+            }),
         )?;
         return Ok(());
     }
@@ -319,11 +316,9 @@ async fn main() -> anyhow::Result<()> {
                 r.clickhouse_cpu
             );
         }
-        let out = root.join("target/bench");
-        std::fs::create_dir_all(&out)?;
-        std::fs::write(
-            out.join("w1-verify.json"),
-            serde_json::to_string_pretty(&serde_json::json!({
+        sluice_tests::bench::write_json(
+            "w1-verify.json",
+            &serde_json::json!({
                 "benchmark": "sluice verify, W1 MySQL -> ClickHouse mirror",
                 "rows": rows,
                 "clickhouse": clickhouse,
@@ -335,7 +330,7 @@ async fn main() -> anyhow::Result<()> {
                     "cpu_seconds_mariadb": r.mariadb_cpu,
                     "cpu_seconds_clickhouse": r.clickhouse_cpu,
                 })).collect::<Vec<_>>(),
-            }))?,
+            }),
         )?;
         return Ok(());
     }
@@ -370,17 +365,15 @@ async fn main() -> anyhow::Result<()> {
                 }),
             );
         }
-        let out = root.join("target/bench");
-        std::fs::create_dir_all(&out)?;
-        std::fs::write(
-            out.join("w1-snapshot.json"),
-            serde_json::to_string_pretty(&serde_json::json!({
+        sluice_tests::bench::write_json(
+            "w1-snapshot.json",
+            &serde_json::json!({
                 "benchmark": "W1 snapshot MySQL -> ClickHouse",
                 "rows": rows,
                 "cores": num_cores(),
                 "stages": json,
                 "checked": true,
-            }))?,
+            }),
         )?;
         return Ok(());
     }
@@ -513,9 +506,7 @@ async fn main() -> anyhow::Result<()> {
         "sustained": e2e.json(),
         "checked": true,
     });
-    let out = root.join("target/bench");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(out.join("w1.json"), serde_json::to_string_pretty(&json)?)?;
+    sluice_tests::bench::write_json("w1.json", &json)?;
     Ok(())
 }
 
