@@ -264,17 +264,14 @@ impl Sink {
         columns: &BTreeMap<String, ChType>,
     ) -> Result<(), Refusal> {
         let cluster = &self.config.cluster;
-        let what = format!("reading the engine of {name}");
         let engine = self
-            .answered(&what, || {
-                self.client
-                    .query("SELECT engine_full FROM system.tables WHERE database = ? AND name = ?")
-                    .bind(&self.config.clickhouse.database)
-                    .bind(name)
-                    .fetch_optional::<String>()
-            })
+            .about::<String>(
+                &format!("reading the engine of {name}"),
+                "SELECT engine_full FROM system.tables WHERE database = ? AND name = ?",
+                name,
+            )
             .await?
-            .map_err(|e| refused(format_args!("{what}: {e}")))?
+            .pop()
             .unwrap_or_default();
         let args = crate::clickhouse::cluster::engine_args(&engine);
         let local = cluster.local(name);
@@ -343,24 +340,37 @@ impl Sink {
         Ok(())
     }
 
+    /// The rows `sql` (a query of a system table, bound to the target database and then to
+    /// `name`) gives about table `name`, waiting for ClickHouse while it does not answer. The
+    /// server refusing to show its own tables: no event of the table can be written.
+    async fn about<T>(&self, what: &str, sql: &str, name: &str) -> Result<Vec<T>, Refusal>
+    where
+        T: clickhouse::RowOwned + clickhouse::RowRead,
+    {
+        self.answered(what, || {
+            self.client
+                .query(sql)
+                .bind(&self.config.clickhouse.database)
+                .bind(name)
+                .fetch_all::<T>()
+        })
+        .await?
+        .map_err(|e| refused(format_args!("{what}: {e}")).into())
+    }
+
     pub(super) async fn describe(&self, name: &str) -> Result<BTreeMap<String, ChType>, Refusal> {
         #[derive(clickhouse::Row, serde::Deserialize)]
         struct Col {
             name: String,
             r#type: String,
         }
-        let what = format!("reading the columns of {name}");
         let cols = self
-            .answered(&what, || {
-                self.client
-                    .query("SELECT name, type FROM system.columns WHERE database = ? AND table = ?")
-                    .bind(&self.config.clickhouse.database)
-                    .bind(name)
-                    .fetch_all::<Col>()
-            })
-            .await?
-            // The server refusing to show its own columns: no event can be written.
-            .map_err(|e| refused(format_args!("{what}: {e}")))?;
+            .about::<Col>(
+                &format!("reading the columns of {name}"),
+                "SELECT name, type FROM system.columns WHERE database = ? AND table = ?",
+                name,
+            )
+            .await?;
         let mut out = BTreeMap::new();
         for c in cols {
             // Columns of types this stage cannot write are simply not written (defaults).
