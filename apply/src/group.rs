@@ -834,6 +834,11 @@ pub(crate) trait BatchSink {
     fn batch_started(&self) -> Option<Instant>;
     /// The batch in hand reached its size limits.
     fn batch_full(&self) -> bool;
+    /// When the last write to the target began (of rows or documents, from any path: a batch,
+    /// the batch before a DDL event, a table's part before a column change). A batch of
+    /// offsets only (heartbeats, DDL events, skipped or dead-lettered records) costs the target
+    /// nothing and does not count.
+    fn last_write(&self) -> Option<Instant>;
     /// How long a batch may wait after its first event.
     fn max_wait(&self) -> Duration;
     /// Take one event into the batch (its offset is stored once the batch is written). The
@@ -903,7 +908,8 @@ pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Resu
 /// `max_wait`, and only while writes would otherwise follow each other faster than one per
 /// `max_wait`: the first row after a quiet spell is written at once, while a steady stream is
 /// gathered into one write per `max_wait` (fewer, larger parts for the target to merge), and a
-/// write that takes long makes the next batch larger. (A full batch is written at once.)
+/// write that takes long makes the next batch larger. (A full batch is written at once; a
+/// write of offsets only, of heartbeats or DDL events, does not count as the previous write.)
 pub(crate) fn due(started: Instant, last_write: Option<Instant>, max_wait: Duration) -> Instant {
     match last_write {
         Some(w) => started.max(w + max_wait),
@@ -1003,8 +1009,6 @@ async fn run_loop<S: BatchSink>(
     let mut watcher = Watcher::start(&consumer);
     // Messages taken without waiting since the clock was last read.
     let mut unclocked = 0u32;
-    // When the last write of a batch with events began.
-    let mut last_write: Option<Instant> = None;
     let result = loop {
         if shutdown.is_triggered() {
             break Ok(());
@@ -1024,10 +1028,9 @@ async fn run_loop<S: BatchSink>(
                 let overdue = unclocked >= 64
                     && sink.batch_started().is_some_and(|s| {
                         unclocked = 0;
-                        Instant::now() >= due(s, last_write, max_wait)
+                        Instant::now() >= due(s, sink.last_write(), max_wait)
                     });
                 if overdue {
-                    last_write = Some(Instant::now());
                     if let Err(e) = sink.write_held(shutdown).await {
                         break Err(e);
                     }
@@ -1037,7 +1040,7 @@ async fn run_loop<S: BatchSink>(
             None => {
                 let deadline = sink
                     .batch_started()
-                    .map(|s| due(s, last_write, max_wait))
+                    .map(|s| due(s, sink.last_write(), max_wait))
                     .unwrap_or_else(|| Instant::now() + max_wait);
                 tokio::select! {
                     biased;
@@ -1049,12 +1052,7 @@ async fn run_loop<S: BatchSink>(
         };
         let mut fatal = None;
         let r = match step {
-            None => {
-                if sink.batch_started().is_some() {
-                    last_write = Some(Instant::now());
-                }
-                sink.write_held(shutdown).await
-            }
+            None => sink.write_held(shutdown).await,
             Some(Err(e)) if no_topic_yet(&e) => {
                 tracing::debug!(error = %e, "no topic of the subscription yet");
                 Ok(())
@@ -1102,10 +1100,7 @@ async fn run_loop<S: BatchSink>(
                         Ok(())
                     }
                     crate::incarnation::Admit::Yes => match sink.on_message(&m, shutdown).await {
-                        Ok(()) if sink.batch_full() => {
-                            last_write = Some(Instant::now());
-                            sink.write_held(shutdown).await
-                        }
+                        Ok(()) if sink.batch_full() => sink.write_held(shutdown).await,
                         other => other,
                     },
                 }

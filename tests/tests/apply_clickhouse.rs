@@ -932,6 +932,48 @@ async fn a_rebalance_writes_the_batch_in_hand_first() {
     assert!(log.contains("wrote the batch in hand"), "{log}");
 }
 
+/// `batch.max_wait_ms` is spent only while writes would come faster: the first row after a
+/// quiet spell is written at once (not `max_wait_ms` later), and rows right after it wait for
+/// the next write, `max_wait_ms` after that one began (here 60 s: only the stop writes them).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_after_a_quiet_spell_is_written_at_once_and_the_next_ones_wait() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_quiet", "_mirror").await;
+    let prefix = cap.prefix.clone();
+    let mut c = w1_source(&db).await;
+    let extra = "[batch]\nmax_wait_ms = 60000\n";
+    let mut a = apply(&prefix, &m_db, "mirror", &unique("g"), extra);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !assigned(a.metrics_port) {
+        assert!(Instant::now() < deadline, "a never got partitions");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The table's DDL events (on every partition) are handled; nothing written yet.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rows_written(a.metrics_port), 0);
+    c.query_drop(w1_insert(&db, 1, 1)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while rows_written(a.metrics_port) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the first row after a quiet spell was held back (max_wait_ms is 60 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Right after that write: the next rows wait for the next one.
+    c.query_drop(w1_insert(&db, 2, 200)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        rows_written(a.metrics_port),
+        1,
+        "rows right after a write were written before max_wait_ms"
+    );
+    // A stop writes what is held.
+    let (code, log) = a.stop();
+    assert_eq!(code, Some(0), "{log}");
+    converge(&db, &m_db, Duration::from_secs(30)).await;
+    finish(&db, &mut [&mut cap]).await;
+}
+
 /// A source table of `rows` W1 rows.
 async fn w1_filled(db: &str, rows: u64) {
     let mut c = w1_source(db).await;

@@ -94,6 +94,8 @@ pub struct Sink {
     metrics: Metrics,
     /// Reused to work out a row's shard.
     scratch: Vec<u8>,
+    /// When the last INSERT of rows began ([`crate::group::BatchSink::last_write`]).
+    last_write: Option<std::time::Instant>,
     /// The run's shutdown, for waits outside a batch write (a target looked up or changed).
     shutdown: Shutdown,
 }
@@ -325,6 +327,7 @@ impl Sink {
             writer,
             metrics,
             scratch: Vec::new(),
+            last_write: None,
             config,
             shutdown: Shutdown::new(),
         };

@@ -76,6 +76,8 @@ pub struct Sink {
     outage: Arc<crate::group::Outage>,
     /// Source database -> collection -> target namespace ([`Config::target`], worked out once).
     targets: HashMap<String, HashMap<String, Target>>,
+    /// When the last write of documents began ([`crate::group::BatchSink::last_write`]).
+    last_write: Option<Instant>,
 }
 
 /// A target database and collection, shared by every write to them.
@@ -167,6 +169,7 @@ impl Sink {
             drain_failed,
             outage,
             targets: HashMap::new(),
+            last_write: None,
         })
     }
 
@@ -366,6 +369,9 @@ impl Sink {
         if batch.offsets.is_empty() {
             return Ok(());
         }
+        if !batch.items.is_empty() {
+            self.last_write = Some(Instant::now());
+        }
         self.metrics.group.writing(batch.oldest_commit_micros);
         let started = Instant::now();
         let mut backoff = Duration::from_millis(500);
@@ -452,6 +458,10 @@ impl BatchSink for Sink {
 
     fn batch_full(&self) -> bool {
         self.full()
+    }
+
+    fn last_write(&self) -> Option<Instant> {
+        self.last_write
     }
 
     fn max_wait(&self) -> Duration {

@@ -379,6 +379,7 @@ impl Sink {
             keys.iter().filter_map(|k| b.tables.remove(k)).collect()
         };
         for tb in parts {
+            self.last_write = Some(Instant::now());
             insert(&self.writer, &self.metrics, name, tb, &self.shutdown).await?;
         }
         Ok(())
@@ -397,6 +398,7 @@ impl Sink {
             return Ok(());
         }
         self.metrics.group.writing(batch.oldest_commit_micros);
+        self.last_write = Some(Instant::now());
         let (writer, metrics, shutdown) =
             (self.writer.clone(), self.metrics.clone(), shutdown.clone());
         let task = tokio::spawn(async move {
@@ -477,6 +479,10 @@ impl BatchSink for Sink {
 
     fn batch_full(&self) -> bool {
         self.full()
+    }
+
+    fn last_write(&self) -> Option<Instant> {
+        self.last_write
     }
 
     fn max_wait(&self) -> Duration {
