@@ -93,6 +93,36 @@ async fn produce(
     }
 }
 
+/// Create `topic` unless it exists: a compacted one (schemas, checkpoints) of one partition, a
+/// change topic of `publish.partitions`, with `publish.max_message_bytes`.
+async fn make_topic(
+    kafka: &KafkaConfig,
+    client_id: &str,
+    config: &PublishConfig,
+    topic: &str,
+    compacted: bool,
+) -> Result<(), PublishError> {
+    let partitions = if compacted { 1 } else { config.partitions };
+    let created = kafka
+        .ensure_topic(
+            client_id,
+            topic,
+            partitions,
+            config.replication_factor,
+            compacted,
+            (!compacted).then_some(config.max_message_bytes),
+        )
+        .await
+        .map_err(|reason| PublishError::CreateTopic {
+            topic: topic.to_string(),
+            reason,
+        })?;
+    if created {
+        tracing::info!(topic, partitions, compacted, "created topic");
+    }
+    Ok(())
+}
+
 impl<C> Publisher<C>
 where
     C: Serialize + Clone + Send + Sync + 'static,
@@ -150,20 +180,7 @@ where
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let incarnation = (previous.unwrap_or(0) + 1).max(now_ms);
-        kafka
-            .ensure_topic(
-                client_id,
-                &config.checkpoint_topic,
-                1,
-                config.replication_factor,
-                true,
-                None,
-            )
-            .await
-            .map_err(|reason| PublishError::CreateTopic {
-                topic: config.checkpoint_topic.clone(),
-                reason,
-            })?;
+        make_topic(kafka, client_id, config, &config.checkpoint_topic, true).await?;
         // The incarnation committed, and meanwhile the schema topic made (a start waits on both).
         let schemas = config.schema_topic.clone();
         let (written, schemas_made) = tokio::join!(
@@ -171,23 +188,10 @@ where
                 incarnation_key.into_bytes(),
                 incarnation.to_string().into_bytes(),
             ),
-            kafka.ensure_topic(
-                client_id,
-                &schemas,
-                1,
-                config.replication_factor,
-                true,
-                None
-            )
+            make_topic(kafka, client_id, config, &schemas, true)
         );
         written?;
-        let schemas_made = schemas_made.map_err(|reason| PublishError::CreateTopic {
-            topic: schemas.clone(),
-            reason,
-        })?;
-        if schemas_made {
-            tracing::info!(topic = %schemas, partitions = 1, compacted = true, "created topic");
-        }
+        schemas_made?;
         tracing::info!(
             connector,
             incarnation,
@@ -248,25 +252,7 @@ where
         if let Some(n) = self.topics.get(topic) {
             return Ok(*n);
         }
-        let partitions = if compacted { 1 } else { self.config.partitions };
-        let created = self
-            .kafka
-            .ensure_topic(
-                &self.client_id,
-                topic,
-                partitions,
-                self.config.replication_factor,
-                compacted,
-                (!compacted).then_some(self.config.max_message_bytes),
-            )
-            .await
-            .map_err(|reason| PublishError::CreateTopic {
-                topic: topic.to_string(),
-                reason,
-            })?;
-        if created {
-            tracing::info!(topic, partitions, compacted, "created topic");
-        }
+        make_topic(&self.kafka, &self.client_id, &self.config, topic, compacted).await?;
         let now = self.partition_count(topic).await?;
         self.remember(topic, compacted, now)
     }

@@ -188,12 +188,15 @@ fn main() -> anyhow::Result<()> {
     let series = |f: &dyn Fn(&Value) -> Option<f64>, src: &[Value]| -> Vec<f64> {
         src.iter().filter_map(f).collect()
     };
-    let rows_table: Vec<(&str, Vec<f64>, String, String)> = vec![
+    // (measure, each run, its format, the goal, the bound the median must keep, if any)
+    type Row<'a> = (&'a str, Vec<f64>, String, String, Option<f64>);
+    let rows_table: Vec<Row> = vec![
         (
             "W1 rows/s achieved",
             series(&|r| s(r, "achieved_rows_per_second"), &w1),
             "{:.0}".into(),
             "20 000".into(),
+            None,
         ),
         (
             "ClickHouse CPU s per million rows",
@@ -203,47 +206,54 @@ fn main() -> anyhow::Result<()> {
             ),
             "{:.1}".into(),
             "≤ 11.7 (Bifrost's)".into(),
+            Some(11.7),
         ),
         (
             "W1 latency p50, s",
             series(&|r| s(r, "latency_p50_seconds"), &w1),
             "{:.2}".into(),
             String::new(),
+            None,
         ),
         (
             "W1 latency p99, s",
             series(&|r| s(r, "latency_p99_seconds"), &w1),
             "{:.2}".into(),
             "≤ 0.72 (Bifrost's), ≤ 1".into(),
+            Some(0.72),
         ),
         (
             "first row visible after both stages start, s",
             series(&|r| s(r, "first_row_seconds"), &w1),
             "{:.2}".into(),
             "Bifrost 0.1 – 0.3".into(),
+            None,
         ),
         (
             "capture-mysql peak RSS, MiB",
             series(&|r| s(r, "capture_peak_rss_bytes").map(|b| b / MIB), &w1),
             "{:.1}".into(),
             "≤ 64".into(),
+            Some(64.0),
         ),
         (
             "apply-clickhouse peak RSS, MiB",
             series(&|r| s(r, "apply_peak_rss_bytes").map(|b| b / MIB), &w1),
             "{:.1}".into(),
             "≤ 64".into(),
+            Some(64.0),
         ),
     ];
     let w2_sustained = |r: &Value, k: &str| -> Option<f64> {
         r.as_array()?.iter().find(|s| s["stage"] == "sustained")?[k].as_f64()
     };
-    let more: Vec<(&str, Vec<f64>, String, String)> = vec![
+    let more: Vec<Row> = vec![
         (
             "W2 latency p99, s",
             series(&|r| w2_sustained(r, "latency_p99_s"), &w2),
             "{:.2}".into(),
             String::new(),
+            None,
         ),
         (
             "capture-mongo peak RSS under load, MiB",
@@ -253,6 +263,7 @@ fn main() -> anyhow::Result<()> {
             ),
             "{:.1}".into(),
             "≤ 64".into(),
+            Some(64.0),
         ),
         (
             "apply-mongo peak RSS under load, MiB",
@@ -262,6 +273,7 @@ fn main() -> anyhow::Result<()> {
             ),
             "{:.1}".into(),
             "≤ 64".into(),
+            Some(64.0),
         ),
     ];
     let fmt = |pattern: &str, v: f64| match pattern {
@@ -270,9 +282,13 @@ fn main() -> anyhow::Result<()> {
         _ => format!("{v:.2}"),
     };
     let mut under_load = Vec::new();
-    for (name, values, pattern, goal) in rows_table.iter().chain(more.iter()) {
+    for (name, values, pattern, goal, bound) in rows_table.iter().chain(more.iter()) {
+        let verdict = match bound {
+            Some(b) if !values.is_empty() => format!(": {}", met(median(values) <= *b)),
+            _ => String::new(),
+        };
         line(format!(
-            "| {name} | {} | {} | {goal} |",
+            "| {name} | {} | {} | {goal}{verdict} |",
             each(values, |v| fmt(pattern, v)),
             if values.is_empty() {
                 "not measured".to_string()
