@@ -145,6 +145,7 @@ pub mod bench;
 pub mod capture;
 pub mod edge;
 pub mod faults;
+pub mod floor;
 pub mod mirror;
 pub mod mongo;
 pub mod private_clickhouse;

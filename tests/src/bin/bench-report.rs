@@ -174,6 +174,121 @@ fn main() -> anyhow::Result<()> {
     }
     line(String::new());
 
+    // The floor: what the client libraries alone cost per record, over the same records
+    // (sluice_tests::floor), against each stage's budget at its goal.
+    line(
+        "The floor under each stage: microseconds of CPU per record that the client libraries \
+         alone cost over the same records, in the benchmark's own process after the drain \
+         (`sluice_tests::floor`: Kafka's consumer with the appliers' settings, its producer with \
+         the captures', the events read as the appliers read them, the oplog read and \
+         `insert_many` with the official driver), beside what the stage's goal allows per record."
+            .into(),
+    );
+    line(String::new());
+    line("| step | µs per record (each run) | median |".into());
+    line("|---|---|---|".into());
+    let w1_floor = |r: &Value, step: &str| r["kafka_floor"][step]["cpu_micros_per_record"].as_f64();
+    let w2_floor = |r: &Value, step: &str| {
+        r.as_array()?.iter().find(|s| s["stage"] == "kafka_floor")?["floor"][step]
+            ["cpu_micros_per_record"]
+            .as_f64()
+    };
+    let mut floors = Vec::new();
+    let mut floor_median = std::collections::BTreeMap::new();
+    for (w, src, step, what) in [
+        (
+            "W1",
+            &w1,
+            "stream",
+            "consume, `StreamConsumer::recv` (as the appliers)",
+        ),
+        (
+            "W1",
+            &w1,
+            "batch",
+            "consume, `rd_kafka_consume_batch_queue`",
+        ),
+        (
+            "W1",
+            &w1,
+            "decode",
+            "decode the events (`sluice_proto::view`)",
+        ),
+        ("W1", &w1, "produce", "produce, the captures' settings"),
+        (
+            "W2",
+            &w2,
+            "stream",
+            "consume, `StreamConsumer::recv` (as the appliers)",
+        ),
+        (
+            "W2",
+            &w2,
+            "batch",
+            "consume, `rd_kafka_consume_batch_queue`",
+        ),
+        (
+            "W2",
+            &w2,
+            "decode",
+            "decode the events (`sluice_proto::view`)",
+        ),
+        ("W2", &w2, "produce", "produce, the captures' settings"),
+        ("W2", &w2, "source_read", "the oplog read, official driver"),
+        (
+            "W2",
+            &w2,
+            "target_write",
+            "`insert_many`, official driver, 500 documents each",
+        ),
+    ] {
+        let v: Vec<f64> = src
+            .iter()
+            .filter_map(|r| {
+                if w == "W1" {
+                    w1_floor(r, step)
+                } else {
+                    w2_floor(r, step)
+                }
+            })
+            .collect();
+        let med = median(&v);
+        line(format!(
+            "| {w}: {what} | {} | {med:.2} |",
+            each(&v, |x| format!("{x:.2}"))
+        ));
+        floor_median.insert((w, step), med);
+        floors.push(json!({"workload": w, "step": step, "micros": v, "median": med}));
+    }
+    line(String::new());
+    line("| stage | µs per record at its goal | its floor (medians above) | left for the stage's own work | the stage now (median) |".into());
+    line("|---|---|---|---|---|".into());
+    let f = |w, step| floor_median.get(&(w, step)).copied().unwrap_or(f64::NAN);
+    for ((name, _, _, goal), (parts, sum)) in stages.iter().zip([
+        ("produce", f("W1", "produce")),
+        ("consume + decode", f("W1", "stream") + f("W1", "decode")),
+        (
+            "oplog read + produce",
+            f("W2", "source_read") + f("W2", "produce"),
+        ),
+        (
+            "consume + decode + insert_many",
+            f("W2", "stream") + f("W2", "decode") + f("W2", "target_write"),
+        ),
+    ]) {
+        let budget = 1e6 / goal;
+        let now = goals
+            .iter()
+            .find(|g| g["stage"] == *name)
+            .and_then(|g| g["median"].as_f64())
+            .map_or(f64::NAN, |m| 1e6 / m);
+        line(format!(
+            "| {name} | {budget:.2} | {parts}: {sum:.2} | {:.2} | {now:.2} |",
+            budget - sum
+        ));
+    }
+    line(String::new());
+
     // Under load: 20 000 rows/s, the target's CPU, the latency, the first row.
     line(format!(
         "Under load, both stages running: W1 at 20 000 rows/s (two tables, 1000 rows every 100 ms \
@@ -331,6 +446,7 @@ fn main() -> anyhow::Result<()> {
             "machine": machine.json(),
             "runs": runs,
             "per_cpu_second": goals,
+            "floor": floors,
             "under_load": under_load,
             "w1": w1,
             "w2": w2,

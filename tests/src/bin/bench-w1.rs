@@ -56,6 +56,8 @@ const MIB: u64 = 1 << 20;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // As the stages do: the Kafka floor step runs in this process (sluice_tests::floor).
+    sluice_common::keep_memory_small();
     let args = sluice_tests::bench::Args::from_env(&["--snapshot", "--verify", "--sustained-only"]);
     let snapshot = args.switch("--snapshot");
     let max_wait_ms = args.text("--max-wait-ms").map(|v| v.parse()).transpose()?;
@@ -272,6 +274,16 @@ async fn main() -> anyhow::Result<()> {
             "the large rows' mirror differs: {got:?} vs {source:?}"
         );
     }
+    // Kafka's client alone over the same records: the floor under both stages' figures.
+    let floor = if snapshot || verify {
+        None
+    } else {
+        eprintln!(
+            "4b Kafka's client alone over the same {} records ...",
+            rows + big_rows
+        );
+        Some(sluice_tests::floor::measure(&kafka_brokers(), &prefix, rows + big_rows).await?)
+    };
     let verified = if verify {
         eprintln!("5/5 sluice verify, {verify_runs} runs ...");
         let mut runs = Vec::new();
@@ -427,6 +439,9 @@ async fn main() -> anyhow::Result<()> {
             s.rss / 1048576.0
         );
     }
+    if let Some(f) = &floor {
+        print!("{}", f.lines("W1's rows"));
+    }
     println!();
     println!("{}", e2e.line());
     let both_cpu = capture.cpu + apply.cpu;
@@ -504,6 +519,7 @@ async fn main() -> anyhow::Result<()> {
         "capture_catch_up": stage_json(&capture),
         "apply_drain": stage_json(&apply),
         "sustained": e2e.json(),
+        "kafka_floor": floor.map(|f| f.json()),
         "checked": true,
     });
     sluice_tests::bench::write_json("w1.json", &json)?;

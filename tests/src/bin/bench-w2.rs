@@ -75,6 +75,8 @@ async fn digest(c: &mongodb::Client, db: &str, coll: &str) -> (u64, u64) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // As the stages do: the Kafka floor step runs in this process (sluice_tests::floor).
+    sluice_common::keep_memory_small();
     let args = sluice_tests::bench::Args::from_env(&["--snapshot"]);
     let snapshot = args.switch("--snapshot");
     let docs: i64 = args
@@ -93,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
         .collection::<Document>("m")
         .insert_one(doc! {})
         .await?;
-    let start = std::time::SystemTime::now()
+    let start_secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -143,7 +145,7 @@ async fn main() -> anyhow::Result<()> {
         )
     } else {
         (
-            format!("time:{}", start + 1),
+            format!("time:{}", start_secs + 1),
             "",
             "sluice_capture_events_total",
             "capture-mongo",
@@ -201,6 +203,24 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("check: all {COLLECTIONS} target collections equal their sources (count and hash)");
 
+    // 4b. Kafka's client alone over the same records (not with --snapshot: the floor of the
+    // streaming stages).
+    let floor = if snapshot {
+        None
+    } else {
+        eprintln!("4b Kafka's client alone over the same {events} records ...");
+        let mut floor = sluice_tests::floor::measure(&kafka_brokers(), &prefix, events).await?;
+        floor.source =
+            Some(sluice_tests::floor::oplog_read(&src, start_secs as u32 + 1, 10_000).await?);
+        let docs: Vec<mongodb::bson::RawDocumentBuf> = (0..docs)
+            .map(|i| mongodb::bson::RawDocumentBuf::from_document(&w2_doc(i)))
+            .collect::<Result<_, _>>()?;
+        floor.target = Some(
+            sluice_tests::floor::driver_insert(&dst, &format!("{db}_floor"), &docs, 500).await?,
+        );
+        Some(floor)
+    };
+
     // 5. Sustained end to end (not with --snapshot).
     let e2e = if snapshot {
         None
@@ -256,6 +276,10 @@ async fn main() -> anyhow::Result<()> {
         json.push(format!(
             "{{\"stage\":\"{name}\",\"events\":{events},\"wall_s\":{wall:.3},\"cpu_s\":{cpu:.3},\"peak_rss_bytes\":{rss:.0}}}"
         ));
+    }
+    if let Some(f) = &floor {
+        print!("\n{}", f.lines("W2's events"));
+        json.push(serde_json::json!({"stage": "kafka_floor", "floor": f.json()}).to_string());
     }
     if let Some(e) = &e2e {
         println!(
