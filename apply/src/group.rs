@@ -22,7 +22,8 @@ use sluice_common::Shutdown;
 /// topic -> partition -> offset of the last event handled. Stored once the batch holding it is
 /// written: librdkafka's `rd_kafka_offset_store` commits that offset + 1, the next to read.
 #[derive(Debug, Default, Clone)]
-pub struct Offsets(pub HashMap<String, HashMap<i32, i64>>);
+// (foldhash, not SipHash: every record's offset is recorded here)
+pub struct Offsets(pub foldhash::HashMap<String, foldhash::HashMap<i32, i64>>);
 
 impl Offsets {
     pub fn record<M: Message>(&mut self, m: &M) {
@@ -33,7 +34,7 @@ impl Offsets {
             None => {
                 self.0.insert(
                     m.topic().to_string(),
-                    HashMap::from([(m.partition(), m.offset())]),
+                    [(m.partition(), m.offset())].into_iter().collect(),
                 );
             }
         }
@@ -1230,10 +1231,11 @@ mod tests {
         let r = Registry::new();
         let m = GroupMetrics::new(&r).unwrap();
         let offsets = |o: i64| {
-            Offsets(HashMap::from([(
-                "t".to_string(),
-                HashMap::from([(0, o), (1, o + 1)]),
-            )]))
+            Offsets(
+                [("t".to_string(), [(0, o), (1, o + 1)].into_iter().collect())]
+                    .into_iter()
+                    .collect(),
+            )
         };
         m.writing(Some(50));
         m.writing(Some(40));

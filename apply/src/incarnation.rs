@@ -16,7 +16,7 @@
 //! assigned: a restarted or rebalanced stage skips exactly what the one before it would have.
 //! Records without the header (captures older than the header) are always handled.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
 use rdkafka::message::Headers;
@@ -54,7 +54,9 @@ struct Connector {
 }
 
 /// topic -> partition -> connector -> what is known of it.
-type Known = HashMap<String, HashMap<i32, HashMap<String, Connector>>>;
+// (foldhash, not SipHash: every record looks its topic and connector up here)
+type Known = FastMap<String, FastMap<i32, FastMap<String, Connector>>>;
+type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 /// Per partition of one consumer: the highest capture incarnation seen of each connector.
 #[derive(Default)]

@@ -383,6 +383,18 @@ struct Reader<'a>(&'a [u8]);
 impl<'a> Reader<'a> {
     #[inline]
     fn varint(&mut self) -> Result<u64, ViewError> {
+        // Most varints here (keys, lengths, small values) are one byte.
+        if let Some((&b, rest)) = self.0.split_first() {
+            if b < 0x80 {
+                self.0 = rest;
+                return Ok(u64::from(b));
+            }
+        }
+        self.varint_long()
+    }
+
+    #[inline(never)]
+    fn varint_long(&mut self) -> Result<u64, ViewError> {
         let mut v = 0u64;
         for (i, &b) in self.0.iter().enumerate().take(10) {
             if i == 9 && b > 1 {

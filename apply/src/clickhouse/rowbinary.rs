@@ -217,7 +217,8 @@ fn write_text(v: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) {
     let frac = |us: u32, out: &mut Vec<u8>| {
         if c.fsp > 0 {
             let at = out.len();
-            let _ = write!(out, ".{us:06}");
+            out.push(b'.');
+            pad(u64::from(us), 6, out);
             out.truncate(at + 1 + (c.fsp as usize).min(6));
         }
     };
@@ -243,17 +244,19 @@ fn write_text(v: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) {
         }
         V::Date(d) => write!(out, "{:04}-{:02}-{:02}", d.year, d.month, d.day),
         V::TimeMicros(t) => {
-            let (sign, t) = if t < 0 { ("-", -t) } else { ("", t) };
+            // (by hand, not `write!`: a TIME column of every row of a table goes this way)
+            if t < 0 {
+                out.push(b'-');
+            }
+            let t = t.unsigned_abs();
             let s = t / 1_000_000;
-            let r = write!(
-                out,
-                "{sign}{:02}:{:02}:{:02}",
-                s / 3600,
-                s / 60 % 60,
-                s % 60
-            );
+            pad(s / 3600, 2, out);
+            out.push(b':');
+            pad(s / 60 % 60, 2, out);
+            out.push(b':');
+            pad(s % 60, 2, out);
             frac((t % 1_000_000) as u32, out);
-            r
+            Ok(())
         }
         V::Datetime(d) => {
             let r = write!(
@@ -285,6 +288,23 @@ fn write_text(v: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) {
         }
         V::Geometry { wkb, .. } => write!(out, "{} bytes of WKB", wkb.len()),
     };
+}
+
+/// `v` in decimal, with leading zeros to at least `width` digits.
+fn pad(v: u64, width: usize, out: &mut Vec<u8>) {
+    let mut digits = [b'0'; 20];
+    let mut i = digits.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let start = i.min(digits.len() - width.min(digits.len()));
+    out.extend_from_slice(&digits[start..]);
 }
 
 fn put_int(v: i128, bits: u8, signed: bool, out: &mut Vec<u8>) -> Result<(), String> {
@@ -504,6 +524,29 @@ mod tests {
     fn enc(v: Value, c: &Column, t: &ChType) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         encode(ValueRef::from(&v), c, t, &mut out).map(|_| out)
+    }
+
+    #[test]
+    fn times_as_text_are_zero_padded_signed_and_cut_to_their_precision() {
+        let t = |us: i64, fsp: u32| {
+            let c = Column {
+                fsp,
+                ..col(ColumnType::Time)
+            };
+            text(&ValueRef::TimeMicros(us), &c)
+        };
+        assert_eq!(t(1_000_000, 0), "00:00:01");
+        assert_eq!(t(0, 0), "00:00:00");
+        assert_eq!(t((838 * 3600 + 59 * 60 + 59) * 1_000_000, 0), "838:59:59");
+        assert_eq!(t(-(3600 + 2) * 1_000_000 - 5, 6), "-01:00:02.000005");
+        assert_eq!(t(12 * 1_000_000 + 340_000, 2), "00:00:12.34");
+        assert_eq!(t(7, 3), "00:00:00.000");
+        let mut out = Vec::new();
+        pad(u64::MAX, 2, &mut out);
+        assert_eq!(out, u64::MAX.to_string().as_bytes());
+        out.clear();
+        pad(7, 3, &mut out);
+        assert_eq!(out, b"007");
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub struct Sink {
     stopped: HashMap<String, String>,
     /// When `stopped` was last read from `tables.stopped_table` (again every 5 s).
     stopped_read_at: std::time::Instant,
+    /// The key of a row's part in the batch, reused from row to row (no name copied for a
+    /// lookup).
+    part_key: (String, usize),
     /// Target name -> the ALTERs applied to it (kept in ClickHouse, `tables.ddl_table`).
     applied: HashMap<String, Applied>,
     plans: HashMap<u64, Arc<Plan>>,
@@ -320,6 +323,7 @@ impl Sink {
             targets: HashMap::new(),
             stopped: HashMap::new(),
             stopped_read_at: std::time::Instant::now(),
+            part_key: Default::default(),
             applied: HashMap::new(),
             plans: HashMap::new(),
             batch,

@@ -206,12 +206,17 @@ impl Sink {
             (Some(s), Some(v)) => Some(s.slots.shard(v)),
             _ => None,
         };
-        let part = (plan.target.clone(), shard.unwrap_or(0));
+        // (the key reused: the target's name copied into it, not a new string per row)
+        let mut part = std::mem::take(&mut self.part_key);
+        part.0.clear();
+        part.0.push_str(&plan.target);
+        part.1 = shard.unwrap_or(0);
         // One INSERT per table (and shard) per batch: a different column list (a schema
         // change) closes this table's parts first.
         let mut guard = loop {
             {
-                let guard = self.batch();
+                // (the field, not `self.batch()`: `part_key` is put back while this is held)
+                let guard = self.batch.lock().expect("batch lock");
                 let other_columns = guard.tables.get(&part).is_some_and(|b| {
                     !Arc::ptr_eq(&b.columns, &plan.insert_columns)
                         && *b.columns != *plan.insert_columns
@@ -223,16 +228,19 @@ impl Sink {
             self.flush_table(&plan.target).await?;
         };
         let batch = &mut *guard;
-        let tb = match batch.tables.get_mut(&part) {
-            Some(tb) => tb,
-            None => batch.tables.entry(part).or_insert_with(|| TableBatch {
-                columns: plan.insert_columns.clone(),
-                shard,
-                done: Vec::new(),
-                body: Vec::with_capacity(1 << 16),
-                rows: 0,
-            }),
-        };
+        if !batch.tables.contains_key(&part) {
+            batch.tables.insert(
+                part.clone(),
+                TableBatch {
+                    columns: plan.insert_columns.clone(),
+                    shard,
+                    done: Vec::new(),
+                    body: Vec::with_capacity(1 << 16),
+                    rows: 0,
+                },
+            );
+        }
+        let tb = batch.tables.get_mut(&part).expect("made above");
         // Encode straight into the table's buffer; a failing row is cut off again.
         let start = tb.body.len();
         let value = |message: String| BadEvent::new(Reason::Value, message);
@@ -292,7 +300,9 @@ impl Sink {
             }
             Ok(())
         };
-        if let Err(bad) = encode_row() {
+        let encoded = encode_row();
+        self.part_key = part;
+        if let Err(bad) = encoded {
             tb.body.truncate(start);
             return Err(Refusal::Bad(bad));
         }
