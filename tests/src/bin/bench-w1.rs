@@ -28,6 +28,8 @@
 //!    shows them is the first row's. The applier runs with its default `[batch]` settings, or
 //!    `max_wait_ms` from `--max-wait-ms MS`. `--sustained-only` runs only this step (writes
 //!    `target/bench/w1-sustained.json`).
+//! 6. The floor (not with `--snapshot` or `--verify`; `sluice_tests::floor`): the same records
+//!    consumed, decoded and produced again by Kafka's client alone, CPU per record of each.
 //!
 //! With `--big-rows K`, step 1 also writes K rows of 4 to 15 MiB each (sizes spread evenly) into
 //! a second table of the same database, `big`, before the W1 rows: the catch-up and the drain
@@ -274,16 +276,6 @@ async fn main() -> anyhow::Result<()> {
             "the large rows' mirror differs: {got:?} vs {source:?}"
         );
     }
-    // Kafka's client alone over the same records: the floor under both stages' figures.
-    let floor = if snapshot || verify {
-        None
-    } else {
-        eprintln!(
-            "4b Kafka's client alone over the same {} records ...",
-            rows + big_rows
-        );
-        Some(sluice_tests::floor::measure(&kafka_brokers(), &prefix, rows + big_rows).await?)
-    };
     let verified = if verify {
         eprintln!("5/5 sluice verify, {verify_runs} runs ...");
         let mut runs = Vec::new();
@@ -399,6 +391,17 @@ async fn main() -> anyhow::Result<()> {
         load.seconds
     );
     let e2e = sustained(&release, load, max_wait_ms).await?;
+    // Kafka's client alone over the same records: the floor under both stages' figures (last:
+    // its million records produced again load the broker, not during the sustained step).
+    let floor = if snapshot || verify {
+        None
+    } else {
+        eprintln!(
+            "6 Kafka's client alone over the same {} records ...",
+            rows + big_rows
+        );
+        Some(sluice_tests::floor::measure(&kafka_brokers(), &prefix, rows + big_rows).await?)
+    };
 
     let machine = sluice_tests::bench::machine();
     let mariadb: String = c.query_first("SELECT VERSION()").await?.unwrap_or_default();
