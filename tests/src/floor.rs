@@ -153,8 +153,10 @@ pub async fn measure(brokers: &str, prefix: &str, records: u64) -> anyhow::Resul
     consumer.assign(&all)?;
     let (stream, _) = timed(records, || async {
         let mut sum = 0usize;
-        for _ in 0..records {
-            let m = consumer.recv().await?;
+        for n in 0..records {
+            let m = tokio::time::timeout(IDLE, consumer.recv())
+                .await
+                .map_err(|_| too_few(n, records))??;
             sum = sum.wrapping_add(touch(&m));
         }
         Ok(sum)
@@ -167,12 +169,15 @@ pub async fn measure(brokers: &str, prefix: &str, records: u64) -> anyhow::Resul
     let (poll, _) = timed(records, || async {
         let mut sum = 0usize;
         let mut n = 0;
+        let mut last = Instant::now();
         while n < records {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(m) => {
                     sum = sum.wrapping_add(touch(&m?));
                     n += 1;
+                    last = Instant::now();
                 }
+                None if last.elapsed() > IDLE => return Err(too_few(n, records)),
                 None => continue,
             }
         }
@@ -186,7 +191,7 @@ pub async fn measure(brokers: &str, prefix: &str, records: u64) -> anyhow::Resul
     let consumer: BaseConsumer = config("batch").create()?;
     consumer.assign(&all)?;
     let (batch, _) = timed(records, || async {
-        Ok(consume_batches(&consumer, records, &mut kept))
+        consume_batches(&consumer, records, &mut kept)
     })
     .await?;
     drop(consumer);
@@ -253,6 +258,15 @@ pub async fn oplog_read(
     .await?;
     step.records = records;
     Ok(step)
+}
+
+/// How long a step waits for the next record before it gives up.
+const IDLE: Duration = Duration::from_secs(30);
+
+fn too_few(n: u64, records: u64) -> anyhow::Error {
+    anyhow::anyhow!(
+        "no record for {IDLE:?} after {n} of {records}: the topics hold fewer records than that"
+    )
 }
 
 /// What every consumer does with a record: reads its payload, key, incarnation header and
@@ -343,7 +357,11 @@ where
 
 /// `records` messages from the consumer's queue, up to 1000 per call of librdkafka's
 /// `rd_kafka_consume_batch_queue`; keeps the first 100 000 in `kept`.
-fn consume_batches(consumer: &BaseConsumer, records: u64, kept: &mut Vec<Kept>) -> usize {
+fn consume_batches(
+    consumer: &BaseConsumer,
+    records: u64,
+    kept: &mut Vec<Kept>,
+) -> anyhow::Result<usize> {
     use rdkafka::bindings as rd;
     const KEEP: usize = 100_000;
     let mut sum = 0usize;
@@ -354,11 +372,16 @@ fn consume_batches(consumer: &BaseConsumer, records: u64, kept: &mut Vec<Kept>) 
     unsafe {
         let queue = rd::rd_kafka_queue_get_consumer(consumer.client().native_ptr());
         let mut batch: Vec<*mut rd::rd_kafka_message_t> = vec![std::ptr::null_mut(); 1000];
+        let mut last = Instant::now();
         while n < records {
             let want = (records - n).min(batch.len() as u64) as usize;
             let got = rd::rd_kafka_consume_batch_queue(queue, 100, batch.as_mut_ptr(), want);
-            if got < 0 {
-                break;
+            if got < 0 || (got == 0 && last.elapsed() > IDLE) {
+                rd::rd_kafka_queue_destroy(queue);
+                return Err(too_few(n, records));
+            }
+            if got > 0 {
+                last = Instant::now();
             }
             for &m in &batch[..got as usize] {
                 let msg = &*m;
@@ -404,7 +427,7 @@ fn consume_batches(consumer: &BaseConsumer, records: u64, kept: &mut Vec<Kept>) 
         }
         rd::rd_kafka_queue_destroy(queue);
     }
-    sum
+    Ok(sum)
 }
 
 /// Delivery reports: records and bytes acknowledged.
