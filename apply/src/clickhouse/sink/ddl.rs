@@ -61,15 +61,22 @@ impl Sink {
         said_before: Option<&TableSchema>,
     ) -> Result<ColumnChanges, String> {
         // The schema before the statement as the capture says it; else the one last written
-        // since start; else every earlier schema's columns.
-        let before: Vec<Column> = match (said_before, &target.source) {
-            (Some(s), _) => s.columns.clone(),
-            (None, Some(s)) => s.columns.clone(),
-            (None, None) => self.schemas.columns_ever(database, table, new.schema_id),
+        // since start; else every other schema's columns the schema topic holds (a guess:
+        // after a restart it holds the table's later schemas too).
+        let (before, exact): (Vec<Column>, bool) = match (said_before, &target.source) {
+            (Some(s), _) => (s.columns.clone(), true),
+            (None, Some(s)) => (s.columns.clone(), true),
+            (None, None) => (
+                self.schemas.columns_ever(database, table, new.schema_id),
+                false,
+            ),
         };
         column_changes(
             &target.columns,
-            &before,
+            &Before {
+                columns: &before,
+                exact,
+            },
             new,
             statements,
             self.features_for(database, table),
@@ -567,14 +574,22 @@ impl Sink {
 /// by hand, or before a server upgrade, may hold a column in another type than the mapping
 /// gives, and values are converted by the target's type as before. Target columns no source
 /// schema had (added by the user) are never touched.
+/// The source columns before an ALTER: the schema before it (`exact`), or only a set of
+/// definitions the table's columns have had (before or after it).
+struct Before<'a> {
+    columns: &'a [Column],
+    exact: bool,
+}
+
 fn column_changes(
     columns: &BTreeMap<String, ChType>,
-    before: &[Column],
+    before: &Before<'_>,
     new: &TableSchema,
     statements: &[String],
     features: Features,
     create: bool,
 ) -> Result<ColumnChanges, String> {
+    let (exact, before) = (before.exact, before.columns);
     let names: HashSet<&str> = before.iter().map(|c| c.name.as_str()).collect();
     let after: HashSet<&str> = new.columns.iter().map(|c| c.name.as_str()).collect();
     let mut dropped: Vec<String> = columns
@@ -645,13 +660,19 @@ fn column_changes(
             continue;
         };
         // Unchanged if the source had this very definition before (under its old name).
-        if before.iter().any(|b| {
-            b.name == was
-                && Column {
-                    name: c.name.clone(),
-                    ..b.clone()
-                } == *c
-        }) {
+        // Not when the definitions are only a guess and the statement redefines the column:
+        // a definition the guess holds may be a later one (a MODIFY read again after a
+        // restart), and the target is then checked against the new type below.
+        let redefined = !exact && super::statement::modifies_in(statements, &c.name);
+        if !redefined
+            && before.iter().any(|b| {
+                b.name == was
+                    && Column {
+                        name: c.name.clone(),
+                        ..b.clone()
+                    } == *c
+            })
+        {
             continue;
         }
         let want = map_column(c, features);
@@ -765,12 +786,96 @@ mod tests {
     ) -> Result<ColumnChanges, String> {
         column_changes(
             columns,
-            before,
+            &Before {
+                columns: before,
+                exact: true,
+            },
             new,
             &[statement.to_string()],
             features,
             create,
         )
+    }
+
+    #[test]
+    fn a_modify_read_again_after_a_restart_widens_the_target_whatever_later_schemas_say() {
+        let f = Features::of_version("18.16.1");
+        let id = col("id", ColumnType::Int, "int(11)");
+        let a = Column {
+            nullable: true,
+            ..col("a", ColumnType::Int, "int(11)")
+        };
+        let big = Column {
+            nullable: true,
+            ..col("a", ColumnType::Bigint, "bigint(20)")
+        };
+        let target: BTreeMap<String, ChType> = [
+            ("id".to_string(), map_column(&id, f)),
+            ("a".to_string(), map_column(&a, f)),
+        ]
+        .into();
+        let after = schema(vec![id.clone(), big.clone()]);
+        let statements = vec!["ALTER TABLE t MODIFY COLUMN `a` BIGINT NULL".to_string()];
+        // After a restart the schema topic holds the table's schemas before and after the
+        // statement (a capture read it again and registered the same schema once more): the
+        // later definition of `a` is among them, and the target must still be widened.
+        let guess = vec![id.clone(), a.clone(), id.clone(), big.clone()];
+        let change = column_changes(
+            &target,
+            &Before {
+                columns: &guess,
+                exact: false,
+            },
+            &after,
+            &statements,
+            f,
+            true,
+        )
+        .unwrap();
+        assert_eq!(change.widened, vec![("a".to_string(), map_column(&big, f))]);
+        // With tables.create off the row is refused, not written into a column too narrow.
+        let refused = column_changes(
+            &target,
+            &Before {
+                columns: &guess,
+                exact: false,
+            },
+            &after,
+            &statements,
+            f,
+            false,
+        )
+        .unwrap_err();
+        assert!(refused.contains("column a is now bigint(20)"), "{refused}");
+        // The schema before the statement known exactly, and `a` already BIGINT in it (a
+        // target mapped by hand): left as it is.
+        let change = column_changes(
+            &target,
+            &Before {
+                columns: &[id.clone(), big.clone()],
+                exact: true,
+            },
+            &after,
+            &statements,
+            f,
+            true,
+        )
+        .unwrap();
+        assert!(change.widened.is_empty());
+        // A guess, and a statement that does not redefine `a`: the earlier rule stands.
+        let change = column_changes(
+            &target,
+            &Before {
+                columns: &guess,
+                exact: false,
+            },
+            &after,
+            &["ALTER TABLE t ADD COLUMN b INT".to_string()],
+            f,
+            true,
+        )
+        .unwrap();
+        assert!(change.widened.is_empty());
     }
 
     const MODIFY: &str = "ALTER TABLE t MODIFY n BIGINT";
@@ -932,7 +1037,11 @@ mod tests {
         .map(|s| s.to_string())
         .collect();
         let after = schema(vec![id.clone(), price.clone(), email.clone()]);
-        let change = column_changes(&target, &before, &after, &merged, f, true).unwrap();
+        let exact = Before {
+            columns: &before,
+            exact: true,
+        };
+        let change = column_changes(&target, &exact, &after, &merged, f, true).unwrap();
         assert_eq!(change.dropped, vec!["n".to_string()]);
         assert_eq!(change.added, vec![(email.clone(), Some("'x'".to_string()))]);
         assert!(change.renamed.is_empty());

@@ -307,6 +307,33 @@ pub fn drops_in(statements: &[String], column: &str) -> bool {
         .any(|s| drops(s).iter().any(|d| d.eq_ignore_ascii_case(column)))
 }
 
+/// Whether the ALTER redefines `column` (its name after the statement): `MODIFY [COLUMN] [IF
+/// EXISTS] column <definition>` or `CHANGE [COLUMN] [IF EXISTS] a column <definition>`.
+pub fn modifies(sql: &str, column: &str) -> bool {
+    clauses(sql).iter().any(|c| {
+        let change = c.first().is_some_and(|x| x.is("CHANGE"));
+        if !change && !c.first().is_some_and(|x| x.is("MODIFY")) {
+            return false;
+        }
+        let mut i = 1;
+        if c.get(i).is_some_and(|x| x.is("COLUMN")) {
+            i += 1;
+        }
+        i = skip_if(c, i);
+        if change {
+            i += 1; // the old name
+        }
+        c.get(i)
+            .and_then(Token::name)
+            .is_some_and(|n| n.eq_ignore_ascii_case(column))
+    })
+}
+
+/// Whether some statement redefines `column` ([`modifies`]).
+pub fn modifies_in(statements: &[String], column: &str) -> bool {
+    statements.iter().any(|s| modifies(s, column))
+}
+
 /// What the rows already in a table took for a column an ALTER added.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Added {
@@ -452,6 +479,32 @@ fn is_number(w: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn modify_and_change_name_the_column_they_redefine() {
+        assert!(modifies("ALTER TABLE t MODIFY COLUMN `a` BIGINT NULL", "a"));
+        assert!(modifies("alter table t modify a bigint", "A"));
+        assert!(modifies("ALTER TABLE t MODIFY COLUMN IF EXISTS a INT", "a"));
+        assert!(modifies("ALTER TABLE t CHANGE COLUMN a b BIGINT", "b"));
+        assert!(!modifies("ALTER TABLE t CHANGE COLUMN a b BIGINT", "a"));
+        assert!(!modifies(
+            "ALTER TABLE t ADD COLUMN a INT, MODIFY b INT",
+            "a"
+        ));
+        assert!(modifies(
+            "ALTER TABLE t ADD COLUMN a INT, MODIFY b INT",
+            "b"
+        ));
+        assert!(!modifies("ALTER TABLE t DROP COLUMN a", "a"));
+        assert!(modifies_in(
+            &[
+                "ALTER TABLE t ADD c INT".into(),
+                "ALTER TABLE t MODIFY a INT".into()
+            ],
+            "a"
+        ));
+    }
+
     use super::*;
 
     #[test]
