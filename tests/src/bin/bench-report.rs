@@ -178,7 +178,7 @@ fn main() -> anyhow::Result<()> {
     // (sluice_tests::floor), against each stage's budget at its goal.
     line(
         "The floor under each stage: microseconds of CPU per record that the client libraries \
-         alone cost over the same records, in the benchmark's own process after the drain \
+         alone cost over the same records, in the benchmark's own process after its last step \
          (`sluice_tests::floor`: Kafka's consumer with the appliers' settings, its producer with \
          the captures', the events read as the appliers read them, the oplog read and \
          `insert_many` with the official driver), beside what the stage's goal allows per record."
