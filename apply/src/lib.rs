@@ -20,3 +20,39 @@ pub mod status;
 pub mod verify;
 
 pub use error::{ApplyError, BadEvent, Origin, Reason};
+
+/// Append `v` in decimal, with leading zeros to at least `width` digits (no `fmt` machinery:
+/// the writers call it per value).
+pub(crate) fn push_decimal(v: u64, width: usize, out: &mut Vec<u8>) {
+    let mut digits = [b'0'; 20];
+    let mut i = digits.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let start = i.min(digits.len() - width.min(digits.len()));
+    out.extend_from_slice(&digits[start..]);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn decimals_are_zero_padded_to_their_width_and_never_cut() {
+        let text = |v: u64, width: usize| {
+            let mut out = Vec::new();
+            super::push_decimal(v, width, &mut out);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(text(u64::MAX, 2), u64::MAX.to_string());
+        assert_eq!(text(7, 3), "007");
+        assert_eq!(text(0, 1), "0");
+        assert_eq!(text(0, 0), "0");
+        assert_eq!(text(1234, 2), "1234");
+        assert_eq!(text(5, 40), format!("{:020}", 5));
+    }
+}

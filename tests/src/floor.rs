@@ -111,7 +111,7 @@ impl Floor {
             )
         });
         format!(
-            "Kafka's client alone, the same {} records of {what}:\n{}{}{}{}{}{source}{target}",
+            "The client libraries alone, over the same {} records of {what}:\n{}{}{}{}{}{source}{target}",
             self.stream.records,
             line("consume, StreamConsumer::recv (the appliers)", &self.stream),
             line("consume, BaseConsumer::poll", &self.poll),

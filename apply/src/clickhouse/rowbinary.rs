@@ -218,7 +218,7 @@ fn write_text(v: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) {
         if c.fsp > 0 {
             let at = out.len();
             out.push(b'.');
-            pad(u64::from(us), 6, out);
+            crate::push_decimal(u64::from(us), 6, out);
             out.truncate(at + 1 + (c.fsp as usize).min(6));
         }
     };
@@ -250,11 +250,11 @@ fn write_text(v: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) {
             }
             let t = t.unsigned_abs();
             let s = t / 1_000_000;
-            pad(s / 3600, 2, out);
+            crate::push_decimal(s / 3600, 2, out);
             out.push(b':');
-            pad(s / 60 % 60, 2, out);
+            crate::push_decimal(s / 60 % 60, 2, out);
             out.push(b':');
-            pad(s % 60, 2, out);
+            crate::push_decimal(s % 60, 2, out);
             frac((t % 1_000_000) as u32, out);
             Ok(())
         }
@@ -288,23 +288,6 @@ fn write_text(v: &ValueRef<'_>, c: &Column, out: &mut Vec<u8>) {
         }
         V::Geometry { wkb, .. } => write!(out, "{} bytes of WKB", wkb.len()),
     };
-}
-
-/// `v` in decimal, with leading zeros to at least `width` digits.
-fn pad(v: u64, width: usize, out: &mut Vec<u8>) {
-    let mut digits = [b'0'; 20];
-    let mut i = digits.len();
-    let mut v = v;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    let start = i.min(digits.len() - width.min(digits.len()));
-    out.extend_from_slice(&digits[start..]);
 }
 
 fn put_int(v: i128, bits: u8, signed: bool, out: &mut Vec<u8>) -> Result<(), String> {
@@ -541,12 +524,6 @@ mod tests {
         assert_eq!(t(-(3600 + 2) * 1_000_000 - 5, 6), "-01:00:02.000005");
         assert_eq!(t(12 * 1_000_000 + 340_000, 2), "00:00:12.34");
         assert_eq!(t(7, 3), "00:00:00.000");
-        let mut out = Vec::new();
-        pad(u64::MAX, 2, &mut out);
-        assert_eq!(out, u64::MAX.to_string().as_bytes());
-        out.clear();
-        pad(7, 3, &mut out);
-        assert_eq!(out, b"007");
     }
 
     #[test]

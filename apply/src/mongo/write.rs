@@ -396,18 +396,7 @@ impl CommandBuf {
         let b = &mut self.buf;
         // An array's element names are its indexes: "0", "1", ...
         b.push(BSON_DOCUMENT);
-        let mut digits = [0u8; 20];
-        let mut k = digits.len();
-        let mut n = self.statements.len();
-        loop {
-            k -= 1;
-            digits[k] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        b.extend_from_slice(&digits[k..]);
+        crate::push_decimal(self.statements.len() as u64, 1, b);
         b.push(0);
         if let Write::Insert { doc, .. } = w {
             // An insert's array holds the documents themselves.

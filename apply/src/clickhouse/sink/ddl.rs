@@ -558,6 +558,13 @@ impl Sink {
     }
 }
 
+/// The source columns before an ALTER: the schema before it (`exact`), or only a set of
+/// definitions the table's columns have had (before or after it).
+struct Before<'a> {
+    columns: &'a [Column],
+    exact: bool,
+}
+
 /// What an ALTER to source schema `new` does to a target with `columns`, given the column
 /// definitions the source had before it (`before`: the previous schema's, or every earlier
 /// schema's) and the `statement`. `Err` names what cannot be applied exactly, and the table
@@ -570,17 +577,11 @@ impl Sink {
 /// - an added column whose value in the rows already there the statement does not say
 ///   exactly (a default that is an expression, such as `CURRENT_TIMESTAMP`).
 ///
-/// Only columns whose source definition changed are looked at for their type: a target made
+/// Only columns whose source definition changed (or, when `before` is only a guess, that the
+/// statement redefines) are looked at for their type: a target made
 /// by hand, or before a server upgrade, may hold a column in another type than the mapping
 /// gives, and values are converted by the target's type as before. Target columns no source
 /// schema had (added by the user) are never touched.
-/// The source columns before an ALTER: the schema before it (`exact`), or only a set of
-/// definitions the table's columns have had (before or after it).
-struct Before<'a> {
-    columns: &'a [Column],
-    exact: bool,
-}
-
 fn column_changes(
     columns: &BTreeMap<String, ChType>,
     before: &Before<'_>,
@@ -815,67 +816,37 @@ mod tests {
         ]
         .into();
         let after = schema(vec![id.clone(), big.clone()]);
-        let statements = vec!["ALTER TABLE t MODIFY COLUMN `a` BIGINT NULL".to_string()];
+        let modify = "ALTER TABLE t MODIFY COLUMN `a` BIGINT NULL";
+        let run = |columns: &[Column], exact: bool, statement: &str, create: bool| {
+            column_changes(
+                &target,
+                &Before { columns, exact },
+                &after,
+                &[statement.to_string()],
+                f,
+                create,
+            )
+        };
         // After a restart the schema topic holds the table's schemas before and after the
         // statement (a capture read it again and registered the same schema once more): the
         // later definition of `a` is among them, and the target must still be widened.
         let guess = vec![id.clone(), a.clone(), id.clone(), big.clone()];
-        let change = column_changes(
-            &target,
-            &Before {
-                columns: &guess,
-                exact: false,
-            },
-            &after,
-            &statements,
-            f,
-            true,
-        )
-        .unwrap();
+        let change = run(&guess, false, modify, true).unwrap();
         assert_eq!(change.widened, vec![("a".to_string(), map_column(&big, f))]);
         // With tables.create off the row is refused, not written into a column too narrow.
-        let refused = column_changes(
-            &target,
-            &Before {
-                columns: &guess,
-                exact: false,
-            },
-            &after,
-            &statements,
-            f,
-            false,
-        )
-        .unwrap_err();
+        let refused = run(&guess, false, modify, false).unwrap_err();
         assert!(refused.contains("column a is now bigint(20)"), "{refused}");
         // The schema before the statement known exactly, and `a` already BIGINT in it (a
         // target mapped by hand): left as it is.
-        let change = column_changes(
-            &target,
-            &Before {
-                columns: &[id.clone(), big.clone()],
-                exact: true,
-            },
-            &after,
-            &statements,
-            f,
-            true,
-        )
-        .unwrap();
-        assert!(change.widened.is_empty());
+        assert!(run(&[id.clone(), big.clone()], true, modify, true)
+            .unwrap()
+            .widened
+            .is_empty());
         // A guess, and a statement that does not redefine `a`: the earlier rule stands.
-        let change = column_changes(
-            &target,
-            &Before {
-                columns: &guess,
-                exact: false,
-            },
-            &after,
-            &["ALTER TABLE t ADD COLUMN b INT".to_string()],
-            f,
-            true,
-        )
-        .unwrap();
-        assert!(change.widened.is_empty());
+        assert!(run(&guess, false, "ALTER TABLE t ADD COLUMN b INT", true)
+            .unwrap()
+            .widened
+            .is_empty());
     }
 
     const MODIFY: &str = "ALTER TABLE t MODIFY n BIGINT";

@@ -479,6 +479,7 @@ fn is_number(w: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn modify_and_change_name_the_column_they_redefine() {
@@ -504,8 +505,6 @@ mod tests {
             "a"
         ));
     }
-
-    use super::*;
 
     #[test]
     fn renamed_columns_are_read_from_the_statement() {
