@@ -13,11 +13,7 @@ pub mod error;
 pub mod group;
 pub mod incarnation;
 pub mod mongo;
-pub mod position;
-pub mod replay;
 pub mod schemas;
-pub mod status;
-pub mod verify;
 
 pub use error::{ApplyError, BadEvent, Origin, Reason};
 

@@ -4,9 +4,10 @@
 //! - [`mongo`]: MongoDB change streams (binary `capture-mongo`).
 //!
 //! What both share: the error model ([`error`]), the publisher with its ordered
-//! acknowledgements and checkpoints ([`publish`]), the table filter ([`filter`]) and the
+//! acknowledgements ([`publish`]), the checkpoint topic ([`checkpoint`]), the table filter ([`filter`]) and the
 //! snapshot settings and progress ([`snapshot`]).
 
+pub mod checkpoint;
 pub mod error;
 pub mod filter;
 pub mod mongo;

@@ -21,10 +21,9 @@
 //! Children: `ledger` (numbering the records handed to the producer and ticking them off as
 //! librdkafka acknowledges them), `publisher` (the [`Publisher`]: topics, sending with the
 //! in-flight bounds, marks), `acker` (the task that turns marks into stored checkpoints) and
-//! `checkpoint` (reading the last checkpoint back at start).
+//! [`crate::checkpoint`] (the checkpoint topic: reading it back at start, the fenced writer).
 
 mod acker;
-mod checkpoint;
 pub mod keying;
 mod ledger;
 mod publisher;
@@ -45,15 +44,8 @@ pub enum PublishError {
     Partitions { topic: String, reason: String },
     #[error("topic {topic}: delivery failed: {reason}")]
     Delivery { topic: String, reason: String },
-    #[error("checkpoint topic {topic}: {reason}")]
-    Checkpoint { topic: String, reason: String },
-    #[error(
-        "connector {connector:?}: another capture was started with the same connector name and \
-         took its checkpoints over (Kafka transactional id {id:?}); this one stops. Two captures \
-         of one connector would both publish and overwrite each other's checkpoints: give each \
-         capture its own `connector`, or stop the other one"
-    )]
-    Fenced { connector: String, id: String },
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("the acknowledgement task stopped")]
     AckerGone,
 }

@@ -19,7 +19,6 @@ pub mod progress;
 pub mod secret;
 pub mod shutdown;
 pub mod standby;
-pub mod tools;
 pub mod topics;
 
 pub use app::{AppConfig, CommonArgs, Context, MetricsConfig};

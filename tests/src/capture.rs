@@ -285,10 +285,10 @@ pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
         brokers: kafka_brokers(),
         ..Default::default()
     };
-    sluice_apply::status::read_checkpoints(&kafka, "_sluice_checkpoints")
+    sluice_capture::checkpoint::read_connectors(&kafka, "_sluice_checkpoints", "sluice-tests")
         .ok()?
         .remove(connector)
-        .map(|s| s.json)
+        .map(|s| serde_json::to_value(s.checkpoint).expect("checkpoints serialize"))
 }
 
 /// The sum of a metric's samples (every label set) at a process's /metrics; None when the

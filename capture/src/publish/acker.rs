@@ -1,8 +1,8 @@
 //! The acker: one task that takes the publisher's marks in order, waits until every record
 //! before a mark is acknowledged, and writes the mark's checkpoint to the checkpoint topic
 //! (compacted, key = connector) at most every `checkpoint_interval_ms`, and always at the end;
-//! an unchanged one again every [`KEEPALIVE`] (see `checkpoint`: a fenced capture learns it
-//! there). A failed delivery ends it with the failure: the capture stops, and resumes from the
+//! an unchanged one again every [`KEEPALIVE`] (see [`crate::checkpoint`]: a fenced capture learns
+//! it there). A failed delivery ends it with the failure: the capture stops, and resumes from the
 //! last checkpoint written. A [`Mark::Store`] is written at once, whatever the interval, and
 //! answered once it is committed: a capture that must not publish before its position is
 //! durable (a new connector's start, a snapshot's start) waits for that answer.
@@ -15,9 +15,9 @@ use rdkafka::producer::Producer;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use super::checkpoint::{CheckpointWriter, KEEPALIVE};
 use super::ledger::KafkaProducer;
 use super::{PublishError, PublishMetrics};
+use crate::checkpoint::{CheckpointWriter, KEEPALIVE};
 
 /// A point the acker waits for: every record below `upto` acknowledged.
 pub(super) enum Mark<C> {

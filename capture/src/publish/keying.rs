@@ -6,7 +6,7 @@
 //! Partitions added to a topic later (an operator scaling out) would otherwise move keys to
 //! other partitions while older events of the same key wait in the old one, and an apply stage
 //! could write them out of order. That count is kept per topic in the checkpoint topic (key
-//! [`key_of`]), written in the same transaction as a checkpoint, so a restart keeps it too.
+//! [`crate::checkpoint::key_partitions_key`]), written in the same transaction as a checkpoint, so a restart keeps it too.
 
 use std::collections::BTreeMap;
 
@@ -54,11 +54,6 @@ pub fn murmur2(data: &[u8]) -> i32 {
 /// The partition of `key` among `partitions`, as Kafka's default partitioner picks it.
 pub fn partition_of(key: &[u8], partitions: i32) -> i32 {
     (murmur2(key) & 0x7fff_ffff) % partitions.max(1)
-}
-
-/// The checkpoint topic's key of a connector's partition counts.
-pub fn key_of(connector: &str) -> String {
-    format!("sluice.key-partitions/{connector}")
 }
 
 /// Topic -> the partition count its keys are spread over.

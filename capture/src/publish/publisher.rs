@@ -16,10 +16,10 @@ use sluice_common::KafkaConfig;
 use tokio::sync::{mpsc, watch};
 
 use super::acker::{ack_loop, Mark};
-use super::checkpoint::{CheckpointWriter, KeyCounts};
 use super::keying;
 use super::ledger::{full, KafkaProducer, Ledger};
 use super::{PublishConfig, PublishError, PublishMetrics};
+use crate::checkpoint::{self, CheckpointWriter, KeyCounts};
 
 /// Hands records to Kafka in order and marks safe resume points. See [`crate::publish`].
 pub struct Publisher<C> {
@@ -156,9 +156,9 @@ where
         .await?;
         // Once the earlier writer is fenced: the connector's checkpoint, and the partition
         // counts its keys are spread over, in one pass over the checkpoint topic.
-        let counts_key = keying::key_of(connector);
-        let incarnation_key = super::checkpoint::incarnation_key(connector);
-        let mut last = super::checkpoint::read_last(
+        let counts_key = checkpoint::key_partitions_key(connector);
+        let incarnation_key = checkpoint::incarnation_key(connector);
+        let mut last = checkpoint::read_last(
             kafka,
             &config.checkpoint_topic,
             vec![
@@ -172,7 +172,7 @@ where
         // The next incarnation, committed before any record is published: a successor,
         // fencing this writer, reads it and takes a higher one.
         let previous: Option<u64> =
-            super::checkpoint::parse(&config.checkpoint_topic, last.remove(&incarnation_key))?;
+            checkpoint::parse(&config.checkpoint_topic, last.remove(&incarnation_key))?;
         // Above the previous one, and above any number a lost checkpoint topic may have held
         // (milliseconds since the epoch): a capture whose checkpoints were deleted must not
         // start below what the apply stages already saw.
@@ -199,9 +199,9 @@ where
              skip a lower one's records arriving after it)"
         );
         let resumed: Option<C> =
-            super::checkpoint::parse(&config.checkpoint_topic, last.remove(connector))?;
+            checkpoint::parse(&config.checkpoint_topic, last.remove(connector))?;
         let recorded: Option<keying::Counts> =
-            super::checkpoint::parse(&config.checkpoint_topic, last.remove(&counts_key))?;
+            checkpoint::parse(&config.checkpoint_topic, last.remove(&counts_key))?;
         counts.lock().expect("counts lock").counts = recorded.unwrap_or_default();
         let producer: KafkaProducer =
             producer_config.create_with_context(Ledger::new(metrics.produce_latency.clone()))?;

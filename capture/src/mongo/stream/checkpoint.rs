@@ -13,43 +13,17 @@
 
 use mongodb::bson::{self, Bson, Document, Timestamp};
 use mongodb::change_stream::event::ResumeToken;
-use serde::{Deserialize, Serialize};
 use sluice_common::clock::now_secs;
 use sluice_common::hex;
 
 use super::Capture;
+pub use crate::checkpoint::mongo::Checkpoint;
 use crate::error::CaptureError;
 use crate::mongo::change::token_time;
 use crate::mongo::Mode;
-use crate::snapshot::SnapshotProgress;
 
 /// Changes published between two marks while the source keeps sending.
 pub(super) const MARK_EVERY: usize = 1000;
-
-/// A position in the source's history, as stored in Kafka.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// Oplog time of the last change published (or reached on an idle stream): seconds and
-    /// increment.
-    pub ts: (u32, u32),
-    /// The change stream resume token there, as hex of its BSON document; absent when the
-    /// capture read the oplog.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resume_token: Option<String>,
-    /// The source's replica set name when the checkpoint was written (empty if it has none).
-    #[serde(default)]
-    pub replica_set: String,
-    /// Wall-clock time of the write, seconds since the epoch.
-    pub written_at: u64,
-    /// The snapshot being taken, with each collection's last published `_id` (the shared
-    /// progress type: `tables`, `rows`; checkpoints written before read as `collections`,
-    /// `docs`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot: Option<SnapshotProgress>,
-    /// Snapshots finished (`initial`, re-snapshot request ids).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub snapshots_done: Vec<String>,
-}
 
 impl Checkpoint {
     /// Where a capture resumes from this checkpoint, refused when it was written reading
@@ -249,6 +223,7 @@ impl Capture {
             written_at: now_secs(),
             snapshot: self.snapshot.clone(),
             snapshots_done: self.snapshots_done.clone(),
+            unknown: Default::default(),
         };
         if wait {
             self.publisher.store(checkpoint).await?;
@@ -264,7 +239,7 @@ impl Capture {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::TableProgress;
+    use crate::snapshot::{SnapshotProgress, TableProgress};
     use mongodb::bson::doc;
     use mongodb::bson::raw::RawDocumentBuf;
 
@@ -282,6 +257,7 @@ mod tests {
             written_at: 3,
             snapshot: None,
             snapshots_done: vec![],
+            unknown: Default::default(),
         };
         let json = serde_json::to_string(&c).unwrap();
         assert!(!json.contains("snapshot"));
@@ -357,6 +333,7 @@ mod tests {
             written_at: 0,
             snapshot: None,
             snapshots_done: vec![],
+            unknown: Default::default(),
         };
         for mode in [Mode::ChangeStream, Mode::Oplog] {
             assert_eq!(

@@ -14,9 +14,10 @@ use prometheus::{IntCounter, IntGauge, Registry};
 use sluice_proto::v1::{self, TableSchema};
 use sluice_proto::TopicTemplate;
 
+use crate::checkpoint::mysql::Checkpoint;
 use crate::filter::Filter;
 use crate::mysql::decode::TableDecoder;
-use crate::mysql::position::{BinlogPos, Checkpoint};
+use crate::mysql::position::BinlogPos;
 use crate::mysql::snapshot::SnapshotRun;
 use crate::mysql::Config;
 use crate::publish::{PublishMetrics, Publisher};
@@ -59,10 +60,10 @@ pub struct Capture {
     pub(super) snapshot: Option<SnapshotRun>,
     pub(super) snapshots_done: Vec<String>,
     /// Snapshots asked for by the stream itself (renames), in the checkpoint until done.
-    pub(super) snapshots_pending: Vec<crate::mysql::position::PendingSnapshot>,
+    pub(super) snapshots_pending: Vec<crate::checkpoint::mysql::PendingSnapshot>,
     /// DDL read while behind the server, by table: published at the table's next table map
     /// (in the checkpoint until then).
-    pub(super) ddl_pending: Vec<crate::mysql::position::PendingDdl>,
+    pub(super) ddl_pending: Vec<crate::checkpoint::mysql::PendingDdl>,
     /// The schema the last DDL event of a table carried, read from information_schema when the
     /// capture was caught up: checked against the table's next table map.
     pub(super) ddl_schemas: HashMap<(String, String), TableSchema>,

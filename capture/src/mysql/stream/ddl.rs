@@ -13,9 +13,9 @@ use sluice_proto::v1::{self, Op};
 use sluice_proto::{event_key, CONTRACT_VERSION};
 
 use super::context::Capture;
+use crate::checkpoint::mysql::{PendingDdl, PendingSnapshot};
 use crate::error::CaptureError;
 use crate::mysql::ddl::TableRef;
-use crate::mysql::position::{PendingDdl, PendingSnapshot};
 use mysql_async::prelude::Queryable;
 
 impl Capture {

@@ -13,8 +13,9 @@ use sluice_common::clock::now_secs;
 use sluice_proto::v1;
 
 use super::context::{Capture, TxState};
+use crate::checkpoint::mysql::Checkpoint;
 use crate::error::CaptureError;
-use crate::mysql::position::{BinlogPos, Checkpoint};
+use crate::mysql::position::BinlogPos;
 use crate::snapshot::SnapshotProgress;
 
 impl Capture {
@@ -105,6 +106,7 @@ impl Capture {
             snapshots_pending: self.snapshots_pending.clone(),
             ddl_pending: self.ddl_pending.clone(),
             generation: self.generation,
+            unknown: Default::default(),
         }
     }
 

@@ -22,10 +22,11 @@ use sluice_proto::v1;
 
 use super::context::{Capture, ServerInfo, StreamMetrics};
 use super::SYSTEM_DATABASES;
+use crate::checkpoint::mysql::Checkpoint;
 use crate::error::{CaptureError, Origin};
 use crate::filter::Filter;
 use crate::mysql::gtid::GtidSet;
-use crate::mysql::position::{BinlogPos, Checkpoint, Start};
+use crate::mysql::position::{BinlogPos, Start};
 use crate::mysql::Config;
 use crate::publish::{PublishMetrics, Publisher};
 use crate::snapshot::SnapshotMetrics;

@@ -192,7 +192,7 @@ fn render(v: &Value) -> String {
         Some(Kind::Text(t)) | Some(Kind::Json(t)) => format!("{t:?}"),
         Some(Kind::Bson(b)) => bson_text(b),
         Some(Kind::Bytes(b)) => {
-            format!("0x{}", crate::hex::encode(b))
+            format!("0x{}", sluice_common::hex::encode(b))
         }
         Some(Kind::Bits(b)) => format!("b'{b:b}'"),
         Some(Kind::EnumValue(e)) => format!("{:?}", e.label),
@@ -231,7 +231,7 @@ fn bson_text(b: &[u8]) -> String {
             .into_relaxed_extjson()
             .to_string(),
         Ok(d) => Bson::Document(d).into_relaxed_extjson().to_string(),
-        Err(_) => format!("0x{}", crate::hex::encode(b)),
+        Err(_) => format!("0x{}", sluice_common::hex::encode(b)),
     }
 }
 
@@ -256,7 +256,7 @@ pub fn time_text(ms: Option<i64>) -> String {
         return "-".into();
     };
     let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    let (y, m, d) = crate::civil::civil_from_days(days);
+    let (y, m, d) = sluice_common::civil::civil_from_days(days);
     let s = rem / 1000;
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",

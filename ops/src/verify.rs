@@ -23,12 +23,12 @@ use mysql_async::prelude::Queryable;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
-use serde_json::Value as Json;
+use sluice_capture::checkpoint::Checkpoint;
 use sluice_capture::mysql::position::BinlogPos;
 use sluice_proto::v1::{Column, ColumnType, TableSchema};
 
-use crate::clickhouse::Mode;
 use render::{ch_quote, ch_string, my_quote};
+use sluice_apply::clickhouse::Mode;
 
 /// What `sluice verify` is asked.
 #[derive(Debug, Clone)]
@@ -151,7 +151,7 @@ pub struct ColumnDiff {
 /// topic, connector) and the apply stage's (target, table names, group).
 pub struct Setup {
     pub capture: sluice_capture::mysql::Config,
-    pub apply: crate::clickhouse::Config,
+    pub apply: sluice_apply::clickhouse::Config,
 }
 
 /// How a key compares once the target has caught up past the snapshot the source was read in.
@@ -459,7 +459,7 @@ impl Target {
             format!(
                 "ClickHouse refused the query {}: {}",
                 abbreviated(sql),
-                crate::clickhouse::explain(&e)
+                sluice_apply::clickhouse::explain(&e)
             )
         })
     }
@@ -504,27 +504,16 @@ impl Pipeline {
     /// the capture's binlog generation.
     fn wait(&self, p: &BinlogPos, db: &str, table: &str, limit: Duration) -> Result<u8, String> {
         let cp = self.wait_for(
-            &|cp| {
-                let next = cp.get("next");
-                let at = BinlogPos {
-                    file: next
-                        .and_then(|n| n.get("file"))
-                        .and_then(Json::as_str)
-                        .unwrap_or("")
-                        .to_string(),
-                    pos: next
-                        .and_then(|n| n.get("pos"))
-                        .and_then(Json::as_u64)
-                        .unwrap_or(0),
-                };
-                (pos_key(&at) >= pos_key(p), at.to_string())
+            &|cp| match cp {
+                Checkpoint::Mysql(c) => (pos_key(&c.next) >= pos_key(p), c.next.to_string()),
+                other => (false, other.position()),
             },
             &p.to_string(),
             db,
             table,
             limit,
         )?;
-        Ok(cp.get("generation").and_then(Json::as_u64).unwrap_or(0) as u8)
+        Ok(cp.generation())
     }
 
     /// Blocks until `reached` says the capture's checkpoint is at or past the source position
@@ -533,12 +522,12 @@ impl Pipeline {
     /// topic had at that moment. Returns the checkpoint.
     pub(crate) fn wait_for(
         &self,
-        reached: &dyn Fn(&Json) -> (bool, String),
+        reached: &dyn Fn(&Checkpoint) -> (bool, String),
         target: &str,
         db: &str,
         table: &str,
         limit: Duration,
-    ) -> Result<Json, String> {
+    ) -> Result<Checkpoint, String> {
         let deadline = Instant::now() + limit;
         let name = format!("{db}.{table}");
         let late = |what: String| {
@@ -558,19 +547,10 @@ impl Pipeline {
                     self.connector, self.checkpoint_topic
                 ));
             };
-            let (done, at) = reached(&cp.json);
-            let snapshotting = cp
-                .json
-                .get("snapshot")
-                .and_then(|s| s.get("tables").or_else(|| s.get("collections")))
-                .and_then(|t| t.get(&name))
-                .is_some_and(|t| t.get("done").and_then(Json::as_bool) != Some(true))
-                || cp
-                    .json
-                    .get("snapshots_pending")
-                    .is_some_and(|s| s.to_string().contains(&format!("\"{name}\"")));
+            let (done, at) = reached(&cp.checkpoint);
+            let snapshotting = cp.checkpoint.snapshotting(&name);
             if done && !snapshotting {
-                break cp.json.clone();
+                break cp.checkpoint.clone();
             }
             if Instant::now() > deadline {
                 return Err(late(if snapshotting {

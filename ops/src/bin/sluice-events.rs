@@ -3,8 +3,8 @@
 use clap::Parser;
 
 fn main() {
-    let args = sluice_common::tools::events::Args::parse();
-    if !sluice_common::tools::events::run(&args) {
+    let args = sluice_ops::events::Args::parse();
+    if !sluice_ops::events::run(&args) {
         eprintln!("sluice-events: topic {} does not exist", args.topic);
         std::process::exit(1);
     }

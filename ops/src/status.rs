@@ -17,18 +17,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
-use serde_json::Value as Json;
+use sluice_capture::checkpoint::{self, Checkpoint, Stored};
 use sluice_common::clock::now_secs;
 use sluice_common::KafkaConfig;
 
 const CLIENT: &str = "sluice-status";
-
-/// Keys of the checkpoint topic that are not a connector's checkpoint: the partition counts a
-/// connector's keys are spread over (`sluice.key-partitions/<connector>`).
-const OTHER_KEYS: &str = "sluice.";
 
 /// What `sluice status` shows.
 #[derive(Debug, Serialize)]
@@ -90,7 +85,7 @@ pub fn count_dead_letters(letters: &[crate::replay::DeadLetter]) -> Vec<DeadLett
 #[derive(Debug, Serialize)]
 pub struct Connector {
     pub name: String,
-    /// `mysql` (a binlog position), `mongodb` (an oplog time), or `unknown`.
+    /// `mysql` (a binlog position) or `mongodb` (an oplog time).
     pub source: &'static str,
     /// `file:pos` (MySQL/MariaDB) or `seconds.increment` (MongoDB).
     pub position: String,
@@ -108,7 +103,7 @@ pub struct Connector {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_now: Option<SourceNow>,
     /// The checkpoint as stored.
-    pub checkpoint: Json,
+    pub checkpoint: Checkpoint,
 }
 
 /// A MySQL/MariaDB source's current binlog position, and how far the stored one is behind it.
@@ -244,7 +239,7 @@ pub fn read(
     let mut checkpoints = read_checkpoints(kafka, checkpoint_topic)?
         .into_iter()
         .filter(|(k, _)| connectors.is_empty() || connectors.contains(k))
-        .map(|(name, c)| connector(name, c.json, now_secs()))
+        .map(|(name, c)| connector(name, c.checkpoint, now_secs()))
         .collect::<Vec<_>>();
     checkpoints.sort_by(|a, b| a.name.cmp(&b.name));
     for c in connectors {
@@ -337,170 +332,36 @@ pub(crate) fn consumer(kafka: &KafkaConfig, group: &str) -> Result<BaseConsumer,
         .map_err(|e| format!("cannot make a Kafka client for {}: {e}", kafka.brokers))
 }
 
-/// A connector's last checkpoint as stored: its JSON and the partition it is in.
-pub struct Stored {
-    pub json: Json,
-    pub partition: i32,
-}
-
-/// The last checkpoint of each connector (committed transactions only).
+/// The last checkpoint of each connector (committed transactions only). Blocking.
 pub fn read_checkpoints(
     kafka: &KafkaConfig,
     topic: &str,
 ) -> Result<BTreeMap<String, Stored>, String> {
-    let timeout = kafka.request_timeout();
-    let mut config = kafka.client_config(CLIENT);
-    config
-        .set("group.id", format!("{CLIENT}-{}", std::process::id()))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed");
-    let c: BaseConsumer = config
-        .create()
-        .map_err(|e| format!("cannot make a Kafka client: {e}"))?;
-    let err = |e: KafkaError| format!("checkpoint topic {topic}: {e}");
-    let md = c.fetch_metadata(Some(topic), timeout).map_err(err)?;
-    let Some(t) = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic && t.error().is_none())
-    else {
-        return Ok(BTreeMap::new()); // no capture ever ran
-    };
-    let mut ends = BTreeMap::new();
-    let mut tpl = TopicPartitionList::new();
-    for p in t.partitions() {
-        let (low, high) = c.fetch_watermarks(topic, p.id(), timeout).map_err(err)?;
-        if high > low {
-            ends.insert(p.id(), high);
-            tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
-                .map_err(err)?;
-        }
-    }
-    let mut last = BTreeMap::new();
-    if ends.is_empty() {
-        return Ok(last);
-    }
-    c.assign(&tpl).map_err(err)?;
-    let deadline = Instant::now() + timeout * 3;
-    while !ends.is_empty() {
-        match c.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                if let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
-                    if !key.starts_with(OTHER_KEYS) {
-                        match m.payload().map(serde_json::from_slice::<Json>) {
-                            Some(Ok(json)) => {
-                                let partition = m.partition();
-                                last.insert(key.to_string(), Stored { json, partition });
-                            }
-                            Some(Err(e)) => {
-                                return Err(format!(
-                                    "checkpoint topic {topic}, partition {} offset {}: the \
-                                     checkpoint of {key:?} is not JSON: {e}",
-                                    m.partition(),
-                                    m.offset()
-                                ))
-                            }
-                            None => {
-                                last.remove(key); // deleted
-                            }
-                        }
-                    }
-                }
-                if ends
-                    .get(&m.partition())
-                    .is_some_and(|e| m.offset() + 1 >= *e)
-                {
-                    ends.remove(&m.partition());
-                }
-            }
-            Some(Err(e)) => return Err(err(e)),
-            None => {
-                // A transaction's commit marker takes the last offset and is never delivered:
-                // a partition is read once the position reaches its end.
-                if let Ok(pos) = c.position() {
-                    for e in pos.elements_for_topic(topic) {
-                        if let Offset::Offset(n) = e.offset() {
-                            if ends.get(&e.partition()).is_some_and(|end| n >= *end) {
-                                ends.remove(&e.partition());
-                            }
-                        }
-                    }
-                }
-                if !ends.is_empty() && Instant::now() > deadline {
-                    return Err(format!(
-                        "checkpoint topic {topic}: could not read it to its end in {:?}",
-                        timeout * 3
-                    ));
-                }
-            }
-        }
-    }
-    Ok(last)
+    checkpoint::read_connectors(kafka, topic, CLIENT).map_err(|e| e.to_string())
 }
 
-/// A connector's status from its stored checkpoint (either capture's layout).
-pub fn connector(name: String, c: Json, now: u64) -> Connector {
-    let text = |k: &str| c.get(k).and_then(Json::as_str).unwrap_or("").to_string();
-    let (source, position) = if let Some(next) = c.get("next") {
-        (
-            "mysql",
-            format!(
-                "{}:{}",
-                next.get("file").and_then(Json::as_str).unwrap_or("?"),
-                next.get("pos").and_then(Json::as_u64).unwrap_or(0)
-            ),
-        )
-    } else if let Some(ts) = c.get("ts").and_then(Json::as_array) {
-        let n = |i: usize| ts.get(i).and_then(Json::as_u64).unwrap_or(0);
-        ("mongodb", format!("{}.{}", n(0), n(1)))
-    } else {
-        ("unknown", "?".to_string())
+/// A connector's status from its stored checkpoint.
+pub fn connector(name: String, c: Checkpoint, now: u64) -> Connector {
+    let (gtid_set, resume_token) = match &c {
+        Checkpoint::Mysql(m) => (m.gtid_set.clone(), None),
+        Checkpoint::Mongo(m) => (String::new(), m.resume_token.clone()),
     };
-    let written_at = c.get("written_at").and_then(Json::as_u64).unwrap_or(0);
-    let snapshot = c.get("snapshot").filter(|s| !s.is_null()).map(|s| {
-        let tables = s
-            .get("tables")
-            .or_else(|| s.get("collections"))
-            .and_then(Json::as_object);
-        let rows = |t: &Json| {
-            t.get("rows")
-                .or_else(|| t.get("docs"))
-                .and_then(Json::as_u64)
-                .unwrap_or(0)
-        };
-        Snapshot {
-            id: s.get("id").and_then(Json::as_str).unwrap_or("").to_string(),
-            tables: tables.map_or(0, |t| t.len()),
-            tables_done: tables.map_or(0, |t| {
-                t.values()
-                    .filter(|t| t.get("done").and_then(Json::as_bool) == Some(true))
-                    .count()
-            }),
-            rows: tables.map_or(0, |t| t.values().map(rows).sum()),
-        }
+    let snapshot = c.snapshot().map(|s| Snapshot {
+        id: s.id.clone(),
+        tables: s.tables.len(),
+        tables_done: s.tables.values().filter(|t| t.done).count(),
+        rows: s.tables.values().map(|t| t.rows).sum(),
     });
-    let snapshots_done = c
-        .get("snapshots_done")
-        .and_then(Json::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
     Connector {
         name,
-        source,
-        position,
-        gtid_set: text("gtid_set"),
-        resume_token: c
-            .get("resume_token")
-            .and_then(Json::as_str)
-            .map(str::to_string),
-        written_at,
-        age_seconds: now.saturating_sub(written_at),
+        source: c.source(),
+        position: c.position(),
+        gtid_set,
+        resume_token,
+        written_at: c.written_at(),
+        age_seconds: now.saturating_sub(c.written_at()),
         snapshot,
-        snapshots_done,
+        snapshots_done: c.snapshots_done().to_vec(),
         source_now: None,
         checkpoint: c,
     }
@@ -870,6 +731,10 @@ mod tests {
         }
     }
 
+    fn of(json: serde_json::Value) -> Checkpoint {
+        Checkpoint::from_json(json.to_string().as_bytes()).unwrap()
+    }
+
     #[test]
     fn either_captures_checkpoint_reads_as_a_position() {
         let my = serde_json::json!({
@@ -880,7 +745,7 @@ mod tests {
                 "db.b": {"rows": 5}}},
             "snapshots_done": []
         });
-        let c = connector("m".into(), my, 1030);
+        let c = connector("m".into(), of(my), 1030);
         assert_eq!(
             (c.source, c.position.as_str(), c.gtid_set.as_str()),
             ("mysql", "mariadb-bin.000007:1234", "0-1-99")
@@ -902,7 +767,7 @@ mod tests {
             "snapshot": {"id": "r1", "collections": {"db.c": {"docs": 7, "done": true}}},
             "snapshots_done": ["initial"]
         });
-        let c = connector("g".into(), mo, 999);
+        let c = connector("g".into(), of(mo), 999);
         assert_eq!(
             (c.source, c.position.as_str(), c.resume_token.as_deref()),
             ("mongodb", "1764720000.3", Some("82aa"))

@@ -2,10 +2,10 @@
 //! committed offsets.
 //!
 //! A connector's position is its last checkpoint in the checkpoint topic; moving it writes a new
-//! checkpoint there, the same as the old one but for the position, in a Kafka transaction with
-//! the capture's own transactional id (`sluice-capture.<connector>`), so a capture of the
-//! connector started meanwhile is fenced rather than overwriting it, and to the partition the
-//! old one is in, so it is the last one of its key. A capture whose last checkpoint is younger
+//! checkpoint there, the same as the old one but for the position (fields this build does not
+//! know included), as the connector's fenced writer ([`checkpoint::overwrite`]: a capture of the
+//! connector started meanwhile is fenced rather than overwriting it), to the partition the old
+//! one is in, so it is the last one of its key. A capture whose last checkpoint is younger
 //! than [`RUNNING_WINDOW`] is taken to be running (a running one stores its checkpoint every
 //! 10 s, unchanged or not) and the move is refused. So is a move of a checkpoint that holds
 //! state tied to its position: a snapshot under way or due, statements waiting to be published.
@@ -17,13 +17,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
-use serde_json::Value as Json;
+use sluice_capture::checkpoint::{self, Checkpoint};
+use sluice_capture::mysql::position::BinlogPos;
+use sluice_common::clock::now_secs;
 use sluice_common::KafkaConfig;
 
 use crate::status;
-use sluice_common::clock::now_secs;
+
+const CLIENT: &str = "sluice-position";
 
 /// A checkpoint younger than this says its capture runs.
 pub const RUNNING_WINDOW: Duration = Duration::from_secs(30);
@@ -70,8 +72,13 @@ impl ConnectorTo {
 }
 
 /// The checkpoint `old` with its position moved to `to` (written `now`), or why it may not be.
-pub fn moved(connector: &str, old: &Json, to: &ConnectorTo, now: u64) -> Result<Json, String> {
-    let age = now.saturating_sub(old.get("written_at").and_then(Json::as_u64).unwrap_or(0));
+pub fn moved(
+    connector: &str,
+    old: &Checkpoint,
+    to: &ConnectorTo,
+    now: u64,
+) -> Result<Checkpoint, String> {
+    let age = now.saturating_sub(old.written_at());
     if age < RUNNING_WINDOW.as_secs() {
         return Err(format!(
             "connector {connector:?} stored its checkpoint {age} s ago: a capture of it is \
@@ -80,55 +87,42 @@ pub fn moved(connector: &str, old: &Json, to: &ConnectorTo, now: u64) -> Result<
             RUNNING_WINDOW.as_secs()
         ));
     }
-    let held = |k: &str| {
-        old.get(k)
-            .is_some_and(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()))
-    };
-    for (key, what) in [
-        ("snapshot", "a snapshot under way"),
-        ("snapshots_pending", "snapshots due"),
-        (
-            "ddl_pending",
-            "statements read while behind the server, not published yet",
-        ),
-    ] {
-        if held(key) {
-            return Err(format!(
-                "connector {connector:?}: its checkpoint holds {what} ({key}), tied to its \
-                 position: let the capture finish it, stop it, then move the position"
-            ));
-        }
+    if let Some((key, what)) = old.held().first() {
+        return Err(format!(
+            "connector {connector:?}: its checkpoint holds {what} ({key}), tied to its \
+             position: let the capture finish it, stop it, then move the position"
+        ));
     }
     let mut new = old.clone();
-    let o = new
-        .as_object_mut()
-        .ok_or_else(|| format!("connector {connector:?}: the checkpoint is not an object"))?;
-    match to {
-        ConnectorTo::Binlog { file, pos } => {
-            if !o.contains_key("next") {
-                return Err(format!(
-                    "connector {connector:?} is not capture-mysql's (no binlog position): use \
-                     --oplog"
-                ));
-            }
-            o.insert("next".into(), serde_json::json!({"file": file, "pos": pos}));
+    match (&mut new, to) {
+        (Checkpoint::Mysql(c), ConnectorTo::Binlog { file, pos }) => {
+            c.next = BinlogPos {
+                file: file.clone(),
+                pos: *pos,
+            };
             // The GTIDs read so far are not those of the new position: the capture reads the
             // set at the position from the server's binlog when it starts.
-            o.remove("last_gtid");
-            o.remove("gtid_set");
+            c.last_gtid.clear();
+            c.gtid_set.clear();
         }
-        ConnectorTo::Oplog { secs, inc } => {
-            if !o.contains_key("ts") {
-                return Err(format!(
-                    "connector {connector:?} is not capture-mongo's (no oplog time): use --binlog"
-                ));
-            }
-            o.insert("ts".into(), serde_json::json!([secs, inc]));
+        (Checkpoint::Mongo(c), ConnectorTo::Oplog { secs, inc }) => {
+            c.ts = (*secs, *inc);
             // A change stream resumes from the time, as a token belongs to its own place.
-            o.remove("resume_token");
+            c.resume_token = None;
+        }
+        (Checkpoint::Mongo(_), ConnectorTo::Binlog { .. }) => {
+            return Err(format!(
+                "connector {connector:?} is not capture-mysql's (no binlog position): use \
+                 --oplog"
+            ))
+        }
+        (Checkpoint::Mysql(_), ConnectorTo::Oplog { .. }) => {
+            return Err(format!(
+                "connector {connector:?} is not capture-mongo's (no oplog time): use --binlog"
+            ))
         }
     }
-    o.insert("written_at".into(), now.into());
+    new.set_written_at(now);
     Ok(new)
 }
 
@@ -138,7 +132,7 @@ pub fn set_connector(
     topic: &str,
     connector: &str,
     to: &ConnectorTo,
-) -> Result<(Json, Json), String> {
+) -> Result<(Checkpoint, Checkpoint), String> {
     let mut all = status::read_checkpoints(kafka, topic)?;
     let old = all.remove(connector).ok_or_else(|| {
         format!(
@@ -146,33 +140,11 @@ pub fn set_connector(
              starts from its [mysql] start / [mongodb] start"
         )
     })?;
-    let new = moved(connector, &old.json, to, now_secs())?;
-    let payload = serde_json::to_vec(&new).expect("json");
-    let id = format!("sluice-capture.{connector}");
-    let timeout = kafka.request_timeout() * 3;
-    let mut config = kafka.producer_config("sluice-position");
-    config
-        .set("transactional.id", &id)
-        .set("linger.ms", "0")
-        .set("transaction.timeout.ms", "60000");
-    let producer: BaseProducer = config
-        .create()
-        .map_err(|e| format!("cannot make a Kafka producer: {e}"))?;
-    let err = |e: rdkafka::error::KafkaError| {
-        format!("writing the checkpoint of {connector:?} to {topic} (transactional id {id}): {e}")
-    };
-    producer.init_transactions(timeout).map_err(err)?;
-    producer.begin_transaction().map_err(err)?;
-    producer
-        .send(
-            BaseRecord::to(topic)
-                .key(connector.as_bytes())
-                .payload(&payload)
-                .partition(old.partition),
-        )
-        .map_err(|(e, _)| err(e))?;
-    producer.commit_transaction(timeout).map_err(err)?;
-    Ok((old.json, new))
+    let new = moved(connector, &old.checkpoint, to, now_secs())?;
+    let payload = serde_json::to_vec(&new).expect("checkpoints serialize");
+    checkpoint::overwrite(kafka, CLIENT, topic, connector, old.partition, &payload)
+        .map_err(|e| format!("writing the checkpoint of {connector:?}: {e}"))?;
+    Ok((old.checkpoint, new))
 }
 
 /// Where to move a group's offsets.
@@ -414,19 +386,29 @@ pub fn parse_time(s: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value as Json;
+
+    fn of(json: &Json) -> Checkpoint {
+        Checkpoint::from_json(json.to_string().as_bytes()).unwrap()
+    }
+
+    fn json(c: &Checkpoint) -> Json {
+        serde_json::to_value(c).unwrap()
+    }
 
     fn mysql(written_at: u64) -> Json {
         serde_json::json!({
             "next": {"file": "mysql-bin.000009", "pos": 777},
             "last_gtid": "0-1-50", "gtid_set": "0-1-50", "server_id": 1,
-            "written_at": written_at, "snapshots_done": ["initial"], "generation": 2
+            "written_at": written_at, "snapshots_done": ["initial"], "generation": 2,
+            "newer_field": {"kept": true}
         })
     }
 
     #[test]
     fn a_moved_binlog_checkpoint_keeps_all_but_its_position() {
         let to = ConnectorTo::binlog("mysql-bin.000003:4").unwrap();
-        let new = moved("c", &mysql(1000), &to, 1100).unwrap();
+        let new = json(&moved("c", &of(&mysql(1000)), &to, 1100).unwrap());
         assert_eq!(
             new["next"],
             serde_json::json!({"file": "mysql-bin.000003", "pos": 4})
@@ -439,17 +421,24 @@ mod tests {
         assert_eq!(new["generation"], 2);
         assert_eq!(new["snapshots_done"], serde_json::json!(["initial"]));
         assert_eq!(new["written_at"], 1100);
+        assert_eq!(new["newer_field"], serde_json::json!({"kept": true}));
         // Another capture's position is refused, naming the right one.
-        let e = moved("c", &mysql(1000), &ConnectorTo::oplog("5.1").unwrap(), 1100).unwrap_err();
+        let e = moved(
+            "c",
+            &of(&mysql(1000)),
+            &ConnectorTo::oplog("5.1").unwrap(),
+            1100,
+        )
+        .unwrap_err();
         assert!(e.contains("use --binlog"), "{e}");
     }
 
     #[test]
     fn a_running_capture_or_state_tied_to_the_position_refuses_the_move() {
         let to = ConnectorTo::binlog("f.000001:4").unwrap();
-        let e = moved("c", &mysql(1000), &to, 1029).unwrap_err();
+        let e = moved("c", &of(&mysql(1000)), &to, 1029).unwrap_err();
         assert!(e.contains("29 s ago: a capture of it is running"), "{e}");
-        assert!(moved("c", &mysql(1000), &to, 1030).is_ok());
+        assert!(moved("c", &of(&mysql(1000)), &to, 1030).is_ok());
         for (k, v) in [
             (
                 "snapshot",
@@ -459,31 +448,46 @@ mod tests {
                 "snapshots_pending",
                 serde_json::json!([{"id": "x", "tables": ["d.t"]}]),
             ),
-            ("ddl_pending", serde_json::json!([{"database": "d"}])),
+            (
+                "ddl_pending",
+                serde_json::json!([{"database": "d", "table": "t", "kind": "alter",
+                    "statements": ["ALTER TABLE t ADD c INT"], "file": "f.000001",
+                    "start": 4, "ts": 0}]),
+            ),
         ] {
             let mut c = mysql(0);
             c[k] = v;
-            let e = moved("c", &c, &to, 1000).unwrap_err();
+            let e = moved("c", &of(&c), &to, 1000).unwrap_err();
             assert!(e.contains(&format!("({k})")), "{e}");
         }
         // Empty or absent is nothing held.
         let mut c = mysql(0);
         c["ddl_pending"] = serde_json::json!([]);
         c["snapshot"] = Json::Null;
-        assert!(moved("c", &c, &to, 1000).is_ok());
+        assert!(moved("c", &of(&c), &to, 1000).is_ok());
     }
 
     #[test]
     fn an_oplog_checkpoint_moves_to_a_time_without_its_token() {
         let c = serde_json::json!({"ts": [10, 2], "resume_token": "82aa", "replica_set": "rs0",
             "written_at": 0});
-        let new = moved("m", &c, &ConnectorTo::oplog("1764720000").unwrap(), 100).unwrap();
+        let new = json(
+            &moved(
+                "m",
+                &of(&c),
+                &ConnectorTo::oplog("1764720000").unwrap(),
+                100,
+            )
+            .unwrap(),
+        );
         assert_eq!(new["ts"], serde_json::json!([1764720000u32, 0]));
         assert!(new.get("resume_token").is_none());
         assert_eq!(new["replica_set"], "rs0");
-        assert!(moved("m", &c, &ConnectorTo::binlog("f.1:4").unwrap(), 100)
-            .unwrap_err()
-            .contains("use --oplog"));
+        assert!(
+            moved("m", &of(&c), &ConnectorTo::binlog("f.1:4").unwrap(), 100)
+                .unwrap_err()
+                .contains("use --oplog")
+        );
     }
 
     #[test]

@@ -6,8 +6,8 @@ use clap::Parser;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let args = sluice_common::tools::mongo_command::Args::parse();
-    match sluice_common::tools::mongo_command::run(&args).await {
+    let args = sluice_ops::mongo_command::Args::parse();
+    match sluice_ops::mongo_command::run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sluice-mongo: {e}");

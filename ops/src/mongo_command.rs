@@ -36,16 +36,16 @@ pub async fn run(args: &Args) -> Result<(), String> {
     let client = mongodb::Client::with_uri_str(&args.uri)
         .await
         .map_err(|e| {
-            crate::mongo::scrubbed(
+            sluice_common::mongo::scrubbed(
                 &args.uri,
-                format!("{}: {e}", crate::secret::redact_uri(&args.uri)),
+                format!("{}: {e}", sluice_common::secret::redact_uri(&args.uri)),
             )
         })?;
     let reply = client
         .database(&args.db)
         .run_command(command)
         .await
-        .map_err(|e| crate::mongo::scrubbed(&args.uri, e.to_string()))?;
+        .map_err(|e| sluice_common::mongo::scrubbed(&args.uri, e.to_string()))?;
     // A find's documents one per line; any other reply whole.
     match reply
         .get_document("cursor")

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document, RawDocumentBuf, Timestamp};
 use serde_json::Value as Json;
+use sluice_capture::checkpoint::Checkpoint;
 
 use super::{ColumnDiff, KeyDiff, Options, Pipeline, Report, TableReport};
 
@@ -28,7 +29,7 @@ use super::{ColumnDiff, KeyDiff, Options, Pipeline, Report, TableReport};
 /// apply-mongo's (target, namespaces, group).
 pub struct Setup {
     pub capture: sluice_capture::mongo::Config,
-    pub apply: crate::mongo::Config,
+    pub apply: sluice_apply::mongo::Config,
 }
 
 /// A document for comparing: canonical extended JSON, whose objects are ordered by key.
@@ -373,17 +374,9 @@ async fn compare(
         let (d, c, limit) = (db.to_string(), coll.to_string(), options.wait);
         tokio::task::spawn_blocking(move || {
             pl.wait_for(
-                &|cp| {
-                    let at = cp.get("ts").and_then(Json::as_array);
-                    let n = |i: usize| {
-                        at.and_then(|a| a.get(i))
-                            .and_then(Json::as_u64)
-                            .unwrap_or(0)
-                    };
-                    (
-                        (n(0), n(1)) >= (u64::from(ts.time), u64::from(ts.increment)),
-                        format!("{}.{}", n(0), n(1)),
-                    )
+                &|cp| match cp {
+                    Checkpoint::Mongo(c) => (c.ts >= (ts.time, ts.increment), cp.position()),
+                    other => (false, other.position()),
                 },
                 &format!("{}.{}", ts.time, ts.increment),
                 &d,

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use prost::Message as _;
-use sluice_apply::replay::{self, DeadLetter, Filter, Kafka};
+use sluice_ops::replay::{self, DeadLetter, Filter, Kafka};
 use sluice_proto::v1::{value::Kind, EventKey};
 
 /// The operator's command: where the captures stand and how far the apply groups are behind,
@@ -63,10 +63,10 @@ enum Command {
     Position(Position),
     /// Print the records of a topic, one line each, with partition@offset and Kafka time:
     /// change events (with column names), the checkpoint topic or the schema topic.
-    Events(sluice_common::tools::events::Args),
+    Events(sluice_ops::events::Args),
     /// Run one MongoDB database command, given as extended JSON, and print the reply (a
     /// find's documents one per line).
-    Mongo(sluice_common::tools::mongo_command::Args),
+    Mongo(sluice_ops::mongo_command::Args),
     /// The events an apply stage could not write: list them, replay them once the cause is
     /// fixed.
     #[command(subcommand)]
@@ -340,15 +340,15 @@ fn filter(select: &Select, replayed: bool) -> Result<Filter, String> {
         since_ms: select
             .since
             .as_deref()
-            .map(sluice_apply::position::parse_time)
+            .map(sluice_ops::position::parse_time)
             .transpose()
             .map_err(|e| format!("--since: {e}"))?,
     })
 }
 
 async fn verify(a: VerifyArgs) -> Result<u8, String> {
-    use sluice_apply::verify;
     use sluice_common::config::load;
+    use sluice_ops::verify;
     let options = verify::Options {
         tables: a.table,
         chunk_rows: a.chunk_rows,
@@ -383,7 +383,7 @@ async fn verify(a: VerifyArgs) -> Result<u8, String> {
             serde_json::to_string_pretty(&report).expect("report serializes")
         );
     } else {
-        println!("{}", sluice_apply::verify::text(&report, a.show));
+        println!("{}", sluice_ops::verify::text(&report, a.show));
     }
     Ok(report.exit_code())
 }
@@ -401,7 +401,7 @@ async fn run(command: Command) -> Result<bool, String> {
         } => {
             let k = kafka.kafka()?;
             let mut status = tokio::task::spawn_blocking(move || {
-                sluice_apply::status::read(
+                sluice_ops::status::read(
                     &k.config,
                     &checkpoint_topic,
                     &connector,
@@ -427,7 +427,7 @@ async fn run(command: Command) -> Result<bool, String> {
                         )
                     })?;
                 c.source_now =
-                    Some(sluice_apply::status::mysql_source_now(&config.mysql, &c.position).await?);
+                    Some(sluice_ops::status::mysql_source_now(&config.mysql, &c.position).await?);
             }
             if json {
                 println!(
@@ -435,24 +435,23 @@ async fn run(command: Command) -> Result<bool, String> {
                     serde_json::to_string_pretty(&status).expect("status serializes")
                 );
             } else {
-                print!("{}", sluice_apply::status::text(&status));
+                print!("{}", sluice_ops::status::text(&status));
             }
             Ok(true)
         }
         Command::Position(p) => position(p).await,
         Command::Events(args) => {
             let topic = args.topic.clone();
-            let found =
-                tokio::task::spawn_blocking(move || sluice_common::tools::events::run(&args))
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let found = tokio::task::spawn_blocking(move || sluice_ops::events::run(&args))
+                .await
+                .map_err(|e| e.to_string())?;
             if !found {
                 return Err(format!("topic {topic} does not exist"));
             }
             Ok(true)
         }
         Command::Mongo(args) => {
-            sluice_common::tools::mongo_command::run(&args).await?;
+            sluice_ops::mongo_command::run(&args).await?;
             Ok(true)
         }
         Command::DeadLetters(DeadLetters::List {
@@ -472,7 +471,7 @@ async fn run(command: Command) -> Result<bool, String> {
                         "{}@{}  {}  {}  {} key={}  [{}] {}  (read at {}/{}@{}){}",
                         d.at.0,
                         d.at.1,
-                        sluice_common::tools::events::time_text(d.timestamp_ms),
+                        sluice_ops::events::time_text(d.timestamp_ms),
                         if d.event.table.is_empty() {
                             "?"
                         } else {
@@ -512,11 +511,8 @@ async fn run(command: Command) -> Result<bool, String> {
                     k.dead_letter_topic
                 )
             })?;
-            let event = sluice_common::tools::events::change_event(
-                &k.config.brokers,
-                &schema_topic,
-                &d.payload,
-            );
+            let event =
+                sluice_ops::events::change_event(&k.config.brokers, &schema_topic, &d.payload);
             if json {
                 let mut o = letter_json(d);
                 if let Some((_, e)) = event {
@@ -530,7 +526,7 @@ async fn run(command: Command) -> Result<bool, String> {
                 );
                 println!(
                     "  written:  {}",
-                    sluice_common::tools::events::time_text(d.timestamp_ms)
+                    sluice_ops::events::time_text(d.timestamp_ms)
                 );
                 println!("  read at:  {}/{}@{}", d.topic, d.partition, d.offset);
                 println!(
@@ -601,7 +597,7 @@ async fn run(command: Command) -> Result<bool, String> {
 }
 
 async fn position(p: Position) -> Result<bool, String> {
-    use sluice_apply::position::{self as pos, ConnectorTo, GroupTo};
+    use sluice_ops::position::{self as pos, ConnectorTo, GroupTo};
     let blocking = |f: Box<dyn FnOnce() -> Result<String, String> + Send>| async move {
         tokio::task::spawn_blocking(f)
             .await
@@ -617,17 +613,17 @@ async fn position(p: Position) -> Result<bool, String> {
         (_, None, None) => return Err("say which: --connector NAME or --group G".into()),
         (Position::Show { .. }, Some(c), _) => {
             blocking(Box::new(move || {
-                let mut all = sluice_apply::status::read_checkpoints(&config, &topic)?;
+                let mut all = sluice_ops::status::read_checkpoints(&config, &topic)?;
                 let stored = all.remove(&c).ok_or_else(|| {
                     format!("connector {c:?}: no checkpoint in {topic} (never started?)")
                 })?;
-                Ok(serde_json::to_string_pretty(&stored.json).expect("json"))
+                Ok(serde_json::to_string_pretty(&stored.checkpoint).expect("json"))
             }))
             .await?
         }
         (Position::Show { .. }, None, Some(g)) => {
             blocking(Box::new(move || {
-                let s = sluice_apply::status::read_groups(&config, std::slice::from_ref(&g))?;
+                let s = sluice_ops::status::read_groups(&config, std::slice::from_ref(&g))?;
                 if s.iter().all(|g| g.partitions.is_empty()) {
                     return Err(format!("group {g:?} has committed no offsets"));
                 }
@@ -679,14 +675,11 @@ async fn position(p: Position) -> Result<bool, String> {
                 };
                 blocking(Box::new(move || {
                     let (old, new) = pos::set_connector(&config, &topic, &c, &to)?;
-                    let at = |j: &serde_json::Value| {
-                        sluice_apply::status::connector(c.clone(), j.clone(), 0).position
-                    };
                     Ok(format!(
                         "connector {c}: moved from {} to {}; a capture of it started now resumes \
                          there",
-                        at(&old),
-                        at(&new)
+                        old.position(),
+                        new.position()
                     ))
                 }))
                 .await?

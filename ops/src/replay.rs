@@ -443,7 +443,7 @@ impl Kafka {
 
     /// A source partition's events from `from` to its end, with each record's [`REPLAY`]
     /// header; and the end. Records a taken-over capture delivered after its successor's
-    /// ([`crate::incarnation`]) are left out, as the apply stages skip them: re-offered without
+    /// ([`sluice_apply::incarnation`]) are left out, as the apply stages skip them: re-offered without
     /// their header they would be written.
     fn source(
         &self,
@@ -454,10 +454,10 @@ impl Kafka {
     ) -> Result<(Window, i64), String> {
         let (_, hi) = self.bounds(c, topic, p)?;
         let mut out = Vec::new();
-        let seen = crate::incarnation::Incarnations::default();
+        let seen = sluice_apply::incarnation::Incarnations::default();
         self.read(c, topic, p, from, hi, |m| {
-            let stamp = crate::incarnation::of(m);
-            if seen.admit(topic, p, m.offset(), stamp) != crate::incarnation::Admit::Yes {
+            let stamp = sluice_apply::incarnation::of(m);
+            if seen.admit(topic, p, m.offset(), stamp) != sluice_apply::incarnation::Admit::Yes {
                 return;
             }
             let payload = m.payload().unwrap_or_default().to_vec();
@@ -531,7 +531,7 @@ pub async fn replay(kafka: &Kafka, filter: &Filter, dry_run: bool) -> Result<Out
             .producer_config(CLIENT)
             .set(
                 "message.max.bytes",
-                crate::group::DEAD_LETTER_MAX_BYTES.to_string(),
+                sluice_apply::group::DEAD_LETTER_MAX_BYTES.to_string(),
             )
             .create()
             .map_err(|e| format!("could not make the replay's producer: {e}"))?;
