@@ -18,6 +18,7 @@ pub mod preflight;
 pub mod progress;
 pub mod secret;
 pub mod shutdown;
+pub mod sql;
 pub mod standby;
 pub mod topics;
 

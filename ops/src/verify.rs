@@ -27,8 +27,8 @@ use sluice_capture::checkpoint::Checkpoint;
 use sluice_capture::mysql::position::BinlogPos;
 use sluice_proto::v1::{Column, ColumnType, TableSchema};
 
-use render::{ch_quote, ch_string, my_quote};
 use sluice_apply::clickhouse::Mode;
+use sluice_common::sql::{clickhouse as ch, mysql as my};
 
 /// What `sluice verify` is asked.
 #[derive(Debug, Clone)]
@@ -221,7 +221,7 @@ struct Plan {
 
 impl Plan {
     fn source_name(&self) -> String {
-        format!("{}.{}", my_quote(&self.db), my_quote(&self.table))
+        format!("{}.{}", my::ident(&self.db), my::ident(&self.table))
     }
 
     fn my_row(&self) -> String {
@@ -266,7 +266,7 @@ impl Plan {
 
     fn ch_deleted(&self) -> String {
         match &self.deleted_column {
-            Some(d) => format!("toUInt8({})", ch_quote(d)),
+            Some(d) => format!("toUInt8({})", ch::ident(d)),
             None => "toUInt8(0)".into(),
         }
     }
@@ -300,11 +300,11 @@ impl Plan {
              GROUP BY _sluice_k",
             key = self.ch_key(),
             hash = render::clickhouse_hash(&self.ch_row()),
-            ver = ch_quote(&self.version_column),
+            ver = ch::ident(&self.version_column),
             del = self.ch_deleted(),
-            db = ch_quote(&self.target_db()),
-            t = ch_quote(self.target_table()),
-            range = self.range(chunk, ch_quote),
+            db = ch::ident(&self.target_db()),
+            t = ch::ident(self.target_table()),
+            range = self.range(chunk, ch::ident),
         )
     }
 
@@ -468,8 +468,8 @@ impl Target {
         let (db, t) = target.split_once('.').unwrap_or((&self.database, target));
         self.query(&format!(
             "SELECT name, type FROM system.columns WHERE database = {} AND table = {}",
-            ch_string(db),
-            ch_string(t)
+            ch::string(db),
+            ch::string(t)
         ))
         .await
     }
@@ -478,8 +478,8 @@ impl Target {
     async fn stopped(&self, table: &str) -> BTreeMap<String, String> {
         let sql = format!(
             "SELECT target, reason FROM {}.{} FINAL",
-            ch_quote(&self.database),
-            ch_quote(table)
+            ch::ident(&self.database),
+            ch::ident(table)
         );
         self.query::<(String, String)>(&sql)
             .await
@@ -877,7 +877,7 @@ async fn compare(
     let mut lo: Option<String> = None;
     loop {
         let hi = if plan.ranged {
-            let k = my_quote(&plan.key[0].0.name);
+            let k = my::ident(&plan.key[0].0.name);
             let after = lo
                 .as_ref()
                 .map(|l| format!("WHERE {k} > {l} "))
@@ -906,7 +906,7 @@ async fn compare(
     drop(conn);
     let sums = futures::stream::iter(chunks)
         .map(|chunk| {
-            let my_sql = format!("{my_sum}{}", plan.range(&chunk, my_quote));
+            let my_sql = format!("{my_sum}{}", plan.range(&chunk, my::ident));
             let ch_sql = format!(
                 "SELECT count(), groupBitXor(_sluice_lh) FROM ({}) WHERE _sluice_ld = 0",
                 plan.ch_latest(&chunk)
@@ -976,7 +976,7 @@ async fn narrow(
         let (lo, hi) = source.snapshot(&mut conn).await?;
         let mut mine = Vec::new();
         for (chunk, _) in &open {
-            let sql = format!("{my_keys}{}", plan.range(chunk, my_quote));
+            let sql = format!("{my_keys}{}", plan.range(chunk, my::ident));
             let rows: HashMap<String, u64> = Source::query::<(String, u64)>(&mut conn, &sql)
                 .await?
                 .into_iter()
@@ -1057,7 +1057,7 @@ async fn narrow(
         }
     }
     for (chunk, keys) in by_chunk {
-        let wanted: Vec<String> = keys.iter().map(|(k, _)| render::my_string(k)).collect();
+        let wanted: Vec<String> = keys.iter().map(|(k, _)| my::string(k)).collect();
         let mut conn = source.conn().await?;
         let mine: HashMap<String, String> = Source::query::<(String, String)>(
             &mut conn,
@@ -1066,7 +1066,7 @@ async fn narrow(
                 plan.my_key(),
                 plan.my_row(),
                 plan.source_name(),
-                plan.range(&chunk, my_quote),
+                plan.range(&chunk, my::ident),
                 plan.my_key(),
                 wanted.join(", ")
             ),
@@ -1075,7 +1075,7 @@ async fn narrow(
         .into_iter()
         .collect();
         drop(conn);
-        let ch_wanted: Vec<String> = keys.iter().map(|(k, _)| ch_string(k)).collect();
+        let ch_wanted: Vec<String> = keys.iter().map(|(k, _)| ch::string(k)).collect();
         let theirs: HashMap<String, String> = target
             .query::<(String, String)>(&format!(
                 "SELECT hex(_sluice_k), hex(argMax(_sluice_r, _sluice_v)) AS _sluice_lr FROM (SELECT \
@@ -1083,10 +1083,10 @@ async fn narrow(
                  {range}) GROUP BY _sluice_k HAVING hex(_sluice_k) IN ({wanted})",
                 key = plan.ch_key(),
                 row = plan.ch_row(),
-                ver = ch_quote(&plan.version_column),
-                db = ch_quote(&plan.target_db()),
-                t = ch_quote(plan.target_table()),
-                range = plan.range(&chunk, ch_quote),
+                ver = ch::ident(&plan.version_column),
+                db = ch::ident(&plan.target_db()),
+                t = ch::ident(plan.target_table()),
+                range = plan.range(&chunk, ch::ident),
                 wanted = ch_wanted.join(", ")
             ))
             .await?

@@ -27,7 +27,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::sink::quote;
+use sluice_common::sql::clickhouse::ident;
 
 /// `[cluster]`: a ClickHouse cluster as the target.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
@@ -190,7 +190,7 @@ impl ClusterConfig {
     /// ` ON CLUSTER name`, or nothing.
     pub fn on(&self) -> String {
         if self.enabled() {
-            format!(" ON CLUSTER {}", quote(&self.name))
+            format!(" ON CLUSTER {}", ident(&self.name))
         } else {
             String::new()
         }
@@ -242,7 +242,7 @@ impl ClusterConfig {
         keyless: &[String],
     ) -> String {
         let sharding = if !self.shard_column.is_empty() {
-            quote(&self.shard_column)
+            ident(&self.shard_column)
         } else if key.is_empty() {
             format!("cityHash64({})", keyless.join(", "))
         } else {
@@ -250,13 +250,13 @@ impl ClusterConfig {
         };
         format!(
             "CREATE TABLE IF NOT EXISTS {db}.{t}{on} AS {db}.{l} ENGINE = Distributed({c}, {dbs}, {ls}, {sharding})",
-            db = quote(database),
-            t = quote(name),
+            db = ident(database),
+            t = ident(name),
             on = self.on(),
-            l = quote(local),
-            c = quote(&self.name),
-            dbs = quote(database),
-            ls = quote(local),
+            l = ident(local),
+            c = ident(&self.name),
+            dbs = ident(database),
+            ls = ident(local),
         )
     }
 }

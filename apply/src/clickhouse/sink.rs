@@ -146,10 +146,6 @@ fn refused(message: impl std::fmt::Display) -> ApplyError {
     ApplyError::definite(Origin::ClickHouse, format!("ClickHouse: {message}"))
 }
 
-pub(crate) fn quote(name: &str) -> String {
-    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
-}
-
 /// The shards of `cluster.write = "shards"`: their weights from `system.clusters` of the
 /// `[clickhouse]` server, and per shard the replicas of `cluster.shards`, each checked to be
 /// that shard of the cluster (its own `system.clusters` row). A replica that does not answer

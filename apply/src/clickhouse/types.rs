@@ -192,7 +192,7 @@ impl ChType {
                 "Enum{bits}({})",
                 members
                     .iter()
-                    .map(|(m, v)| format!("'{}' = {v}", m.replace('\'', "\\'")))
+                    .map(|(m, v)| format!("{} = {v}", sluice_common::sql::clickhouse::string(m)))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

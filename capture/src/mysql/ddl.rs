@@ -4,6 +4,8 @@
 //! it touches, so that it re-reads their schemas from the server, and what kind it is, for the
 //! DDL event it publishes. Everything else in the statement is passed on verbatim.
 
+use sluice_common::sql::mysql::{qualified_at, tokens, Token};
+
 /// A table named in a statement, with its database when the statement qualified it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableRef {
@@ -40,12 +42,62 @@ pub enum TxControl {
     Other,
 }
 
+/// A statement's tokens, read by position: keywords in upper case, names qualified or not.
+struct Words {
+    t: Vec<Token>,
+    upper: Vec<String>,
+}
+
+impl Words {
+    fn new(sql: &str) -> Self {
+        let t = tokens(sql);
+        let upper = t
+            .iter()
+            .map(|x| match x {
+                Token::Word(w) => w.to_ascii_uppercase(),
+                Token::Punct(c) => c.to_string(),
+                _ => String::new(),
+            })
+            .collect();
+        Self { t, upper }
+    }
+
+    /// The keyword (or punctuation) at `i`; empty for names, strings and past the end.
+    fn w(&self, i: usize) -> &str {
+        self.upper.get(i).map(String::as_str).unwrap_or("")
+    }
+
+    /// The first keyword `k` at or after `from`.
+    fn find(&self, from: usize, k: &str) -> Option<usize> {
+        (from..self.upper.len()).find(|&i| self.w(i) == k)
+    }
+
+    /// The table named at `i`, and the index after its name.
+    fn table(&self, i: usize) -> Option<(TableRef, usize)> {
+        qualified_at(&self.t, i).map(|(q, next)| {
+            (
+                TableRef {
+                    database: q.database,
+                    table: q.name,
+                },
+                next,
+            )
+        })
+    }
+
+    /// Past `IF [NOT] EXISTS` at `i`.
+    fn skip_if(&self, mut i: usize) -> usize {
+        while matches!(self.w(i), "IF" | "NOT" | "EXISTS") {
+            i += 1;
+        }
+        i
+    }
+}
+
 /// Classify a statement of a QUERY event.
 pub fn classify(sql: &str) -> Statement {
-    let sql = strip_comments(sql);
-    let words = tokens(&sql);
-    let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
-    let w = |i: usize| upper.get(i).map(String::as_str).unwrap_or("");
+    let words = Words::new(sql);
+    let w = |i: usize| words.w(i);
     match w(0) {
         "BEGIN" => return Statement::Transaction(TxControl::Begin),
         "COMMIT" => return Statement::Transaction(TxControl::Commit),
@@ -72,32 +124,26 @@ pub fn classify(sql: &str) -> Statement {
             j += 1;
         }
         if w(j) == "INDEX" {
-            if let Some(k) = upper.iter().position(|u| u == "ON") {
-                if let Some(name) = words.get(k + 1) {
-                    return Statement::Ddl {
-                        kind: "alter",
-                        tables: vec![table_ref(name)],
-                        renamed_to: vec![],
-                    };
-                }
-            }
-            return Statement::Other;
+            return match words.find(j, "ON").and_then(|k| words.table(k + 1)) {
+                Some((table, _)) => Statement::Ddl {
+                    kind: "alter",
+                    tables: vec![table],
+                    renamed_to: vec![],
+                },
+                None => Statement::Other,
+            };
         }
     }
     match (verb, w(i)) {
         ("CREATE" | "DROP", "DATABASE" | "SCHEMA") => {
-            let mut j = i + 1;
-            while matches!(w(j), "IF" | "NOT" | "EXISTS") {
-                j += 1;
-            }
-            match words.get(j) {
+            match words.t.get(words.skip_if(i + 1)).and_then(Token::name) {
                 Some(name) => Statement::Database {
                     kind: if verb == "CREATE" {
                         "create_database"
                     } else {
                         "drop_database"
                     },
-                    name: unquote(name),
+                    name: name.to_string(),
                 },
                 None => Statement::Other,
             }
@@ -114,15 +160,15 @@ pub fn classify(sql: &str) -> Statement {
                 ("TRUNCATE", _) => 1,
                 _ => i + 1,
             };
-            while matches!(w(j), "IF" | "NOT" | "EXISTS") {
-                j += 1;
-            }
+            j = words.skip_if(j);
             let mut tables = Vec::new();
             // DROP TABLE a, b, c; others name one table.
-            while let Some(name) = words.get(j) {
-                tables.push(table_ref(name));
-                if verb == "DROP" && words.get(j + 1).map(String::as_str) == Some(",") {
-                    j += 2;
+            let mut after = j;
+            while let Some((table, next)) = words.table(j) {
+                tables.push(table);
+                after = next;
+                if verb == "DROP" && w(next) == "," {
+                    j = next + 1;
                 } else {
                     break;
                 }
@@ -130,14 +176,14 @@ pub fn classify(sql: &str) -> Statement {
             let mut renamed_to = Vec::new();
             if verb == "ALTER" {
                 // ALTER TABLE a ... RENAME [TO|AS] b
-                if let Some(k) = upper.iter().position(|u| u == "RENAME") {
+                if let Some(k) = words.find(after, "RENAME") {
                     let mut k = k + 1;
                     if matches!(w(k), "TO" | "AS") {
                         k += 1;
                     }
                     if !matches!(w(k), "COLUMN" | "INDEX" | "KEY") {
-                        if let Some(name) = words.get(k) {
-                            renamed_to.push(table_ref(name));
+                        if let Some((to, _)) = words.table(k) {
+                            renamed_to.push(to);
                         }
                     }
                 }
@@ -161,17 +207,16 @@ pub fn classify(sql: &str) -> Statement {
             let mut tables = Vec::new();
             let mut renamed_to = Vec::new();
             let mut j = i + 1;
-            while let (Some(from), Some(to)) = (words.get(j), words.get(j + 2)) {
-                if w(j + 1) != "TO" {
+            while let Some((from, k)) = words.table(j) {
+                let Some((to, next)) = words.table(k + 1).filter(|_| w(k) == "TO") else {
+                    break;
+                };
+                tables.push(from);
+                renamed_to.push(to);
+                if w(next) != "," {
                     break;
                 }
-                tables.push(table_ref(from));
-                renamed_to.push(table_ref(to));
-                if words.get(j + 3).map(String::as_str) == Some(",") {
-                    j += 4;
-                } else {
-                    break;
-                }
+                j = next + 1;
             }
             if tables.is_empty() {
                 Statement::Other
@@ -204,27 +249,24 @@ pub fn classify(sql: &str) -> Statement {
                     if w(j) == "INTO" {
                         j += 1;
                     }
-                    words.get(j)
+                    words.table(j)
                 }
                 "DELETE" => {
                     if w(j) != "FROM" {
                         None // DELETE t1, t2 FROM ...: several tables
                     } else {
-                        words.get(j + 1).filter(|_| {
-                            !matches!(w(j + 2), "," | "USING" | "JOIN" | "INNER" | "LEFT")
+                        words.table(j + 1).filter(|(_, next)| {
+                            !matches!(w(*next), "," | "USING" | "JOIN" | "INNER" | "LEFT")
                         })
                     }
                 }
-                "UPDATE" => words.get(j).filter(|_| {
-                    !matches!(w(j + 1), "," | "JOIN" | "INNER" | "LEFT" | "STRAIGHT_JOIN")
+                "UPDATE" => words.table(j).filter(|(_, next)| {
+                    !matches!(w(*next), "," | "JOIN" | "INNER" | "LEFT" | "STRAIGHT_JOIN")
                 }),
-                _ => upper
-                    .iter()
-                    .position(|u| u == "TABLE")
-                    .and_then(|k| words.get(k + 1)),
+                _ => words.find(1, "TABLE").and_then(|k| words.table(k + 1)),
             };
             Statement::Dml {
-                tables: target.map(|t| vec![table_ref(t)]).unwrap_or_default(),
+                tables: target.map(|(t, _)| vec![t]).unwrap_or_default(),
             }
         }
         _ => Statement::Other,
@@ -239,10 +281,8 @@ pub fn classify(sql: &str) -> Statement {
 /// (`ADD`, `REORGANIZE`, `COALESCE`, `REBUILD`, `REMOVE PARTITIONING` ...) change nothing a row
 /// event would have said.
 pub fn rows_changed_without_row_events(sql: &str) -> Option<(String, Vec<TableRef>)> {
-    let sql = strip_comments(sql);
-    let words = tokens(&sql);
-    let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
-    let w = |i: usize| upper.get(i).map(String::as_str).unwrap_or("");
+    let words = Words::new(sql);
+    let w = |i: usize| words.w(i);
     let mut i = 1;
     while matches!(w(i), "ONLINE" | "OFFLINE" | "IGNORE") {
         i += 1;
@@ -250,7 +290,7 @@ pub fn rows_changed_without_row_events(sql: &str) -> Option<(String, Vec<TableRe
     if w(0) != "ALTER" || w(i) != "TABLE" {
         return None;
     }
-    for j in i + 1..upper.len() {
+    for j in i + 1..words.upper.len() {
         let clause = match (w(j), w(j + 1)) {
             ("TRUNCATE" | "DROP" | "EXCHANGE", "PARTITION") => {
                 format!("{} PARTITION", w(j))
@@ -262,151 +302,22 @@ pub fn rows_changed_without_row_events(sql: &str) -> Option<(String, Vec<TableRe
         };
         let mut others = Vec::new();
         // EXCHANGE PARTITION p WITH TABLE t2 / CONVERT PARTITION p TO TABLE t2
-        if let Some(k) = (j..upper.len().saturating_sub(1))
+        if let Some(k) = (j..words.upper.len().saturating_sub(1))
             .find(|&k| matches!(w(k), "WITH" | "TO") && w(k + 1) == "TABLE")
         {
-            if let Some(t) = words.get(k + 2) {
-                others.push(table_ref(t));
+            if let Some((t, _)) = words.table(k + 2) {
+                others.push(t);
             }
         }
         // CONVERT TABLE t2 TO PARTITION p
         if clause == "CONVERT TABLE" {
-            if let Some(t) = words.get(j + 2) {
-                others.push(table_ref(t));
+            if let Some((t, _)) = words.table(j + 2) {
+                others.push(t);
             }
         }
         return Some((clause, others));
     }
     None
-}
-
-fn table_ref(token: &str) -> TableRef {
-    // `db`.`t`, db.t, `t` -- split on a dot outside backticks.
-    let mut parts = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut chars = token.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '`' if quoted && chars.peek() == Some(&'`') => {
-                chars.next();
-                cur.push('`');
-            }
-            '`' => quoted = !quoted,
-            '.' if !quoted => parts.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-    }
-    parts.push(cur);
-    if parts.len() >= 2 {
-        TableRef {
-            database: Some(parts[parts.len() - 2].clone()),
-            table: parts[parts.len() - 1].clone(),
-        }
-    } else {
-        TableRef {
-            database: None,
-            table: parts.pop().unwrap_or_default(),
-        }
-    }
-}
-
-fn unquote(token: &str) -> String {
-    table_ref(token).table
-}
-
-/// Remove `/* ... */` (including `/*!50001 ... */`, whose body MySQL executes: keep it) and
-/// `-- ` / `#` line comments.
-fn strip_comments(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let b = sql.as_bytes();
-    let mut i = 0;
-    let mut quote: Option<u8> = None;
-    while i < b.len() {
-        let c = b[i];
-        if let Some(q) = quote {
-            out.push(c as char);
-            if c == q {
-                quote = None;
-            }
-            i += 1;
-            continue;
-        }
-        if c == b'\'' || c == b'"' || c == b'`' {
-            quote = Some(c);
-            out.push(c as char);
-            i += 1;
-        } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
-            let end = sql[i + 2..]
-                .find("*/")
-                .map(|e| i + 2 + e)
-                .unwrap_or(b.len());
-            if b.get(i + 2) == Some(&b'!') {
-                // Versioned comment: keep the body without the version number.
-                let body = sql[i + 3..end].trim_start_matches(|ch: char| ch.is_ascii_digit());
-                out.push(' ');
-                out.push_str(body);
-                out.push(' ');
-            } else {
-                out.push(' ');
-            }
-            i = end + 2;
-        } else if (c == b'-'
-            && b.get(i + 1) == Some(&b'-')
-            && b.get(i + 2).is_none_or(|x| x.is_ascii_whitespace()))
-            || c == b'#'
-        {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-        } else {
-            // Copy the whole UTF-8 character.
-            let ch = sql[i..].chars().next().expect("in bounds");
-            out.push(ch);
-            i += ch.len_utf8();
-        }
-    }
-    out
-}
-
-/// Words, backquoted identifiers (with any dots joining them) and single punctuation.
-fn tokens(sql: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    for c in sql.chars() {
-        if quoted {
-            cur.push(c);
-            if c == '`' {
-                quoted = false;
-            }
-            continue;
-        }
-        match c {
-            '`' => {
-                cur.push(c);
-                quoted = true;
-            }
-            c if c.is_whitespace() => {
-                if !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-            }
-            ',' | '(' | ')' | ';' | '=' => {
-                if !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-                out.push(c.to_string());
-            }
-            c => cur.push(c),
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    // A backquoted name is copied with its quotes so that dots inside stay inside; the
-    // "(" of CREATE TABLE t(...) must not glue to the name, which the split above ensures.
-    out
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use sluice_common::{
 
 use crate::filter::FilterConfig;
 use crate::publish::PublishConfig;
+use sluice_common::sql::mysql::ident;
 
 /// The whole configuration of `capture-mysql`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -457,11 +458,7 @@ async fn select_check(conn: &mut mysql_async::Conn, filter: &crate::filter::Filt
     }
     let mut refused_on = Vec::new();
     for (d, t) in wanted.iter().take(500) {
-        let sql = format!(
-            "SELECT 1 FROM `{}`.`{}` LIMIT 0",
-            d.replace('`', "``"),
-            t.replace('`', "``")
-        );
+        let sql = format!("SELECT 1 FROM {}.{} LIMIT 0", ident(d), ident(t));
         if let Err(e) = conn.query_drop(&sql).await {
             refused_on.push(format!("`{d}`.`{t}` ({e})"));
         }

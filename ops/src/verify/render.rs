@@ -20,27 +20,8 @@
 //! The row's hash is the first 8 bytes of the MD5 of that text, read as a big-endian
 //! unsigned integer; a chunk's checksum is the count of its rows and the XOR of their hashes.
 
+use sluice_common::sql::{clickhouse as ch, mysql as my};
 use sluice_proto::v1::{Column, ColumnType as T};
-
-/// MySQL identifier quoting.
-pub fn my_quote(name: &str) -> String {
-    format!("`{}`", name.replace('`', "``"))
-}
-
-/// ClickHouse identifier quoting.
-pub fn ch_quote(name: &str) -> String {
-    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
-}
-
-/// A ClickHouse string literal.
-pub fn ch_string(s: &str) -> String {
-    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
-}
-
-/// A MySQL string literal (with `NO_BACKSLASH_ESCAPES` off, the server's default).
-pub fn my_string(s: &str) -> String {
-    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
-}
 
 /// The ClickHouse type without `Nullable(...)` / `LowCardinality(...)`.
 pub fn bare_type(t: &str) -> &str {
@@ -80,7 +61,7 @@ fn target_kind(ch_type: &str) -> Target {
 /// The source column's value as text in MySQL (before the length prefix). The session runs
 /// with `time_zone = '+00:00'`.
 pub fn mysql_text(col: &Column, ch_type: &str) -> String {
-    let c = my_quote(&col.name);
+    let c = my::ident(&col.name);
     let target = target_kind(ch_type);
     match col.r#type() {
         T::Tinyint | T::Smallint | T::Mediumint | T::Int | T::Bigint => c,
@@ -139,7 +120,7 @@ fn clickhouse_float(c: &str) -> String {
 
 /// The target column's value as text in ClickHouse (before the length prefix).
 pub fn clickhouse_text(col: &Column, ch_type: &str) -> String {
-    let c = ch_quote(&col.name);
+    let c = ch::ident(&col.name);
     let t = bare_type(ch_type);
     match col.r#type() {
         T::Decimal if col.scale > 0 => {

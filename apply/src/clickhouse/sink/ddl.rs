@@ -25,10 +25,11 @@ use sluice_proto::v1::{Column, TableSchema};
 use sluice_proto::ChangeEvent;
 
 use super::target::Target;
-use super::{quote, refused, Refusal, Sink};
+use super::{refused, Refusal, Sink};
 use crate::clickhouse::types::{map_column, ChType, Features};
 use crate::clickhouse::{OnDrop, OnTruncate};
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
+use sluice_common::sql::clickhouse::{ident, string};
 
 /// What an ALTER does to the target, worked out from the source schemas before and after it
 /// (and, for renames and the defaults of added columns, from its statement).
@@ -261,8 +262,8 @@ impl Sink {
     pub(super) async fn read_stopped(&mut self) -> Result<(), ApplyError> {
         let t = format!(
             "{}.{}",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.tables.stopped_table)
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.tables.stopped_table)
         );
         let cluster = &self.config.cluster;
         let create = format!(
@@ -279,8 +280,8 @@ impl Sink {
         self.reload_stopped(true).await?;
         let t = format!(
             "{}.{}",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.tables.ddl_table)
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.tables.ddl_table)
         );
         let cluster = &self.config.cluster;
         let create = format!(
@@ -317,8 +318,8 @@ impl Sink {
     pub(super) async fn reload_stopped(&mut self, retry: bool) -> Result<(), ApplyError> {
         let t = format!(
             "{}.{}",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.tables.stopped_table)
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.tables.stopped_table)
         );
         let select = format!("SELECT target, argMax(reason, at) FROM {t} GROUP BY target");
         let rows = if retry {
@@ -353,8 +354,7 @@ impl Sink {
     /// ALTERs to it since this one started).
     async fn read_applied(&mut self, name: &str) -> Result<(), ApplyError> {
         let before = self.applied.get(name).map_or(0, |s| s.version);
-        let quoted = format!("'{}'", name.replace('\\', "\\\\").replace('\'', "\\'"));
-        self.read_applied_where(&format!("target = {quoted}"))
+        self.read_applied_where(&format!("target = {}", string(name)))
             .await?;
         if let Some(s) = self.applied.get_mut(name) {
             if s.version > before {
@@ -367,8 +367,8 @@ impl Sink {
     async fn read_applied_where(&mut self, filter: &str) -> Result<(), ApplyError> {
         let t = format!(
             "{}.{}",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.tables.ddl_table)
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.tables.ddl_table)
         );
         let select = format!(
             "SELECT target, version, renamed, dropped FROM {t} WHERE {filter} \
@@ -409,8 +409,8 @@ impl Sink {
             .collect();
         let sql = format!(
             "INSERT INTO {}.{} (target, version, renamed, dropped, at) VALUES (?, ?, ?, ?, now())",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.tables.ddl_table)
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.tables.ddl_table)
         );
         let (renamed, dropped) = (renamed.join("\n"), change.dropped.join("\n"));
         self.answered("recording an applied ALTER", || {
@@ -437,8 +437,8 @@ impl Sink {
     pub(super) async fn stop_table(&mut self, name: &str, reason: &str) -> Result<(), ApplyError> {
         let sql = format!(
             "INSERT INTO {}.{} (target, reason, at) VALUES (?, ?, now())",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.tables.stopped_table)
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.tables.stopped_table)
         );
         self.answered("recording a stopped table", || {
             self.client.query(&sql).bind(name).bind(reason).execute()
@@ -475,7 +475,7 @@ impl Sink {
             return Ok(()); // no target yet: nothing to remove
         }
         let m = &self.config.tables;
-        let db = quote(&self.config.clickhouse.database);
+        let db = ident(&self.config.clickhouse.database);
         if mirrors_only && !columns.contains_key(&m.deleted_column) {
             return Ok(());
         }
@@ -494,9 +494,9 @@ impl Sink {
             (
                 format!(
                     "ALTER TABLE {db}.{}{} DELETE WHERE {} < {version}",
-                    quote(&self.config.cluster.local(name)),
+                    ident(&self.config.cluster.local(name)),
                     self.config.cluster.on(),
-                    quote(&m.version_column)
+                    ident(&m.version_column)
                 ),
                 format!("deleting the rows of {name} before a {kind}"),
             )
@@ -504,9 +504,9 @@ impl Sink {
             (
                 format!(
                     "INSERT INTO {db}.{} ({}, {}) VALUES ({version}, '{kind}')",
-                    quote(name),
-                    quote(&m.version_column),
-                    quote(&m.op_column)
+                    ident(name),
+                    ident(&m.version_column),
+                    ident(&m.op_column)
                 ),
                 format!("logging a {kind} in {name}"),
             )
@@ -736,17 +736,16 @@ fn existing_rows_value(c: &Column, statements: &[String]) -> Result<Option<Strin
             c.name
         ))
     };
-    let literal = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
     match super::statement::added_in(statements, &c.name) {
         None => refuse("without an ADD clause this stage can read"),
         Some(Added::Expression(e)) => refuse(&format!("with the default {e}")),
         Some(Added::Null) => Ok(None),
         // The value as text: ClickHouse casts a DEFAULT to the column's type.
-        Some(Added::Constant(v)) => Ok(Some(literal(&v))),
+        Some(Added::Constant(v)) => Ok(Some(string(&v))),
         Some(Added::NoDefault) if c.nullable => Ok(None),
         Some(Added::NoDefault) => match c.r#type() {
             // MySQL's implicit default of a NOT NULL ENUM is its first member.
-            T::Enum => Ok(c.members.first().map(|m| literal(m))),
+            T::Enum => Ok(c.members.first().map(|m| string(m))),
             // A NOT NULL TIMESTAMP without a default may take the ALTER's time.
             T::Timestamp => refuse("as a NOT NULL TIMESTAMP without a default"),
             T::Json => refuse("as a NOT NULL JSON"),

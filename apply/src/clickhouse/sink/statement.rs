@@ -6,126 +6,7 @@
 //! with the column's default, which no binlog row event carries). The statement, as the source
 //! logged it, says both for its own position, whatever happened to the table since.
 
-/// One token of a statement: a word or number, a backquoted name (unquoted), a string literal
-/// (its text, unescaped), or one punctuation character.
-#[derive(Debug, Clone, PartialEq)]
-enum Token {
-    Word(String),
-    Name(String),
-    Str(String),
-    Punct(char),
-}
-
-impl Token {
-    /// Whether this is the keyword `k` (upper case).
-    fn is(&self, k: &str) -> bool {
-        matches!(self, Token::Word(w) if w.eq_ignore_ascii_case(k))
-    }
-
-    /// The column or table name this token is, quoted or not.
-    fn name(&self) -> Option<&str> {
-        match self {
-            Token::Word(w) | Token::Name(w) => Some(w),
-            _ => None,
-        }
-    }
-}
-
-fn tokens(sql: &str) -> Vec<Token> {
-    let mut out = Vec::new();
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            c if c.is_whitespace() => {}
-            '`' => {
-                let mut s = String::new();
-                while let Some(c) = chars.next() {
-                    if c == '`' {
-                        if chars.peek() == Some(&'`') {
-                            chars.next();
-                            s.push('`');
-                            continue;
-                        }
-                        break;
-                    }
-                    s.push(c);
-                }
-                out.push(Token::Name(s));
-            }
-            '\'' | '"' => {
-                let q = c;
-                let mut s = String::new();
-                while let Some(c) = chars.next() {
-                    if c == '\\' {
-                        if let Some(e) = chars.next() {
-                            s.push(match e {
-                                'n' => '\n',
-                                't' => '\t',
-                                'r' => '\r',
-                                '0' => '\0',
-                                'Z' => '\x1a',
-                                other => other,
-                            });
-                        }
-                        continue;
-                    }
-                    if c == q {
-                        if chars.peek() == Some(&q) {
-                            chars.next();
-                            s.push(q);
-                            continue;
-                        }
-                        break;
-                    }
-                    s.push(c);
-                }
-                out.push(Token::Str(s));
-            }
-            '/' if chars.peek() == Some(&'*') => {
-                chars.next();
-                let mut last = ' ';
-                for c in chars.by_ref() {
-                    if last == '*' && c == '/' {
-                        break;
-                    }
-                    last = c;
-                }
-            }
-            '#' => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        break;
-                    }
-                }
-            }
-            '-' if chars.peek() == Some(&'-') => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        break;
-                    }
-                }
-            }
-            c if c.is_alphanumeric()
-                || c == '_'
-                || c == '$'
-                || (c == '.' && chars.peek().is_some_and(char::is_ascii_digit)) =>
-            {
-                let mut s = c.to_string();
-                while let Some(&n) = chars.peek() {
-                    if n.is_alphanumeric() || n == '_' || n == '$' || n == '.' {
-                        s.push(n);
-                        chars.next();
-                    } else {
-                        break;
-                    }
-                }
-                out.push(Token::Word(s));
-            }
-            c => out.push(Token::Punct(c)),
-        }
-    }
-    out
-}
+use sluice_common::sql::mysql::{qualified_at, tokens, Token};
 
 /// The top-level clauses of an `ALTER TABLE t ...`: the tokens between commas outside
 /// parentheses, after the table name. Empty for other statements.
@@ -149,17 +30,11 @@ fn clauses(sql: &str) -> Vec<Vec<Token>> {
     if t.get(i).is_some_and(|x| x.is("IF")) {
         i += 2; // IF EXISTS
     }
-    // The table name: db.t (one word), `db`.`t` (a name, a '.', a name), db.`t`.
-    if t.get(i)
-        .and_then(Token::name)
-        .is_some_and(|n| n.ends_with('.'))
-    {
-        i += 1;
-    }
-    i += 1;
-    while matches!(t.get(i), Some(Token::Punct('.'))) {
-        i += 2;
-    }
+    // The table name, qualified or not.
+    let Some((_, after)) = qualified_at(&t, i) else {
+        return Vec::new();
+    };
+    i = after;
     let mut out = Vec::new();
     let mut cur = Vec::new();
     let mut depth = 0usize;

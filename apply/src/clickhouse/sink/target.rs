@@ -27,10 +27,11 @@ use prost::Message as _;
 use sluice_proto::v1::{Column, TableSchema};
 use sluice_proto::view::RowEvent;
 
-use super::{quote, refused, undecodable, Refusal, Sink};
+use super::{refused, undecodable, Refusal, Sink};
 use crate::clickhouse::types::{map_column, ChType, Features, DEDUP_WINDOW};
 use crate::clickhouse::Mode;
 use crate::error::{clickhouse_code, ApplyError, BadEvent, Origin, Reason};
+use sluice_common::sql::clickhouse::ident;
 
 /// ClickHouse exception codes (`src/Common/ErrorCodes.cpp`) of the answers to schema changes
 /// that mean "already done". ClickHouse 18.16 answers both an ADD COLUMN of a column that is
@@ -389,12 +390,12 @@ impl Sink {
         let mut cols: Vec<String> = s
             .columns
             .iter()
-            .map(|c| format!("{} {}", quote(&c.name), map_column(c, f).sql()))
+            .map(|c| format!("{} {}", ident(&c.name), map_column(c, f).sql()))
             .collect();
         let key: Vec<String> = s
             .primary_key
             .iter()
-            .map(|i| quote(&s.columns[*i as usize].name))
+            .map(|i| ident(&s.columns[*i as usize].name))
             .collect();
         // `tables.order_by` in place of the key. Rows replace each other by it: a mirror's
         // must name the key columns and nothing else (a version with another value of another
@@ -449,31 +450,31 @@ impl Sink {
         let order_by = order_by.map(|o| crate::clickhouse::cluster::unwrap_parens(o));
         let (engine, order) = match mode {
             Mode::Mirror => {
-                cols.push(format!("{} UInt64", quote(&m.version_column)));
-                cols.push(format!("{} UInt8", quote(&m.deleted_column)));
+                cols.push(format!("{} UInt64", ident(&m.version_column)));
+                cols.push(format!("{} UInt8", ident(&m.deleted_column)));
                 let args = if self.features.is_deleted {
-                    format!("{}, {}", quote(&m.version_column), quote(&m.deleted_column))
+                    format!("{}, {}", ident(&m.version_column), ident(&m.deleted_column))
                 } else {
-                    quote(&m.version_column)
+                    ident(&m.version_column)
                 };
                 let engine = cluster.engine("ReplacingMergeTree", &args, false);
                 let order = order_by.map_or_else(|| key.join(", "), str::to_string);
                 (engine, order)
             }
             Mode::Changelog => {
-                cols.push(format!("{} String", quote(&m.op_column)));
-                cols.push(format!("{} UInt64", quote(&m.version_column)));
+                cols.push(format!("{} String", ident(&m.op_column)));
+                cols.push(format!("{} UInt64", ident(&m.version_column)));
                 let mut order: Vec<String> = match order_by {
                     Some(o) => vec![o.to_string()],
                     None => key.clone(),
                 };
-                order.push(quote(&m.version_column));
-                order.push(quote(&m.op_column));
+                order.push(ident(&m.version_column));
+                order.push(ident(&m.op_column));
                 if key.is_empty() {
                     // No key: the snapshot's rows of one chunk share a version, and equal
                     // rows must stay apart.
-                    cols.push(format!("{} UInt64", quote(&m.row_column)));
-                    order.push(quote(&m.row_column));
+                    cols.push(format!("{} UInt64", ident(&m.row_column)));
+                    order.push(ident(&m.row_column));
                 }
                 (
                     cluster.engine("ReplacingMergeTree", "", false),
@@ -483,7 +484,7 @@ impl Sink {
         };
         if cluster.distributed && !cluster.shard_column.is_empty() {
             // The Distributed table's sharding key, filled by the stage with each row.
-            cols.push(format!("{} UInt64", quote(&cluster.shard_column)));
+            cols.push(format!("{} UInt64", ident(&cluster.shard_column)));
         }
         let partition = m
             .partition_by
@@ -499,8 +500,8 @@ impl Sink {
         let local = cluster.local(name);
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {}.{}{} ({}) ENGINE = {engine}{partition} ORDER BY ({order}){settings}",
-            quote(db),
-            quote(&local),
+            ident(db),
+            ident(&local),
             cluster.on(),
             cols.join(", ")
         );
@@ -510,7 +511,7 @@ impl Sink {
         .await?
         .map_err(|e| BadEvent::new(Reason::Value, format!("{sql}: {e}")))?;
         if cluster.distributed {
-            let keyless = [quote(&m.version_column), quote(&m.row_column)];
+            let keyless = [ident(&m.version_column), ident(&m.row_column)];
             let sql = cluster.distributed_sql(db, name, &local, &key, &keyless);
             self.answered(&format!("creating {name}"), || {
                 self.client.query(&sql).execute()
@@ -531,7 +532,7 @@ impl Sink {
         if !cluster.distributed {
             return Ok(());
         }
-        let db = quote(&self.config.clickhouse.database);
+        let db = ident(&self.config.clickhouse.database);
         let local = cluster.local(table);
         let (new, old) = (
             format!("{table}__sluice_new"),
@@ -582,19 +583,19 @@ impl Sink {
             }
             let on = cluster.on();
             let steps = [
-                format!("DROP TABLE IF EXISTS {db}.{}{on}", quote(&new)),
+                format!("DROP TABLE IF EXISTS {db}.{}{on}", ident(&new)),
                 format!(
                     "CREATE TABLE {db}.{}{on} AS {db}.{} ENGINE = {engine}",
-                    quote(&new),
-                    quote(&local)
+                    ident(&new),
+                    ident(&local)
                 ),
                 format!(
                     "RENAME TABLE {db}.{t} TO {db}.{o}, {db}.{n} TO {db}.{t}{on}",
-                    t = quote(table),
-                    o = quote(&old),
-                    n = quote(&new)
+                    t = ident(table),
+                    o = ident(&old),
+                    n = ident(&new)
                 ),
-                format!("DROP TABLE IF EXISTS {db}.{}{on}", quote(&old)),
+                format!("DROP TABLE IF EXISTS {db}.{}{on}", ident(&old)),
             ];
             let mut failed = None;
             for sql in &steps {
@@ -635,10 +636,10 @@ impl Sink {
         let t = map_column(c, f);
         let sql = format!(
             "ALTER TABLE {}.{}{} ADD COLUMN {} {}{}",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.cluster.local(table)),
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.cluster.local(table)),
             self.config.cluster.on(),
-            quote(&c.name),
+            ident(&c.name),
             t.sql(),
             default.map(|d| format!(" DEFAULT {d}")).unwrap_or_default()
         );
@@ -660,10 +661,10 @@ impl Sink {
     pub(super) async fn drop_column(&self, table: &str, col: &str) -> Result<(), Refusal> {
         let sql = format!(
             "ALTER TABLE {}.{}{} DROP COLUMN {}",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.cluster.local(table)),
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.cluster.local(table)),
             self.config.cluster.on(),
-            quote(col)
+            ident(col)
         );
         let what = format!("dropping column {col} of {table}");
         match self
@@ -687,11 +688,11 @@ impl Sink {
     ) -> Result<(), Refusal> {
         let sql = format!(
             "ALTER TABLE {}.{}{} RENAME COLUMN {} TO {}",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.cluster.local(table)),
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.cluster.local(table)),
             self.config.cluster.on(),
-            quote(from),
-            quote(to)
+            ident(from),
+            ident(to)
         );
         let what = format!("renaming column {from} of {table}");
         self.answered(&what, || self.client.query(&sql).execute())
@@ -740,10 +741,10 @@ impl Sink {
         };
         let sql = format!(
             "ALTER TABLE {}.{}{} MODIFY COLUMN {} {}{default}",
-            quote(&self.config.clickhouse.database),
-            quote(&self.config.cluster.local(table)),
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.cluster.local(table)),
             self.config.cluster.on(),
-            quote(col),
+            ident(col),
             t.sql()
         );
         let what = format!("widening column {col} of {table}");

@@ -22,8 +22,9 @@ use sluice_proto::{fnv1a, FNV_START};
 
 use super::batch::TableBatch;
 use super::metrics::Metrics;
-use super::{quote, refused, Sink};
+use super::{refused, Sink};
 use crate::error::{clickhouse_transient, ApplyError, Origin};
+use sluice_common::sql::clickhouse::ident;
 
 /// Writes one table's part of a batch: one INSERT. Shared by the sink and the rebalance
 /// callback (which writes the batch in hand before partitions are let go).
@@ -98,11 +99,11 @@ impl Writer {
     ) -> Result<(), clickhouse::error::Error> {
         let sql = format!(
             "INSERT INTO {}.{} ({}) FORMAT RowBinary",
-            quote(&self.database),
-            quote(table),
+            ident(&self.database),
+            ident(table),
             tb.columns
                 .iter()
-                .map(|c| quote(c))
+                .map(|c| ident(c))
                 .collect::<Vec<_>>()
                 .join(", ")
         );

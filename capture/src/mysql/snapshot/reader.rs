@@ -18,6 +18,7 @@ use super::values::{to_param, to_value};
 use super::Msg;
 use crate::error::{mysql_transient, CaptureError, Origin};
 use crate::mysql::position::BinlogPos;
+use sluice_common::sql::mysql::ident;
 
 /// One chunk to read.
 pub struct ChunkRequest {
@@ -98,7 +99,7 @@ async fn read_inner(
         .map_err(my)?
         .ok_or_else(|| CaptureError::source(format!("{database}.{table} no longer exists")))?;
     let list = select_list(&schema);
-    let from = format!("{}.{}", quote(database), quote(table));
+    let from = format!("{}.{}", ident(database), ident(table));
     let keyed = !schema.primary_key.is_empty();
     let channel_gone = |_| Stop::Gone;
     let columns_match = |cols: &[mysql_async::Column]| -> Result<(), Stop> {
@@ -120,7 +121,7 @@ async fn read_inner(
         let order: Vec<String> = schema
             .primary_key
             .iter()
-            .map(|i| quote(&schema.columns[*i as usize].name))
+            .map(|i| ident(&schema.columns[*i as usize].name))
             .collect();
         let (clause, params) = if after.is_empty() {
             (String::new(), Vec::new())
@@ -252,18 +253,14 @@ async fn master_position(
     }))
 }
 
-fn quote(name: &str) -> String {
-    format!("`{}`", name.replace('`', "``"))
-}
-
 /// The `SELECT` list: ENUM and SET as their numbers (index, bitmap), the rest as stored.
 pub(super) fn select_list(schema: &TableSchema) -> String {
     schema
         .columns
         .iter()
         .map(|c| match c.r#type() {
-            ColumnType::Enum | ColumnType::Set => format!("{}+0", quote(&c.name)),
-            _ => quote(&c.name),
+            ColumnType::Enum | ColumnType::Set => format!("{}+0", ident(&c.name)),
+            _ => ident(&c.name),
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -274,7 +271,7 @@ pub(super) fn after_clause(schema: &TableSchema, after: &[v1::Value]) -> (String
     let names: Vec<String> = schema
         .primary_key
         .iter()
-        .map(|i| quote(&schema.columns[*i as usize].name))
+        .map(|i| ident(&schema.columns[*i as usize].name))
         .collect();
     let mut ors = Vec::new();
     let mut params = Vec::new();
