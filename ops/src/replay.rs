@@ -36,6 +36,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use sluice_apply::group::dead_letter_headers as headers;
 use sluice_proto::v1::Op;
 use sluice_proto::ChangeEvent;
 
@@ -418,15 +419,15 @@ impl Kafka {
                 let payload = m.payload().unwrap_or_default().to_vec();
                 out.push(DeadLetter {
                     at: (p, m.offset()),
-                    topic: h("sluice.topic").unwrap_or_default(),
-                    partition: h("sluice.partition")
+                    topic: h(headers::TOPIC).unwrap_or_default(),
+                    partition: h(headers::PARTITION)
                         .and_then(|v| v.parse().ok())
                         .unwrap_or(-1),
-                    offset: h("sluice.offset")
+                    offset: h(headers::OFFSET)
                         .and_then(|v| v.parse().ok())
                         .unwrap_or(-1),
-                    reason: h("sluice.reason").unwrap_or_default(),
-                    kind: h("sluice.reason.kind"),
+                    reason: h(headers::REASON).unwrap_or_default(),
+                    kind: h(headers::REASON_KIND),
                     timestamp_ms: m.timestamp().to_millis(),
                     key: m.key().map(<[u8]>::to_vec),
                     event: EventInfo::of(&payload),

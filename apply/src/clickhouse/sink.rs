@@ -4,7 +4,7 @@
 //! - Events are read from the consumer group's partitions and encoded straight into RowBinary,
 //!   one buffer per target table. A batch closes when it reaches `batch.max_rows` or
 //!   `batch.max_bytes`, or once it holds an event and `batch.max_wait_ms` has passed since the
-//!   previous write began ([`crate::group::due`]); then every table's buffer
+//!   previous write began (`due` in `group/run.rs`); then every table's buffer
 //!   is written with one INSERT each, and only when ClickHouse has acknowledged all of them are
 //!   the partitions' offsets stored (and committed by the consumer, every second and at stop).
 //! - A crash between the INSERT and the commit re-reads the batch. Replays are harmless: mirror
@@ -29,17 +29,21 @@
 //! batch before it); the steps live by concern, in child modules:
 //! - `batch`: the batch in hand and the one being written, the rows encoded into it, the
 //!   drain before a rebalance, and the `BatchSink` the group's loop ([`crate::group`]) drives;
+//! - `part`: one table's part of a batch, the rows of one INSERT in RowBinary pieces;
 //! - `writer`: the INSERT of one table's part (with its deduplication token) and the retries
 //!   of every statement;
 //! - `target`: target tables: their names, what the server has, creation, the columns added
 //!   and dropped (schema evolution), and how one schema's rows are written (the plan);
 //! - `ddl`: source DDL applied to the target;
+//! - `stopped`: the stopped tables, kept in ClickHouse;
 //! - `metrics`: what the sink counts.
 
 mod batch;
 mod ddl;
 mod metrics;
+mod part;
 mod statement;
+mod stopped;
 mod target;
 mod writer;
 
@@ -332,6 +336,7 @@ impl Sink {
             shutdown: Shutdown::new(),
         };
         sink.read_stopped().await?;
+        sink.read_applied_ddl().await?;
         Ok(sink)
     }
 

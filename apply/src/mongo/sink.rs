@@ -4,7 +4,7 @@
 //! - Events are read from the consumer group's partitions and turned into writes
 //!   ([`super::write`]) held in the batch ([`batch`]). A batch closes at `batch.max_events`,
 //!   `batch.max_bytes`, or once it holds an event and `batch.max_wait_ms` has passed since the
-//!   previous write began ([`crate::group::due`]); it is written round by
+//!   previous write began (`due` in `group/run.rs`); it is written round by
 //!   round (one write per document per round, unordered within a round: [`writer`]) and only
 //!   when MongoDB has acknowledged every write (with the configured write concern) are the
 //!   partitions' offsets stored.
@@ -23,12 +23,13 @@
 //!   applied again, and a row event older than it (read late from another partition, or
 //!   replayed after a restart) is skipped instead of bringing back what was dropped.
 //! - Before partitions are revoked (rebalance) the batch in hand is written and committed from
-//!   the revoke callback; SIGTERM does the same and exits.
+//!   the revoke callback ([`drain`]); SIGTERM does the same and exits.
 //! - A member writes a partition only while it is its newest owner ([`fence`]): one that lost
 //!   its partitions while retrying stops instead of overwriting the new owner's writes.
 
 mod batch;
 mod ddl;
+mod drain;
 mod fence;
 mod metrics;
 mod writer;
@@ -46,8 +47,9 @@ use sluice_common::Shutdown;
 use sluice_proto::v1::Op;
 use sluice_proto::view::RowEvent;
 
-use self::batch::{Batch, MongoDrain};
+use self::batch::Batch;
 use self::ddl::{AppliedDdl, Stopped};
+use self::drain::MongoDrain;
 use self::metrics::Metrics;
 use self::writer::Writer;
 use super::write::writes_of;
@@ -402,7 +404,9 @@ impl Sink {
         self.writer.settle(&batch, outcome).await?;
         // Before the offsets: a restart must find the collection stopped.
         self.record_stops();
-        batch.offsets.store(&*self.consumer);
+        batch
+            .offsets
+            .store(&*self.consumer, &self.consumer.context().incarnations);
         self.metrics
             .group
             .written(&batch.offsets, batch.oldest_commit_micros);

@@ -16,14 +16,14 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use rdkafka::consumer::StreamConsumer;
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::BorrowedMessage;
 use sluice_common::clock::now_micros;
 use sluice_common::Shutdown;
 use sluice_proto::v1::{Column, Op};
 use sluice_proto::view::{self, RowEvent, ValueRef};
 
+use super::part::TableBatch;
 use super::writer::{insert, Writer};
 use super::{undecodable, Context, Refusal, Sink};
 use crate::clickhouse::rowbinary::{encode, text};
@@ -96,36 +96,6 @@ impl Drain for ChDrain {
                 self.in_flight.lock().expect("in-flight lock").failed = Some(e.to_string());
                 None
             }
-        }
-    }
-}
-
-/// One table's part of a batch: the INSERT's column list and RowBinary rows, in pieces of
-/// about [`PIECE`] bytes that each end at a row's end. A large batch never reallocates (and
-/// copies) one buffer as it grows, and each piece is compressed and sent on its own, so the
-/// INSERT holds no second copy of the batch.
-pub(super) struct TableBatch {
-    pub(super) columns: Arc<Vec<String>>,
-    /// The shard whose per-shard table it goes into (`cluster.write = "shards"`; otherwise
-    /// `None`: into the table itself).
-    pub(super) shard: Option<usize>,
-    /// Full pieces.
-    pub(super) done: Vec<Bytes>,
-    /// The piece being filled.
-    pub(super) body: Vec<u8>,
-    pub(super) rows: usize,
-}
-
-const PIECE: usize = 1 << 20;
-
-impl TableBatch {
-    /// After a row: start a new piece once this one is full.
-    fn row_done(&mut self) {
-        if self.body.len() >= PIECE {
-            // Later pieces are sized at once: this table's part is a large one.
-            let next = Vec::with_capacity(PIECE + PIECE / 8);
-            self.done
-                .push(Bytes::from(std::mem::replace(&mut self.body, next)));
         }
     }
 }
@@ -403,7 +373,9 @@ impl Sink {
         let batch = std::mem::take(&mut *self.batch());
         if batch.tables.is_empty() {
             // Only events without rows (heartbeats, dead letters): nothing to wait for.
-            batch.offsets.store(&*self.consumer);
+            batch
+                .offsets
+                .store(&*self.consumer, &self.consumer.context().incarnations);
             self.metrics.group.written(&batch.offsets, None);
             return Ok(());
         }
@@ -455,7 +427,7 @@ impl Sink {
                     format!("ClickHouse: the write task ended: {e}"),
                 )
             })??;
-            offsets.store(&*self.consumer);
+            offsets.store(&*self.consumer, &self.consumer.context().incarnations);
         }
         Ok(())
     }

@@ -14,10 +14,9 @@
 //! - TRUNCATE, DROP and RENAME of the source table follow `tables.truncate` and `tables.drop`
 //!   (rows older than the statement deleted, kept, or the table stopped); the new name of a
 //!   renamed table loses the rows older than the rename ("renamed", before its snapshot).
-//! - A table stopped (a statement ClickHouse refuses, one that cannot be applied exactly, a
-//!   table the source refused) has its later events dead-lettered with the reason, while other
-//!   tables go on; it is kept in `tables.stopped_table` and stays stopped after a restart. An
-//!   unreachable ClickHouse is waited for.
+//! - A statement ClickHouse refuses, or one that cannot be applied exactly, stops its table
+//!   (`super::stopped`): its later events are dead-lettered with the reason, while other tables
+//!   go on. An unreachable ClickHouse is waited for.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -257,27 +256,10 @@ impl Sink {
         self.metrics.ddl.with_label_values(&[kind, outcome]).inc();
     }
 
-    /// The stopped tables kept in ClickHouse (`tables.stopped_table`, made if missing): a
-    /// table stopped before a restart stays stopped.
-    pub(super) async fn read_stopped(&mut self) -> Result<(), ApplyError> {
-        let t = format!(
-            "{}.{}",
-            ident(&self.config.clickhouse.database),
-            ident(&self.config.tables.stopped_table)
-        );
-        let cluster = &self.config.cluster;
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {t}{} (target String, reason String, at DateTime) \
-             ENGINE = {} ORDER BY target",
-            cluster.on(),
-            cluster.engine("ReplacingMergeTree", "at", true)
-        );
-        self.answered("creating the stopped tables' table", || {
-            self.client.query(&create).execute()
-        })
-        .await?
-        .map_err(|e| refused(format_args!("{create}: {e}")))?;
-        self.reload_stopped(true).await?;
+    /// The ALTERs applied to each target, kept in ClickHouse (`tables.ddl_table`, made if
+    /// missing): an ALTER applied before a restart, or by another instance, is not applied
+    /// again.
+    pub(super) async fn read_applied_ddl(&mut self) -> Result<(), ApplyError> {
         let t = format!(
             "{}.{}",
             ident(&self.config.clickhouse.database),
@@ -296,58 +278,6 @@ impl Sink {
         .await?
         .map_err(|e| refused(format_args!("{create}: {e}")))?;
         self.read_applied_where("1").await
-    }
-
-    /// Read `tables.stopped_table` again: tables other instances stopped (a table's keys are
-    /// on every partition), or taken up again by deleting their row.
-    /// [`Self::reload_stopped`] once 5 s have gone by since the last read (or the last failed
-    /// one: a target that is down is not asked at every row).
-    pub(super) async fn reread_stopped_if_due(&mut self) {
-        if self.stopped_read_at.elapsed() < std::time::Duration::from_secs(5) {
-            return;
-        }
-        // One try: a target that is down is waited for where writes are, not here (a row taken
-        // must not hold the stage from noticing what a rebalance left behind).
-        if let Err(e) = self.reload_stopped(false).await {
-            tracing::warn!(error = %e, "reading the stopped tables again failed; retrying in 5 s");
-            self.stopped_read_at = std::time::Instant::now();
-        }
-    }
-
-    /// Read the stopped tables (`retry`: until the target answers).
-    pub(super) async fn reload_stopped(&mut self, retry: bool) -> Result<(), ApplyError> {
-        let t = format!(
-            "{}.{}",
-            ident(&self.config.clickhouse.database),
-            ident(&self.config.tables.stopped_table)
-        );
-        let select = format!("SELECT target, argMax(reason, at) FROM {t} GROUP BY target");
-        let rows = if retry {
-            self.answered("reading the stopped tables", || {
-                self.client.query(&select).fetch_all::<(String, String)>()
-            })
-            .await?
-            .map_err(|e| refused(format_args!("{select}: {e}")))?
-        } else {
-            self.client
-                .query(&select)
-                .fetch_all::<(String, String)>()
-                .await
-                .map_err(|e| ApplyError::from(e).context(format_args!("{select}")))?
-        };
-        let now: std::collections::HashMap<String, String> = rows.into_iter().collect();
-        for (target, reason) in &now {
-            if !self.stopped.contains_key(target) {
-                tracing::warn!(table = %target, %reason, "table stopped: its events are dead-lettered (delete its row from {} to take it up again)", self.config.tables.stopped_table);
-            }
-        }
-        if now != self.stopped {
-            // Cached plans would let a newly stopped table's rows through.
-            self.plans.clear();
-            self.stopped = now;
-        }
-        self.stopped_read_at = std::time::Instant::now();
-        Ok(())
     }
 
     /// What `tables.ddl_table` says of target `name` now (another instance may have applied
@@ -430,24 +360,6 @@ impl Sink {
             s.renamed.insert(a.clone(), b.clone());
         }
         s.dropped.extend(change.dropped.iter().cloned());
-        Ok(())
-    }
-
-    /// Stop target `name` for `reason`: kept in memory and in ClickHouse.
-    pub(super) async fn stop_table(&mut self, name: &str, reason: &str) -> Result<(), ApplyError> {
-        let sql = format!(
-            "INSERT INTO {}.{} (target, reason, at) VALUES (?, ?, now())",
-            ident(&self.config.clickhouse.database),
-            ident(&self.config.tables.stopped_table)
-        );
-        self.answered("recording a stopped table", || {
-            self.client.query(&sql).bind(name).bind(reason).execute()
-        })
-        .await?
-        .map_err(|e| refused(format_args!("{sql}: {e}")))?;
-        self.stopped.insert(name.to_string(), reason.to_string());
-        // Cached plans would let its later rows through.
-        self.plans.clear();
         Ok(())
     }
 

@@ -20,8 +20,8 @@ use prometheus::IntCounterVec;
 use sluice_common::Shutdown;
 use sluice_proto::{fnv1a, FNV_START};
 
-use super::batch::TableBatch;
 use super::metrics::Metrics;
+use super::part::TableBatch;
 use super::{refused, Sink};
 use crate::error::{clickhouse_transient, ApplyError, Origin};
 use sluice_common::sql::clickhouse::ident;
