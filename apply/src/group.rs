@@ -26,4 +26,5 @@ pub use health::Outage;
 pub use lifecycle::{close_within, group_has_run, CLOSE_WITHIN};
 pub use metrics::{GroupMetrics, SinkMetrics};
 pub use offsets::{Drain, Offsets};
+pub use run::Pace;
 pub(crate) use run::{retire, run, BatchSink};

@@ -101,8 +101,8 @@ pub struct Sink {
     metrics: Metrics,
     /// Reused to work out a row's shard.
     scratch: Vec<u8>,
-    /// When the last INSERT of rows began ([`crate::group::BatchSink::last_write`]).
-    last_write: Option<std::time::Instant>,
+    /// When its batches are due.
+    pace: crate::group::Pace,
     /// The run's shutdown, for waits outside a batch write (a target looked up or changed).
     shutdown: Shutdown,
 }
@@ -331,7 +331,9 @@ impl Sink {
             writer,
             metrics,
             scratch: Vec::new(),
-            last_write: None,
+            pace: crate::group::Pace::new(std::time::Duration::from_millis(
+                config.batch.max_wait_ms,
+            )),
             config,
             shutdown: Shutdown::new(),
         };

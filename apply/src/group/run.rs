@@ -15,12 +15,12 @@ use super::context::{no_topic_yet, GroupContext};
 use super::lifecycle::close_within;
 use super::offsets::Drain;
 use super::watcher::Watcher;
+use crate::error::{ApplyError, Origin};
 
 /// A sink that gathers the events of its consumer group into batches; [`run`] drives it.
 #[allow(async_fn_in_trait)]
 pub(crate) trait BatchSink {
     type Drain: Drain;
-    type Error;
     /// The group's consumer (shared, so that a message can borrow it while the sink handles
     /// the message).
     fn consumer(&self) -> Arc<StreamConsumer<GroupContext<Self::Drain>>>;
@@ -28,38 +28,31 @@ pub(crate) trait BatchSink {
     fn batch_started(&self) -> Option<Instant>;
     /// The batch in hand reached its size limits.
     fn batch_full(&self) -> bool;
-    /// When the last write to the target began (of rows or documents, from any path: a batch,
-    /// the batch before a DDL event, a table's part before a column change). A batch of
-    /// offsets only (heartbeats, DDL events, skipped or dead-lettered records) costs the target
-    /// nothing and does not count.
-    fn last_write(&self) -> Option<Instant>;
-    /// How long a batch may wait after its first event.
-    fn max_wait(&self) -> Duration;
+    /// When its batches are due ([`Pace`]).
+    fn pace(&self) -> &Pace;
     /// Take one event into the batch (its offset is stored once the batch is written). The
     /// message is librdkafka's own, not copied; a sink that keeps it detaches it.
     async fn on_message(
         &mut self,
         m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
-    ) -> Result<(), Self::Error>;
+    ) -> Result<(), ApplyError>;
     /// Skip one record (of a taken-over capture, [`crate::incarnation`]): its offset is
     /// stored with the batch in hand, as if it had been handled.
     fn skip(&mut self, m: &BorrowedMessage<'_>);
     /// Write the batch in hand (or start writing it); its offsets are stored once written.
-    async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), Self::Error>;
+    async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError>;
     /// Wait for every write started, storing their offsets.
-    async fn settle(&mut self) -> Result<(), Self::Error> {
+    async fn settle(&mut self) -> Result<(), ApplyError> {
         Ok(())
     }
-    /// The error that stops the stage for `why` (Kafka's state, not an event).
-    fn fatal(&self, why: String) -> Self::Error;
     /// The consumer hit a fatal error: replace it with a new one of the same settings,
     /// subscribed, as a restart would ([`retire`] the old one). What it held is dropped
     /// unstored: the new consumer reads on from the committed offsets.
     /// Returns the old consumer, [`retire`]d, for the caller to close.
     async fn rejoin(
         &mut self,
-    ) -> Result<Arc<StreamConsumer<GroupContext<Self::Drain>>>, Self::Error>;
+    ) -> Result<Arc<StreamConsumer<GroupContext<Self::Drain>>>, ApplyError>;
 }
 
 /// How long a stage waits before a new consumer joins after a fatal error: a member fenced by
@@ -91,31 +84,59 @@ pub(crate) fn retire<D: Drain>(old: &StreamConsumer<GroupContext<D>>) {
 /// Consume until shutdown or an error: a batch is written when full, or once it holds an event
 /// and `max_wait` has passed since the previous write began ([`due`]). On shutdown what is held
 /// is written and the offsets committed before leaving the group.
-pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), S::Error> {
-    let max_wait = sink.max_wait();
-    run_loop(sink, shutdown, max_wait).await
+pub(crate) async fn run<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), ApplyError> {
+    run_loop(sink, shutdown).await
 }
 
-/// When a batch that got its first event at `started` is written, the previous write having
-/// begun at `last_write`: at once (as soon as no more events are ready) if that write began
-/// `max_wait` ago or more, otherwise `max_wait` after it began. So an event waits at most
-/// `max_wait`, and only while writes would otherwise follow each other faster than one per
-/// `max_wait`: the first row after a quiet spell is written at once, while a steady stream is
-/// gathered into one write per `max_wait` (fewer, larger parts for the target to merge), and a
-/// write that takes long makes the next batch larger. (A full batch is written at once; a
-/// write of offsets only, of heartbeats or DDL events, does not count as the previous write.)
-pub(crate) fn due(started: Instant, last_write: Option<Instant>, max_wait: Duration) -> Instant {
-    match last_write {
-        Some(w) => started.max(w + max_wait),
-        None => started,
+/// The error that stops the stage for `why` (Kafka's state, not an event).
+fn stop(why: String) -> ApplyError {
+    ApplyError::definite(Origin::Kafka, why)
+}
+
+/// When a sink's batches are written: `max_wait` (`batch.max_wait_ms`) and when the last write
+/// to the target began (of rows or documents, from any path: a batch, the batch before a DDL
+/// event, a table's part before a column change). A write of offsets only (heartbeats, DDL
+/// events, skipped or dead-lettered records) costs the target nothing and does not count.
+#[derive(Debug, Clone)]
+pub struct Pace {
+    max_wait: Duration,
+    last_write: Option<Instant>,
+}
+
+impl Pace {
+    pub fn new(max_wait: Duration) -> Self {
+        Self {
+            max_wait,
+            last_write: None,
+        }
+    }
+
+    /// A write of rows or documents begins now.
+    pub fn writing(&mut self) {
+        self.last_write = Some(Instant::now());
+    }
+
+    /// When a batch that got its first event at `started` is written: at once (as soon as no
+    /// more events are ready) if the last write began `max_wait` ago or more, otherwise
+    /// `max_wait` after it began. So an event waits at most `max_wait`, and only while writes
+    /// would otherwise follow each other faster than one per `max_wait`: the first row after a
+    /// quiet spell is written at once, while a steady stream is gathered into one write per
+    /// `max_wait` (fewer, larger parts for the target to merge), and a write that takes long
+    /// makes the next batch larger. (A full batch is written at once.)
+    pub fn due(&self, started: Instant) -> Instant {
+        match self.last_write {
+            Some(w) => started.max(w + self.max_wait),
+            None => started,
+        }
+    }
+
+    /// When a sink with no batch in hand looks again.
+    fn idle_until(&self) -> Instant {
+        Instant::now() + self.max_wait
     }
 }
 
-async fn run_loop<S: BatchSink>(
-    sink: &mut S,
-    shutdown: &Shutdown,
-    max_wait: Duration,
-) -> Result<(), S::Error> {
+async fn run_loop<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), ApplyError> {
     let mut consumer = sink.consumer();
     let mut watcher = Watcher::start(&consumer);
     // Messages taken without waiting since the clock was last read.
@@ -126,7 +147,7 @@ async fn run_loop<S: BatchSink>(
         }
         // Events expired unread at the assignment: nothing more is handled or stored.
         if let Some(why) = consumer.context().expired() {
-            return Err(sink.fatal(why));
+            return Err(stop(why));
         }
         // A message already fetched is taken without arming a timer; the batch's deadline is
         // checked against the clock only every 64 such messages (it is a bound on waiting, not
@@ -139,7 +160,7 @@ async fn run_loop<S: BatchSink>(
                 let overdue = unclocked >= 64
                     && sink.batch_started().is_some_and(|s| {
                         unclocked = 0;
-                        Instant::now() >= due(s, sink.last_write(), max_wait)
+                        Instant::now() >= sink.pace().due(s)
                     });
                 if overdue {
                     if let Err(e) = sink.write_held(shutdown).await {
@@ -151,8 +172,8 @@ async fn run_loop<S: BatchSink>(
             None => {
                 let deadline = sink
                     .batch_started()
-                    .map(|s| due(s, sink.last_write(), max_wait))
-                    .unwrap_or_else(|| Instant::now() + max_wait);
+                    .map(|s| sink.pace().due(s))
+                    .unwrap_or_else(|| sink.pace().idle_until());
                 tokio::select! {
                     biased;
                     _ = shutdown.wait() => break Ok(()),
@@ -180,7 +201,7 @@ async fn run_loop<S: BatchSink>(
             },
             // (the assignment that found it came inside this very receive)
             Some(Ok(_)) if consumer.context().expired().is_some() => {
-                return Err(sink.fatal(consumer.context().expired().unwrap_or_default()));
+                return Err(stop(consumer.context().expired().unwrap_or_default()));
             }
             Some(Ok(m)) => {
                 let stamp = crate::incarnation::of(&m);
@@ -263,17 +284,19 @@ mod tests {
 
     #[test]
     fn a_batch_waits_only_while_writes_would_come_faster_than_one_per_max_wait() {
-        let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let wait = ms(500);
+        let mut pace = Pace::new(ms(500));
+        let t0 = Instant::now();
         // The first batch since the start: at once.
-        assert_eq!(due(t0, None, wait), t0);
+        assert_eq!(pace.due(t0), t0);
+        pace.writing();
+        let t0 = pace.last_write.unwrap();
         // After a quiet spell (the last write began longer ago than max_wait): at once.
-        assert_eq!(due(t0 + ms(900), Some(t0), wait), t0 + ms(900));
-        assert_eq!(due(t0 + ms(500), Some(t0), wait), t0 + ms(500));
+        assert_eq!(pace.due(t0 + ms(900)), t0 + ms(900));
+        assert_eq!(pace.due(t0 + ms(500)), t0 + ms(500));
         // In a steady stream: max_wait after the last write began, so never longer than
         // max_wait after the batch's own first event.
-        assert_eq!(due(t0 + ms(10), Some(t0), wait), t0 + ms(500));
-        assert_eq!(due(t0, Some(t0), wait), t0 + ms(500));
+        assert_eq!(pace.due(t0 + ms(10)), t0 + ms(500));
+        assert_eq!(pace.due(t0), t0 + ms(500));
     }
 }

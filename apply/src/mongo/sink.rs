@@ -78,8 +78,8 @@ pub struct Sink {
     outage: Arc<crate::group::Outage>,
     /// Source database -> collection -> target namespace ([`Config::target`], worked out once).
     targets: HashMap<String, HashMap<String, Target>>,
-    /// When the last write of documents began ([`crate::group::BatchSink::last_write`]).
-    last_write: Option<Instant>,
+    /// When its batches are due.
+    pace: crate::group::Pace,
 }
 
 /// A target database and collection, shared by every write to them.
@@ -159,7 +159,6 @@ impl Sink {
         let mut stopped = Stopped::new(&client, &config.mongodb.meta_database);
         stopped.read().await?;
         Ok(Self {
-            config,
             client,
             consumer: Arc::new(consumer),
             consumer_config: cc,
@@ -171,7 +170,8 @@ impl Sink {
             drain_failed,
             outage,
             targets: HashMap::new(),
-            last_write: None,
+            pace: crate::group::Pace::new(Duration::from_millis(config.batch.max_wait_ms)),
+            config,
         })
     }
 
@@ -372,7 +372,7 @@ impl Sink {
             return Ok(());
         }
         if !batch.items.is_empty() {
-            self.last_write = Some(Instant::now());
+            self.pace.writing();
         }
         self.metrics.group.writing(batch.oldest_commit_micros);
         let started = Instant::now();
@@ -445,12 +445,7 @@ fn read(payload: &[u8]) -> Result<RowEvent<'_>, BadEvent> {
 }
 
 impl BatchSink for Sink {
-    fn fatal(&self, why: String) -> ApplyError {
-        ApplyError::definite(crate::error::Origin::Kafka, why)
-    }
-
     type Drain = MongoDrain;
-    type Error = ApplyError;
 
     fn consumer(&self) -> Arc<StreamConsumer<Context>> {
         self.consumer.clone()
@@ -464,12 +459,8 @@ impl BatchSink for Sink {
         self.full()
     }
 
-    fn last_write(&self) -> Option<Instant> {
-        self.last_write
-    }
-
-    fn max_wait(&self) -> Duration {
-        Duration::from_millis(self.config.batch.max_wait_ms)
+    fn pace(&self) -> &crate::group::Pace {
+        &self.pace
     }
 
     async fn on_message(

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::BorrowedMessage;
@@ -359,7 +359,7 @@ impl Sink {
             keys.iter().filter_map(|k| b.tables.remove(k)).collect()
         };
         for tb in parts {
-            self.last_write = Some(Instant::now());
+            self.pace.writing();
             insert(&self.writer, &self.metrics, name, tb, &self.shutdown).await?;
         }
         Ok(())
@@ -380,7 +380,7 @@ impl Sink {
             return Ok(());
         }
         self.metrics.group.writing(batch.oldest_commit_micros);
-        self.last_write = Some(Instant::now());
+        self.pace.writing();
         let (writer, metrics, shutdown) =
             (self.writer.clone(), self.metrics.clone(), shutdown.clone());
         let task = tokio::spawn(async move {
@@ -444,12 +444,7 @@ fn op_name(op: Op) -> &'static str {
 }
 
 impl BatchSink for Sink {
-    fn fatal(&self, why: String) -> ApplyError {
-        ApplyError::definite(crate::error::Origin::Kafka, why)
-    }
-
     type Drain = ChDrain;
-    type Error = ApplyError;
 
     fn consumer(&self) -> Arc<StreamConsumer<Context>> {
         self.consumer.clone()
@@ -463,12 +458,8 @@ impl BatchSink for Sink {
         self.full()
     }
 
-    fn last_write(&self) -> Option<Instant> {
-        self.last_write
-    }
-
-    fn max_wait(&self) -> Duration {
-        Duration::from_millis(self.config.batch.max_wait_ms)
+    fn pace(&self) -> &crate::group::Pace {
+        &self.pace
     }
 
     async fn on_message(
