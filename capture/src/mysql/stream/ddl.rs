@@ -8,9 +8,8 @@
 //! commits like a transaction.
 
 use prost::Message;
-use sluice_common::clock::now_micros;
+use sluice_proto::event_key;
 use sluice_proto::v1::{self, Op};
-use sluice_proto::{event_key, CONTRACT_VERSION};
 
 use super::context::Capture;
 use crate::checkpoint::mysql::{PendingDdl, PendingSnapshot};
@@ -179,27 +178,13 @@ impl Capture {
                 .insert((db.to_string(), table.to_string()), s.clone());
         }
         let last = p.statements.last().cloned().unwrap_or_default();
+        let at = (
+            p.file.as_str(),
+            p.start,
+            p.generation.unwrap_or(self.generation),
+            "",
+        );
         let event = v1::ChangeEvent {
-            contract: CONTRACT_VERSION,
-            source: Some(self.source.clone()),
-            op: Op::Ddl as i32,
-            database: db.to_string(),
-            table: table.to_string(),
-            version: sluice_proto::mysql_version_in(
-                p.generation.unwrap_or(self.generation),
-                &p.file,
-                p.start,
-                0,
-            )?,
-            position: Some(v1::Position {
-                kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
-                    file: p.file.clone(),
-                    pos: p.start,
-                    ..Default::default()
-                })),
-            }),
-            commit_time_micros: i64::from(p.ts) * 1_000_000,
-            capture_time_micros: now_micros(),
             schema_id: schema.as_ref().map(|s| s.schema_id).unwrap_or(0),
             schema: schema.clone(),
             ddl: Some(v1::Ddl {
@@ -214,7 +199,7 @@ impl Capture {
                 before,
                 ..Default::default()
             }),
-            ..Default::default()
+            ..self.event_at(Op::Ddl, (db, table), at, i64::from(p.ts) * 1_000_000)?
         };
         self.send_to_table(&event, "ddl").await?;
         tracing::info!(database = %db, table = %table, statements = p.statements.len(), "DDL read behind the server published");
@@ -248,25 +233,9 @@ impl Capture {
             Op::Ddl
         };
         let event = v1::ChangeEvent {
-            contract: CONTRACT_VERSION,
-            source: Some(self.source.clone()),
-            op: op as i32,
-            database: db.to_string(),
-            table: table.to_string(),
-            version: self.version_at(&self.file, start, 0)?,
-            position: Some(self.position(start, 0)),
-            commit_time_micros: i64::from(ts) * 1_000_000,
-            capture_time_micros: now_micros(),
-            transaction: self.tx.as_ref().map(|t| v1::Transaction {
-                id: t.id.clone(),
-                index: 0,
-                last: true,
-            }),
+            transaction: self.transaction(true),
             schema_id: after.as_ref().map(|s| s.schema_id).unwrap_or(0),
             schema: after.clone(),
-            key: None,
-            before: None,
-            after: None,
             ddl: Some(v1::Ddl {
                 statement: sql.to_string(),
                 schema: after.clone(),
@@ -277,7 +246,7 @@ impl Capture {
                 statements: Vec::new(),
                 before,
             }),
-            mongo: None,
+            ..self.event(op, (db, table), start, i64::from(ts) * 1_000_000)?
         };
         self.send_to_table(&event, op_label(op)).await?;
         tracing::info!(database = %db, table = %table, kind, "DDL published");
@@ -307,22 +276,13 @@ impl Capture {
         }
         tracing::error!(database = %db, table = %table, at = %format!("{}:{start}", self.file), statement, reason, "table refused: its changes cannot be carried exactly");
         let event = v1::ChangeEvent {
-            contract: CONTRACT_VERSION,
-            source: Some(self.source.clone()),
-            op: Op::Ddl as i32,
-            database: db.to_string(),
-            table: table.to_string(),
-            version: self.version_at(&self.file, start, 0)?,
-            position: Some(self.position(start, 0)),
-            commit_time_micros: i64::from(ts) * 1_000_000,
-            capture_time_micros: now_micros(),
             ddl: Some(v1::Ddl {
                 statement: statement.to_string(),
                 kind: "refused".into(),
                 reason: reason.to_string(),
                 ..Default::default()
             }),
-            ..Default::default()
+            ..self.event(Op::Ddl, (db, table), start, i64::from(ts) * 1_000_000)?
         };
         self.send_to_table(&event, "refused").await?;
         Ok(())

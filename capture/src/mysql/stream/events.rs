@@ -16,9 +16,8 @@
 use mysql_async::binlog::events::{
     Event, EventData, GtidEvent, QueryEvent, RotateEvent, RowsEventData, TableMapEvent,
 };
-use sluice_common::clock::now_micros;
 use sluice_proto::v1::{self, Op};
-use sluice_proto::{EventHeader, CONTRACT_VERSION};
+use sluice_proto::EventHeader;
 
 use super::context::{Capture, DecoderEntry};
 use crate::error::{CaptureError, Origin};
@@ -30,11 +29,30 @@ use crate::mysql::schema;
 /// How often an idle capture checks that the server's binlog history is the one it read.
 const HISTORY_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// XA_PREPARE_LOG_EVENT (MySQL 5.7+, MariaDB 10.5+).
-const XA_PREPARE_EVENT: u8 = 38;
-
-/// MySQL 8.0.20+'s TRANSACTION_PAYLOAD_EVENT (`binlog_transaction_compression`).
-pub(super) const TRANSACTION_PAYLOAD_EVENT: u8 = 40;
+/// Event type codes (the header's type byte) read here by number: mysql_common parses none of
+/// MariaDB's own, nor these of MySQL's.
+mod code {
+    /// TABLE_MAP_EVENT.
+    pub(super) const TABLE_MAP: u8 = 19;
+    /// XA_PREPARE_LOG_EVENT (MySQL 5.7+, MariaDB 10.5+).
+    pub(super) const XA_PREPARE: u8 = 38;
+    /// MySQL 8.0.20+'s TRANSACTION_PAYLOAD_EVENT (`binlog_transaction_compression`).
+    pub(super) const TRANSACTION_PAYLOAD: u8 = 40;
+    /// MariaDB's ANNOTATE_ROWS_EVENT (the statement of the rows events after it).
+    pub(super) const MARIADB_ANNOTATE_ROWS: u8 = 160;
+    /// MariaDB's BINLOG_CHECKPOINT_EVENT.
+    pub(super) const MARIADB_BINLOG_CHECKPOINT: u8 = 161;
+    /// MariaDB's GTID_EVENT: a transaction begins.
+    pub(super) const MARIADB_GTID: u8 = 162;
+    /// MariaDB's GTID_LIST_EVENT (the GTIDs before a file).
+    pub(super) const MARIADB_GTID_LIST: u8 = 163;
+    /// MariaDB's START_ENCRYPTION_EVENT: the events after it are encrypted in the file (a
+    /// server decrypts them for replicas, and sends no such event).
+    pub(super) const MARIADB_START_ENCRYPTION: u8 = 164;
+    /// MariaDB's compressed events (`log_bin_compress`): QUERY_COMPRESSED_EVENT, then the
+    /// compressed WRITE/UPDATE/DELETE rows events, version 1 and 2.
+    pub(super) const MARIADB_COMPRESSED: std::ops::RangeInclusive<u8> = 165..=171;
+}
 
 /// One event a row change becomes: op, the image its key comes from, before, after.
 type RowOut<'a> = (Op, &'a Image, Option<&'a Image>, Option<&'a Image>);
@@ -68,14 +86,16 @@ impl Capture {
             self.read_to = end;
         }
         match header.event_type_raw() {
-            0xa2 => {
+            code::MARIADB_GTID => {
                 self.on_mariadb_gtid(event.data(), header.server_id(), ts);
                 return Ok(());
             }
-            0xa0 | 0xa1 | 0xa3 => return Ok(()),
+            code::MARIADB_ANNOTATE_ROWS
+            | code::MARIADB_BINLOG_CHECKPOINT
+            | code::MARIADB_GTID_LIST => return Ok(()),
             // MySQL 8's compressed transaction: its events carry no position (log_pos 0), and
             // skipping it would lose the transaction silently.
-            TRANSACTION_PAYLOAD_EVENT => {
+            code::TRANSACTION_PAYLOAD => {
                 return Err(CaptureError::source(format!(
                     "{}:{start}: a compressed transaction (TRANSACTION_PAYLOAD event, written \
                      with binlog_transaction_compression=ON); the capture does not decode \
@@ -87,7 +107,7 @@ impl Capture {
                 )))
             }
             // XA PREPARE: the rows read since XA START wait for the outcome (see `xa`).
-            XA_PREPARE_EVENT => {
+            code::XA_PREPARE => {
                 match super::xa::prepare_event(event.data()) {
                     Some((true, _)) => {
                         let rows = self.xa.finish_reading();
@@ -109,12 +129,21 @@ impl Capture {
                 return Ok(());
             }
             // MariaDB's compressed query and rows events: never skip rows silently.
-            0xa4..=0xa9 => {
+            t if code::MARIADB_COMPRESSED.contains(&t) => {
                 return Err(CaptureError::source(format!(
-                    "{}:{start}: a compressed MariaDB binlog event (type {:#x}); binlog \
+                    "{}:{start}: a compressed MariaDB binlog event (type {t}); binlog \
                      compression is not supported: set log_bin_compress=OFF on the source",
                     self.file,
-                    header.event_type_raw()
+                )))
+            }
+            // A server decrypts its binlog for replicas and keeps this event to itself: events
+            // after one would be read encrypted, as garbage.
+            code::MARIADB_START_ENCRYPTION => {
+                return Err(CaptureError::source(format!(
+                    "{}:{start}: a START_ENCRYPTION event, which a MariaDB server never sends \
+                     to a replica: the events after it would be read still encrypted. Read the \
+                     binlog from the server itself (mysql.url)",
+                    self.file,
                 )))
             }
             _ => {}
@@ -587,27 +616,14 @@ impl Capture {
         // Everything but the row's own fields (op, version, row, transaction index, key and
         // images) is the same for every row of this event: encoded once, in `header`.
         let event = v1::ChangeEvent {
-            contract: CONTRACT_VERSION,
-            source: Some(self.source.clone()),
-            op: 0,
-            database: schema.database.clone(),
-            table: schema.table.clone(),
-            version: 0,
-            position: Some(self.position(start, 0)),
-            commit_time_micros: commit_time,
-            capture_time_micros: now_micros(),
-            transaction: self.tx.as_ref().map(|t| v1::Transaction {
-                id: t.id.clone(),
-                index: 0,
-                last: false,
-            }),
+            transaction: self.transaction(false),
             schema_id: schema.schema_id,
-            schema: None,
-            key: None,
-            before: None,
-            after: None,
-            ddl: None,
-            mongo: None,
+            ..self.event(
+                Op::Unspecified,
+                (&schema.database, &schema.table),
+                start,
+                commit_time,
+            )?
         };
         let header = EventHeader::new(&event);
         // The first row's version; row `r`'s is `r` more (checked for overflow per row).
@@ -734,8 +750,8 @@ pub(super) fn stream_tables(
     stream: &mysql_async::BinlogStream,
     event: &Event,
 ) -> Option<TableMapEvent<'static>> {
-    if event.header().event_type_raw() != 19 {
-        return None; // not TABLE_MAP_EVENT
+    if event.header().event_type_raw() != code::TABLE_MAP {
+        return None;
     }
     let Ok(Some(EventData::TableMapEvent(tme))) = event.read_data() else {
         return None;

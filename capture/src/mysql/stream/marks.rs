@@ -9,7 +9,7 @@
 //! The stream's position as a version (`file number << 32 | offset`) orders snapshot chunks
 //! against the stream: an event read is "before" a position when its file and offset are.
 
-use sluice_common::clock::now_secs;
+use sluice_common::clock::{now_micros, now_secs};
 use sluice_proto::v1;
 
 use super::context::{Capture, TxState};
@@ -121,16 +121,60 @@ impl Capture {
     /// The position of an event (`pos`, the `row`th row) in the file being read, with the
     /// transaction's GTID.
     pub(super) fn position(&self, pos: u64, row: u32) -> v1::Position {
-        v1::Position {
-            kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
-                file: self.file.clone(),
-                pos,
-                commit_pos: 0,
-                gtid: self.tx.as_ref().map(|t| t.gtid.clone()).unwrap_or_default(),
-                gtid_set: String::new(),
-                row,
-            })),
-        }
+        binlog_position(&self.file, pos, row, self.gtid())
+    }
+
+    /// The GTID of the transaction being read (empty: none, or the server writes none).
+    fn gtid(&self) -> &str {
+        self.tx.as_ref().map_or("", |t| t.gtid.as_str())
+    }
+
+    /// The event every change capture-mysql publishes begins as: `op` of `db.table` at `pos`
+    /// in the file being read, in the transaction being read, committed at `commit_micros`
+    /// (µs), versioned as its first row. The caller adds what its kind carries: the schema, key
+    /// and images, or the statement; the transaction's place ([`Self::transaction`]).
+    pub(super) fn event(
+        &self,
+        op: v1::Op,
+        (db, table): (&str, &str),
+        pos: u64,
+        commit_micros: i64,
+    ) -> Result<v1::ChangeEvent, sluice_proto::ContractError> {
+        let at = (self.file.as_str(), pos, self.generation, self.gtid());
+        self.event_at(op, (db, table), at, commit_micros)
+    }
+
+    /// [`Self::event`] at `pos` of another `file`, read in binlog `generation`, in the
+    /// transaction `gtid`: a statement read earlier and published now.
+    pub(super) fn event_at(
+        &self,
+        op: v1::Op,
+        (db, table): (&str, &str),
+        (file, pos, generation, gtid): (&str, u64, u8, &str),
+        commit_micros: i64,
+    ) -> Result<v1::ChangeEvent, sluice_proto::ContractError> {
+        Ok(v1::ChangeEvent {
+            contract: sluice_proto::CONTRACT_VERSION,
+            source: Some(self.source.clone()),
+            op: op as i32,
+            database: db.to_string(),
+            table: table.to_string(),
+            version: sluice_proto::mysql_version_in(generation, file, pos, 0)?,
+            position: Some(binlog_position(file, pos, 0, gtid)),
+            commit_time_micros: commit_micros,
+            capture_time_micros: now_micros(),
+            ..Default::default()
+        })
+    }
+
+    /// The place of an event in the transaction being read: its first, and whether it is the
+    /// last.
+    pub(super) fn transaction(&self, last: bool) -> Option<v1::Transaction> {
+        self.tx.as_ref().map(|t| v1::Transaction {
+            id: t.id.clone(),
+            index: 0,
+            last,
+        })
     }
 
     /// While idle (the server sent a heartbeat): a heartbeat event with the position reached
@@ -175,5 +219,19 @@ impl Capture {
     pub(super) fn before(&self, p: &BinlogPos) -> bool {
         let seq = |f: &str| sluice_proto::binlog_file_seq(f).unwrap_or(0);
         (seq(&self.file), self.read_to) < (seq(&p.file), p.pos)
+    }
+}
+
+/// A binlog position: `file:pos`, the `row`th row there, in the transaction `gtid`.
+fn binlog_position(file: &str, pos: u64, row: u32, gtid: &str) -> v1::Position {
+    v1::Position {
+        kind: Some(v1::position::Kind::Binlog(v1::BinlogPosition {
+            file: file.to_string(),
+            pos,
+            commit_pos: 0,
+            gtid: gtid.to_string(),
+            gtid_set: String::new(),
+            row,
+        })),
     }
 }

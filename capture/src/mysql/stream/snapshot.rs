@@ -13,7 +13,6 @@ use std::time::Duration;
 use prost::Message;
 use sluice_common::clock::now_micros;
 use sluice_proto::v1::{self, Op, TableSchema};
-use sluice_proto::CONTRACT_VERSION;
 
 use super::context::Capture;
 use crate::error::CaptureError;
@@ -435,26 +434,10 @@ impl Capture {
         let topic = self.topics.topic(&t.database, &t.table)?;
         self.publisher.ensure_topic(&topic, false).await?;
         let at = self.read_to.max(4) - 1;
-        let version = self.version_at(&self.file, at, 0)?;
-        let now = now_micros();
+        // Rows of the snapshot, read now: committed now, as far as the stream can tell.
         let mut event = v1::ChangeEvent {
-            contract: CONTRACT_VERSION,
-            source: Some(self.source.clone()),
-            op: Op::SnapshotRead as i32,
-            database: t.database.clone(),
-            table: t.table.clone(),
-            version,
-            position: Some(self.position(at, 0)),
-            commit_time_micros: now,
-            capture_time_micros: now,
-            transaction: None,
             schema_id: schema.schema_id,
-            schema: None,
-            key: None,
-            before: None,
-            after: None,
-            ddl: None,
-            mongo: None,
+            ..self.event(Op::SnapshotRead, (&t.database, &t.table), at, now_micros())?
         };
         let counter = self.publish_metrics.events.with_label_values(&[
             &t.database,
