@@ -54,6 +54,34 @@ mod code {
     pub(super) const MARIADB_COMPRESSED: std::ops::RangeInclusive<u8> = 165..=171;
 }
 
+/// Why an event of type `t` cannot be read, if it cannot: skipped, its rows would be lost, so
+/// the capture stops at it.
+fn unreadable(t: u8) -> Option<&'static str> {
+    match t {
+        // MySQL 8's compressed transaction: its events carry no position (log_pos 0).
+        code::TRANSACTION_PAYLOAD => Some(
+            "a compressed transaction (TRANSACTION_PAYLOAD event, written with \
+             binlog_transaction_compression=ON); the capture does not decode these. Set \
+             binlog_transaction_compression=OFF globally and in the sessions that turned it on; \
+             then start the capture under a new connector name from a position past this event \
+             (connector, mysql.start = FILE:POS) and re-snapshot the tables it wrote",
+        ),
+        t if code::MARIADB_COMPRESSED.contains(&t) => Some(
+            "a compressed MariaDB binlog event (a query or rows event written with \
+             log_bin_compress=ON); binlog compression is not supported: set \
+             log_bin_compress=OFF on the source",
+        ),
+        // A server decrypts its binlog for replicas and keeps this event to itself: events
+        // after one would be read encrypted, as garbage.
+        code::MARIADB_START_ENCRYPTION => Some(
+            "a START_ENCRYPTION event, which a MariaDB server never sends to a replica: the \
+             events after it would be read still encrypted. Read the binlog from the server \
+             itself (mysql.url)",
+        ),
+        _ => None,
+    }
+}
+
 /// One event a row change becomes: op, the image its key comes from, before, after.
 type RowOut<'a> = (Op, &'a Image, Option<&'a Image>, Option<&'a Image>);
 
@@ -85,6 +113,12 @@ impl Capture {
             self.metrics.offset.set(end as i64);
             self.read_to = end;
         }
+        if let Some(why) = unreadable(header.event_type_raw()) {
+            return Err(CaptureError::source(format!(
+                "{}:{start}: {why}",
+                self.file
+            )));
+        }
         match header.event_type_raw() {
             code::MARIADB_GTID => {
                 self.on_mariadb_gtid(event.data(), header.server_id(), ts);
@@ -93,19 +127,6 @@ impl Capture {
             code::MARIADB_ANNOTATE_ROWS
             | code::MARIADB_BINLOG_CHECKPOINT
             | code::MARIADB_GTID_LIST => return Ok(()),
-            // MySQL 8's compressed transaction: its events carry no position (log_pos 0), and
-            // skipping it would lose the transaction silently.
-            code::TRANSACTION_PAYLOAD => {
-                return Err(CaptureError::source(format!(
-                    "{}:{start}: a compressed transaction (TRANSACTION_PAYLOAD event, written \
-                     with binlog_transaction_compression=ON); the capture does not decode \
-                     these. Set binlog_transaction_compression=OFF globally and in the \
-                     sessions that turned it on; then start the capture under a new connector \
-                     name from a position past this event (connector, mysql.start = FILE:POS) \
-                     and re-snapshot the tables it wrote",
-                    self.file
-                )))
-            }
             // XA PREPARE: the rows read since XA START wait for the outcome (see `xa`).
             code::XA_PREPARE => {
                 match super::xa::prepare_event(event.data()) {
@@ -127,24 +148,6 @@ impl Capture {
                 }
                 self.commit(end).await?;
                 return Ok(());
-            }
-            // MariaDB's compressed query and rows events: never skip rows silently.
-            t if code::MARIADB_COMPRESSED.contains(&t) => {
-                return Err(CaptureError::source(format!(
-                    "{}:{start}: a compressed MariaDB binlog event (type {t}); binlog \
-                     compression is not supported: set log_bin_compress=OFF on the source",
-                    self.file,
-                )))
-            }
-            // A server decrypts its binlog for replicas and keeps this event to itself: events
-            // after one would be read encrypted, as garbage.
-            code::MARIADB_START_ENCRYPTION => {
-                return Err(CaptureError::source(format!(
-                    "{}:{start}: a START_ENCRYPTION event, which a MariaDB server never sends \
-                     to a replica: the events after it would be read still encrypted. Read the \
-                     binlog from the server itself (mysql.url)",
-                    self.file,
-                )))
             }
             _ => {}
         }
@@ -804,4 +807,20 @@ fn disagreement(published: &v1::TableSchema, binlog: &v1::TableSchema) -> Option
         })
         .collect();
     Some(format!("columns of another type: {}", differ.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compressed_and_encrypted_events_are_refused_not_skipped() {
+        let refused: Vec<u8> = (0..=255).filter(|t| unreadable(*t).is_some()).collect();
+        // MySQL's TRANSACTION_PAYLOAD; MariaDB's START_ENCRYPTION, QUERY_COMPRESSED and the
+        // six compressed rows events (WRITE, UPDATE, DELETE; versions 1 and 2).
+        let mut want = vec![40];
+        want.extend(164..=171);
+        assert_eq!(refused, want);
+        assert!(unreadable(166).unwrap().contains("log_bin_compress=OFF"));
+    }
 }
