@@ -247,29 +247,14 @@ pub async fn run(setup: &Setup, options: &Options) -> Result<Report, String> {
                 .await
             }
         };
-        report.result = match outcome {
-            Err(e) => {
-                report.reason = Some(e);
-                "not verified"
-            }
-            Ok(())
-                if !report.missing.is_empty()
-                    || !report.extra.is_empty()
-                    || !report.different.is_empty() =>
-            {
-                "different"
-            }
-            Ok(()) if !report.unsettled.is_empty() => "unsettled",
-            Ok(()) => "equal",
-        }
-        .into();
+        report.conclude(outcome);
         report.seconds = t0.elapsed().as_secs_f64();
         if options.progress {
             eprintln!("{}", super::summary_line(&report));
         }
         reports.push(report);
     }
-    Ok(super::report(reports, started))
+    Ok(Report::of(reports, started))
 }
 
 #[allow(clippy::too_many_arguments)]

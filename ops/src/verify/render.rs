@@ -265,6 +265,14 @@ pub fn show(v: &Option<Vec<u8>>) -> String {
     }
 }
 
+/// A query for an error message: its start.
+pub(super) fn abbreviated(sql: &str) -> String {
+    match sql.char_indices().nth(160) {
+        Some((i, _)) => format!("`{}...`", &sql[..i]),
+        None => format!("`{sql}`"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
