@@ -32,6 +32,7 @@ mod marks;
 mod schemas;
 mod snapshot;
 mod start;
+mod table_map;
 mod xa;
 
 use std::time::Duration;
@@ -170,7 +171,7 @@ impl Capture {
                 }
                 Input::Stop => return Ok(()),
             };
-            let table_map = events::stream_tables(&stream, &event);
+            let table_map = table_map::stream_tables(&stream, &event);
             self.handle(&event, table_map).await?;
         }
     }
