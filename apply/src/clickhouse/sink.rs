@@ -32,13 +32,16 @@
 //! - `part`: one table's part of a batch, the rows of one INSERT in RowBinary pieces;
 //! - `writer`: the INSERT of one table's part (with its deduplication token) and the retries
 //!   of every statement;
-//! - `target`: target tables: their names, what the server has, creation, the columns added
-//!   and dropped (schema evolution), and how one schema's rows are written (the plan);
+//! - `target`: target tables: their names, what the server has, and how one schema's rows are
+//!   written (the plan); `create` makes a missing one, `columns` changes its columns as the
+//!   source's change (schema evolution);
 //! - `ddl`: source DDL applied to the target;
 //! - `stopped`: the stopped tables, kept in ClickHouse;
 //! - `metrics`: what the sink counts.
 
 mod batch;
+mod columns;
+mod create;
 mod ddl;
 mod metrics;
 mod part;
