@@ -22,12 +22,16 @@ use std::future::Future;
 use prometheus::Registry;
 use sluice_common::{standby, Context, KafkaConfig, Shutdown, StandbyConfig};
 
-/// What [`run`] reads of a capture's config.
+/// What [`run`] and the operator's tools read of a capture's config, either capture's.
 pub trait Connector {
     /// The connector's name: its checkpoints, its fence and its election are by it.
     fn connector(&self) -> &str;
     fn kafka(&self) -> &KafkaConfig;
     fn standby(&self) -> &StandbyConfig;
+    /// `[publish]`: the checkpoint and schema topics among the rest.
+    fn publish(&self) -> &publish::PublishConfig;
+    /// `[topics]`: the change topics' names.
+    fn topics(&self) -> &sluice_common::TopicsConfig;
 }
 
 /// A capture binary's work: `start` runs the capture of `config` until the shutdown it gets.

@@ -91,14 +91,11 @@ pub async fn run(setup: &Setup, options: &Options) -> Result<Report, String> {
         client: setup.apply.clickhouse.client()?,
         database: setup.apply.clickhouse.database.clone(),
     };
-    let pipeline = std::sync::Arc::new(Pipeline {
-        capture_kafka: setup.capture.kafka.clone(),
-        checkpoint_topic: setup.capture.publish.checkpoint_topic.clone(),
-        connector: setup.capture.connector.clone(),
-        apply_kafka: setup.apply.kafka.clone(),
-        group: setup.apply.consumer.group_id.clone(),
-        topics: setup.capture.topics.template().map_err(|e| e.to_string())?,
-    });
+    let pipeline = std::sync::Arc::new(Pipeline::new(
+        &setup.capture,
+        &setup.apply.kafka,
+        &setup.apply.consumer.group_id,
+    )?);
     let mut tables = source.tables(&filter).await?;
     only_wanted(&mut tables, &options.tables, "table")?;
     let stopped = target.stopped(&setup.apply.tables.stopped_table).await;

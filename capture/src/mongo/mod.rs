@@ -270,4 +270,10 @@ impl crate::Connector for Config {
     fn standby(&self) -> &StandbyConfig {
         &self.standby
     }
+    fn publish(&self) -> &crate::publish::PublishConfig {
+        &self.publish
+    }
+    fn topics(&self) -> &TopicsConfig {
+        &self.topics
+    }
 }

@@ -18,6 +18,7 @@ use sluice_common::{
 
 use crate::filter::FilterConfig;
 use crate::publish::PublishConfig;
+use position::BinlogPos;
 use sluice_common::sql::mysql::ident;
 
 /// The whole configuration of `capture-mysql`.
@@ -246,6 +247,19 @@ impl Validate for Config {
 }
 
 sluice_common::app_config!(Config);
+
+/// The server's current binlog file and position (none: it writes no binlog).
+pub async fn binlog_position(
+    conn: &mut mysql_async::Conn,
+) -> Result<Option<BinlogPos>, mysql_async::Error> {
+    let version: Option<String> = conn.query_first("SELECT @@version").await?;
+    let sql = binlog_status_sql(&version.unwrap_or_default());
+    let row: Option<mysql_async::Row> = conn.query_first(sql).await?;
+    Ok(row.map(|r| BinlogPos {
+        file: r.get(0).unwrap_or_default(),
+        pos: r.get(1).unwrap_or(4),
+    }))
+}
 
 /// The statement that shows the server's current binlog file and position (columns `File`,
 /// `Position`, ...), by its `@@version`: MySQL 8.2+ has `SHOW BINARY LOG STATUS` (8.4 removed
@@ -614,6 +628,12 @@ impl crate::Connector for Config {
     }
     fn standby(&self) -> &StandbyConfig {
         &self.standby
+    }
+    fn publish(&self) -> &crate::publish::PublishConfig {
+        &self.publish
+    }
+    fn topics(&self) -> &TopicsConfig {
+        &self.topics
     }
 }
 

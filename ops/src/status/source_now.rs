@@ -43,17 +43,11 @@ pub async fn mysql_source_now(
     let mut conn = mysql_async::Conn::new(config.opts()?)
         .await
         .map_err(|e| sluice_capture::mysql::connect_error(&e, config))?;
-    let version: Option<String> = conn
-        .query_first("SELECT @@version")
+    let at_now = sluice_capture::mysql::binlog_position(&mut conn)
         .await
-        .map_err(|e| format!("{}: {e}", config.describe()))?;
-    let sql = sluice_capture::mysql::binlog_status_sql(&version.unwrap_or_default());
-    let row: Option<mysql_async::Row> = conn
-        .query_first(sql)
-        .await
-        .map_err(|e| format!("{}: {sql}: {e}", config.describe()))?;
-    let row = row.ok_or_else(|| format!("{}: {sql} is empty (no binlog)", config.describe()))?;
-    let (file, pos): (String, u64) = (row.get(0).unwrap_or_default(), row.get(1).unwrap_or(4));
+        .map_err(|e| format!("{}: {e}", config.describe()))?
+        .ok_or_else(|| format!("{}: the server writes no binlog", config.describe()))?;
+    let (file, pos) = (at_now.file, at_now.pos);
     let logs: Vec<mysql_async::Row> = conn
         .query("SHOW BINARY LOGS")
         .await

@@ -31,6 +31,22 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
+    /// The pipeline of a capture (its checkpoints, its topics) and an apply group.
+    pub(crate) fn new(
+        capture: &impl sluice_capture::Connector,
+        apply_kafka: &sluice_common::KafkaConfig,
+        group: &str,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            capture_kafka: capture.kafka().clone(),
+            checkpoint_topic: capture.publish().checkpoint_topic.clone(),
+            connector: capture.connector().to_string(),
+            apply_kafka: apply_kafka.clone(),
+            group: group.to_string(),
+            topics: capture.topics().template().map_err(|e| e.to_string())?,
+        })
+    }
+
     /// Blocks until the capture's checkpoint is at or past `p` with no snapshot of the table
     /// under way, and the group has committed every event the table's topic had then. Returns
     /// the capture's binlog generation.

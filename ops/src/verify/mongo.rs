@@ -174,14 +174,11 @@ pub async fn run(setup: &Setup, options: &Options) -> Result<Report, String> {
     .map_err(|(k, e)| format!("{k}: {e}"))?;
     let source = Side::open(setup.capture.mongodb.uri.expose(), "source").await?;
     let target = Side::open(setup.apply.mongodb.uri.expose(), "target").await?;
-    let pipeline = std::sync::Arc::new(Pipeline {
-        capture_kafka: setup.capture.kafka.clone(),
-        checkpoint_topic: setup.capture.publish.checkpoint_topic.clone(),
-        connector: setup.capture.connector.clone(),
-        apply_kafka: setup.apply.kafka.clone(),
-        group: setup.apply.consumer.group_id.clone(),
-        topics: setup.capture.topics.template().map_err(|e| e.to_string())?,
-    });
+    let pipeline = std::sync::Arc::new(Pipeline::new(
+        &setup.capture,
+        &setup.apply.kafka,
+        &setup.apply.consumer.group_id,
+    )?);
     let mut names = Vec::new();
     let dbs = source
         .client

@@ -155,7 +155,7 @@ async fn read_inner(
         return Ok(());
     }
     if at.is_none() {
-        at = master_position(&mut conn).await.map_err(my)?;
+        at = crate::mysql::binlog_position(&mut conn).await.map_err(my)?;
     }
     let at = at.ok_or_else(|| CaptureError::source("binary logging is off"))?;
     tx.send(Msg::Began {
@@ -239,18 +239,6 @@ pub async fn begin_snapshot(
         }
     }
     Ok(None)
-}
-
-async fn master_position(
-    conn: &mut mysql_async::Conn,
-) -> Result<Option<BinlogPos>, mysql_async::Error> {
-    let version: Option<String> = conn.query_first("SELECT @@version").await?;
-    let sql = crate::mysql::binlog_status_sql(&version.unwrap_or_default());
-    let row: Option<mysql_async::Row> = conn.query_first(sql).await?;
-    Ok(row.map(|r| BinlogPos {
-        file: r.get(0).unwrap_or_default(),
-        pos: r.get(1).unwrap_or(4),
-    }))
 }
 
 /// The `SELECT` list: ENUM and SET as their numbers (index, bitmap), the rest as stored.
