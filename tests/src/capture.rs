@@ -294,7 +294,7 @@ pub fn last_checkpoint(connector: &str) -> Option<serde_json::Value> {
 /// The sum of a metric's samples (every label set) at a process's /metrics; None when the
 /// process does not serve it (yet).
 pub fn metric_at(port: u16, name: &str) -> Option<f64> {
-    let body = crate::bench::scrape(port)?;
+    let body = scrape(port)?;
     let values: Vec<f64> = body
         .lines()
         .filter(|l| {
@@ -566,4 +566,13 @@ pub async fn clickhouse_tsv(sql: &str) -> clickhouse::error::Result<String> {
         out.extend_from_slice(&chunk);
     }
     Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+pub fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
 }

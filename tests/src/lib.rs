@@ -141,11 +141,9 @@ pub fn free_port() -> u16 {
 pub fn kafka_section() -> String {
     format!("[kafka]\nbrokers = \"{}\"\n", kafka_brokers())
 }
-pub mod bench;
 pub mod capture;
 pub mod edge;
 pub mod faults;
-pub mod floor;
 pub mod mirror;
 pub mod mongo;
 pub mod private_clickhouse;

@@ -17,7 +17,7 @@ use mysql_async::prelude::Queryable;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_tests::{
-    bench::scrape, bin, clickhouse_url, free_port, is_mongo_java_server, kafka_brokers,
+    bin, capture::scrape, clickhouse_url, free_port, is_mongo_java_server, kafka_brokers,
     mongo_source_url, mongo_target_url, mysql_url, replica_server_id, unique,
 };
 

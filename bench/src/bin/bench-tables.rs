@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::bench::{cpu_seconds, metric, peak_rss, scrape};
+use sluice_bench::measure::{cpu_seconds, metric, peak_rss, scrape};
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 /// The three stages; killed if the benchmark ends early.
@@ -114,7 +114,7 @@ fn clickhouse_pid() -> Option<u32> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = sluice_tests::bench::Args::from_env(&["--topics-at-start"]);
+    let args = sluice_bench::measure::Args::from_env(&["--topics-at-start"]);
     let tables = args.option("--tables", 1000)?.max(1);
     let rate = args.option("--rate", 10)?.max(1);
     let seconds = args.option("--seconds", 60)?.max(5);
@@ -122,7 +122,7 @@ async fn main() -> anyhow::Result<()> {
         .skip_while(|a| a != "--only")
         .nth(1)
         .unwrap_or_default();
-    let release = sluice_tests::bench::release_dir(&["capture-mysql", "apply-clickhouse"])?;
+    let release = sluice_bench::measure::release_dir(&["capture-mysql", "apply-clickhouse"])?;
     let mut results = Vec::new();
     for layout in ["per-table", "one"] {
         if !only.is_empty() && only != layout {
@@ -130,7 +130,7 @@ async fn main() -> anyhow::Result<()> {
         }
         results.push(run(&release, layout, tables, rate, seconds).await?);
     }
-    let m = sluice_tests::bench::machine();
+    let m = sluice_bench::measure::machine();
     println!(
         "\n{tables} tables, {rate} rows changed per table per second ({} rows/s offered) for \
          {seconds} s; one capture-mysql, two apply-clickhouse; {} cores ({}), {:.0} GiB, MariaDB, \

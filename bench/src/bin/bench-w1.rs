@@ -1,7 +1,7 @@
 //! Benchmark of reference workload W1 (MySQL binlog -> ClickHouse), stage by stage.
 //!
 //!     deploy/testbed.sh start && cargo build --release --bins
-//!     cargo run --release -p sluice-tests --bin bench-w1 -- [--snapshot] [ROWS] [--tables N] [--batch B] [--every-ms T] [--seconds S]
+//!     cargo run --release -p sluice-bench --bin bench-w1 -- [--snapshot] [ROWS] [--tables N] [--batch B] [--every-ms T] [--seconds S]
 //!
 //! With `--snapshot`, step 2 is a snapshot instead of a catch-up: the capture starts at the end
 //! of the binlog with `[snapshot] mode = "snapshot+stream"` and reads the table in primary-key
@@ -28,7 +28,7 @@
 //!    shows them is the first row's. The applier runs with its default `[batch]` settings, or
 //!    `max_wait_ms` from `--max-wait-ms MS`. `--sustained-only` runs only this step (writes
 //!    `target/bench/w1-sustained.json`).
-//! 6. The floor (not with `--snapshot` or `--verify`; `sluice_tests::floor`): the same records
+//! 6. The floor (not with `--snapshot` or `--verify`; `sluice_bench::floor`): the same records
 //!    consumed, decoded and produced again by Kafka's client alone, CPU per record of each.
 //!
 //! With `--big-rows K`, step 1 also writes K rows of 4 to 15 MiB each (sizes spread evenly) into
@@ -51,16 +51,17 @@
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::bench::{measure, num_cores, spawn_stage, stop_child, Stage};
+use sluice_bench::measure::{measure, num_cores, spawn_stage, stop_child, Stage};
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 const MIB: u64 = 1 << 20;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // As the stages do: the Kafka floor step runs in this process (sluice_tests::floor).
+    // As the stages do: the Kafka floor step runs in this process (sluice_bench::floor).
     sluice_common::keep_memory_small();
-    let args = sluice_tests::bench::Args::from_env(&["--snapshot", "--verify", "--sustained-only"]);
+    let args =
+        sluice_bench::measure::Args::from_env(&["--snapshot", "--verify", "--sustained-only"]);
     let snapshot = args.switch("--snapshot");
     let max_wait_ms = args.text("--max-wait-ms").map(|v| v.parse()).transpose()?;
     let verify = args.switch("--verify");
@@ -82,17 +83,17 @@ async fn main() -> anyhow::Result<()> {
         .map(|a| a.parse())
         .transpose()?
         .unwrap_or(1_000_000);
-    let release = sluice_tests::bench::release_dir(&["capture-mysql", "apply-clickhouse"])?;
+    let release = sluice_bench::measure::release_dir(&["capture-mysql", "apply-clickhouse"])?;
     if args.switch("--sustained-only") {
         eprintln!("sustained end to end only ...");
         let e2e = sustained(&release, load, max_wait_ms).await?;
-        let machine = sluice_tests::bench::machine();
+        let machine = sluice_bench::measure::machine();
         println!(
             "Machine: {} cores ({}), {:.1} GiB; every server on the same machine",
             machine.cores, machine.cpu, machine.memory_gib
         );
         println!("{}", e2e.line());
-        sluice_tests::bench::write_json(
+        sluice_bench::measure::write_json(
             "w1-sustained.json",
             &serde_json::json!({
                 "benchmark": "W1 MySQL binlog -> ClickHouse, sustained",
@@ -173,7 +174,7 @@ async fn main() -> anyhow::Result<()> {
         kafka_brokers(),
     );
     // Extra capture-mysql TOML, for experiments (e.g. producer properties).
-    let capture_config = sluice_tests::bench::with_extra(capture_config, "BENCH_CAPTURE_EXTRA")?;
+    let capture_config = sluice_bench::measure::with_extra(capture_config, "BENCH_CAPTURE_EXTRA")?;
     let capture_file = tempfile::NamedTempFile::new()?;
     std::fs::write(capture_file.path(), &capture_config)?;
     let (capture, child) = measure(
@@ -201,7 +202,7 @@ async fn main() -> anyhow::Result<()> {
         kafka_brokers(),
     );
     // Extra apply-clickhouse TOML, for experiments (e.g. consumer properties).
-    let apply_config = sluice_tests::bench::with_extra(apply_config, "BENCH_APPLY_EXTRA")?;
+    let apply_config = sluice_bench::measure::with_extra(apply_config, "BENCH_APPLY_EXTRA")?;
     let apply_file = tempfile::NamedTempFile::new()?;
     std::fs::write(apply_file.path(), &apply_config)?;
     let (apply, child) = measure(
@@ -298,7 +299,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
 
     if let Some(runs) = verified {
-        let machine = sluice_tests::bench::machine();
+        let machine = sluice_bench::measure::machine();
         let clickhouse: String = ch.query("SELECT version()").fetch_one().await?;
         println!(
             "sluice verify --parallel {verify_parallel}, W1 {rows} rows (chunks of 10 000), {} cores ({}); MariaDB {version}, \
@@ -320,7 +321,7 @@ async fn main() -> anyhow::Result<()> {
                 r.clickhouse_cpu
             );
         }
-        sluice_tests::bench::write_json(
+        sluice_bench::measure::write_json(
             "w1-verify.json",
             &serde_json::json!({
                 "benchmark": "sluice verify, W1 MySQL -> ClickHouse mirror",
@@ -369,7 +370,7 @@ async fn main() -> anyhow::Result<()> {
                 }),
             );
         }
-        sluice_tests::bench::write_json(
+        sluice_bench::measure::write_json(
             "w1-snapshot.json",
             &serde_json::json!({
                 "benchmark": "W1 snapshot MySQL -> ClickHouse",
@@ -400,10 +401,10 @@ async fn main() -> anyhow::Result<()> {
             "6 Kafka's client alone over the same {} records ...",
             rows + big_rows
         );
-        Some(sluice_tests::floor::measure(&kafka_brokers(), &prefix, rows + big_rows).await?)
+        Some(sluice_bench::floor::measure(&kafka_brokers(), &prefix, rows + big_rows).await?)
     };
 
-    let machine = sluice_tests::bench::machine();
+    let machine = sluice_bench::measure::machine();
     let mariadb: String = c.query_first("SELECT VERSION()").await?.unwrap_or_default();
     let clickhouse: String = ch
         .query("SELECT version()")
@@ -448,7 +449,7 @@ async fn main() -> anyhow::Result<()> {
     println!();
     println!("{}", e2e.line());
     let both_cpu = capture.cpu + apply.cpu;
-    sluice_tests::bench::print_comparison(
+    sluice_bench::measure::print_comparison(
         "Beside the report (Bifrost v1.6.2, W1: 4-core VMs, sync tool alone on one)",
         &[
             (
@@ -525,7 +526,7 @@ async fn main() -> anyhow::Result<()> {
         "kafka_floor": floor.map(|f| f.json()),
         "checked": true,
     });
-    sluice_tests::bench::write_json("w1.json", &json)?;
+    sluice_bench::measure::write_json("w1.json", &json)?;
     Ok(())
 }
 
@@ -780,7 +781,7 @@ async fn sustained(
     let ch_pid = clickhouse_pid();
     // What one count poll costs ClickHouse (the benchmark's own query, not the pipeline's
     // work): 100 of them, back to back, before the load.
-    let ch_cpu = || ch_pid.and_then(|p| sluice_tests::bench::cpu_seconds(p).ok());
+    let ch_cpu = || ch_pid.and_then(|p| sluice_bench::measure::cpu_seconds(p).ok());
     let per_poll = {
         let before = ch_cpu();
         for _ in 0..100 {
@@ -791,8 +792,8 @@ async fn sustained(
     let mut polls = 0usize;
     let ch_cpu0 = ch_cpu();
     let writes = || {
-        sluice_tests::bench::scrape(apply_port)
-            .map(|b| sluice_tests::bench::metric(&b, "sluice_apply_batch_rows_count"))
+        sluice_bench::measure::scrape(apply_port)
+            .map(|b| sluice_bench::measure::metric(&b, "sluice_apply_batch_rows_count"))
             .unwrap_or(0.0)
     };
     let writes0 = writes();
@@ -833,7 +834,7 @@ async fn sustained(
             anyhow::Ok(acked)
         }));
     }
-    let acked = sluice_tests::bench::join_writers(writers).await?;
+    let acked = sluice_bench::measure::join_writers(writers).await?;
     let per_table = 1 + batches * load.batch;
     let deadline = Instant::now() + Duration::from_secs(180);
     while counts(ch.clone(), counts_sql.clone(), load.tables)
@@ -852,10 +853,10 @@ async fn sustained(
     let seen = watcher.await?;
     // (1 + the polls of the wait above: every query the benchmark sent over the load)
     let polls = polls + 1 + seen.len();
-    let l = sluice_tests::bench::latencies(&acked, &seen, load.batch);
+    let l = sluice_bench::measure::latencies(&acked, &seen, load.batch);
     let rows = batches * load.batch * load.tables as u64;
     let [(capture_cpu, capture_rss), (apply_cpu, apply_rss)] =
-        sluice_tests::bench::usage_and_stop(capture, apply)?;
+        sluice_bench::measure::usage_and_stop(capture, apply)?;
     let result = Sustained {
         load,
         max_wait_ms,
@@ -929,8 +930,8 @@ fn verify_run(
     };
     let clickhouse = server_pid(ch_file)?;
     let (m0, c0) = (
-        sluice_tests::bench::cpu_seconds(mariadb)?,
-        sluice_tests::bench::cpu_seconds(clickhouse)?,
+        sluice_bench::measure::cpu_seconds(mariadb)?,
+        sluice_bench::measure::cpu_seconds(clickhouse)?,
     );
     let t0 = Instant::now();
     // The shell's children's CPU (cutime + cstime) once sluice has exited: sluice's own.
@@ -947,8 +948,8 @@ fn verify_run(
         .output()?;
     let wall = t0.elapsed().as_secs_f64();
     let (m1, c1) = (
-        sluice_tests::bench::cpu_seconds(mariadb)?,
-        sluice_tests::bench::cpu_seconds(clickhouse)?,
+        sluice_bench::measure::cpu_seconds(mariadb)?,
+        sluice_bench::measure::cpu_seconds(clickhouse)?,
     );
     let text = std::fs::read_to_string(report.path())?;
     anyhow::ensure!(

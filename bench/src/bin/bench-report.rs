@@ -30,12 +30,12 @@ use serde_json::{json, Value};
 const MIB: f64 = 1048576.0;
 
 fn main() -> anyhow::Result<()> {
-    let args = sluice_tests::bench::Args::from_env(&[]);
+    let args = sluice_bench::measure::Args::from_env(&[]);
     let runs = args.option("--runs", 3)?.max(1);
     let rows = args.option("--rows", 1_000_000)?;
     let docs = args.option("--docs", 200_000)?;
     let seconds = args.option("--seconds", 60)?;
-    let release = sluice_tests::bench::release_dir(&[
+    let release = sluice_bench::measure::release_dir(&[
         "capture-mysql",
         "apply-clickhouse",
         "capture-mongo",
@@ -44,7 +44,7 @@ fn main() -> anyhow::Result<()> {
         "bench-w2",
         "bench-recovery",
     ])?;
-    let out = sluice_tests::bench::out_dir()?;
+    let out = sluice_bench::measure::out_dir()?;
     let run = |bin: &str, a: &[String], file: &str| -> anyhow::Result<Value> {
         let path = out.join(file);
         let _ = std::fs::remove_file(&path);
@@ -90,7 +90,7 @@ fn main() -> anyhow::Result<()> {
         "recovery.json",
     )?;
 
-    let machine = sluice_tests::bench::machine();
+    let machine = sluice_bench::measure::machine();
     let mut md = String::new();
     let mut line = |s: String| {
         println!("{s}");
@@ -175,11 +175,11 @@ fn main() -> anyhow::Result<()> {
     line(String::new());
 
     // The floor: what the client libraries alone cost per record, over the same records
-    // (sluice_tests::floor), against each stage's budget at its goal.
+    // (sluice_bench::floor), against each stage's budget at its goal.
     line(
         "The floor under each stage: microseconds of CPU per record that the client libraries \
          alone cost over the same records, in the benchmark's own process after its last step \
-         (`sluice_tests::floor`: Kafka's consumer with the appliers' settings, its producer with \
+         (`sluice_bench::floor`: Kafka's consumer with the appliers' settings, its producer with \
          the captures', the events read as the appliers read them, the oplog read and \
          `insert_many` with the official driver), beside what the stage's goal allows per record."
             .into(),
@@ -440,7 +440,7 @@ fn main() -> anyhow::Result<()> {
         ));
     }
     std::fs::write(out.join("report.md"), &md)?;
-    sluice_tests::bench::write_json(
+    sluice_bench::measure::write_json(
         "report.json",
         &json!({
             "machine": machine.json(),

@@ -1,7 +1,7 @@
 //! Benchmark of reference workload W2 (MongoDB -> MongoDB through Kafka), stage by stage.
 //!
 //!     deploy/testbed.sh start && cargo build --release --bins
-//!     cargo run --release -p sluice-tests --bin bench-w2 -- [--snapshot] [DOCS] [--batch B] [--every-ms T] [--seconds S]
+//!     cargo run --release -p sluice-bench --bin bench-w2 -- [--snapshot] [DOCS] [--batch B] [--every-ms T] [--seconds S]
 //!
 //! With `--snapshot`, step 2 copies the collections' contents instead of catching up with the
 //! oplog (`[snapshot] mode = "snapshot+stream"`), measured until every document is published;
@@ -23,7 +23,7 @@
 //!    keeps everything in its heap and falls behind at higher rates here); each batch's latency
 //!    runs from the source acknowledging its insert to the target counting its documents
 //!    (polled every 20 ms): p50, p99, max, and the rate achieved.
-//! 6. The floor (not with `--snapshot`; `sluice_tests::floor`): the same records consumed,
+//! 6. The floor (not with `--snapshot`; `sluice_bench::floor`): the same records consumed,
 //!    decoded and produced again by Kafka's client alone, the oplog read and the documents
 //!    inserted (`insert_many`, 500 each) by the MongoDB driver alone, CPU per record of each.
 //!
@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use mongodb::bson::raw::RawDocumentBuf;
 use mongodb::bson::{doc, Document};
-use sluice_tests::bench::{measure, num_cores, spawn_stage, stop_child, Stage};
+use sluice_bench::measure::{measure, num_cores, spawn_stage, stop_child, Stage};
 use sluice_tests::{kafka_brokers, mongo_source_url, mongo_target_url, unique};
 
 const COLLECTIONS: usize = 10;
@@ -78,9 +78,9 @@ async fn digest(c: &mongodb::Client, db: &str, coll: &str) -> (u64, u64) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // As the stages do: the Kafka floor step runs in this process (sluice_tests::floor).
+    // As the stages do: the Kafka floor step runs in this process (sluice_bench::floor).
     sluice_common::keep_memory_small();
-    let args = sluice_tests::bench::Args::from_env(&["--snapshot"]);
+    let args = sluice_bench::measure::Args::from_env(&["--snapshot"]);
     let snapshot = args.switch("--snapshot");
     let docs: i64 = args
         .first_bare()
@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(200_000);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let release = sluice_tests::bench::release_dir(&["capture-mongo", "apply-mongo"])?;
+    let release = sluice_bench::measure::release_dir(&["capture-mongo", "apply-mongo"])?;
     let src = mongodb::Client::with_uri_str(mongo_source_url()).await?;
     let dst = mongodb::Client::with_uri_str(mongo_target_url()).await?;
     let db = unique("w2");
@@ -184,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         kafka_brokers(),
     );
     // Extra apply-mongo TOML, for experiments (e.g. consumer properties).
-    let apply_config = sluice_tests::bench::with_extra(apply_config, "BENCH_APPLY_EXTRA")?;
+    let apply_config = sluice_bench::measure::with_extra(apply_config, "BENCH_APPLY_EXTRA")?;
     let (apply, app_child) = measure(
         "apply-mongo",
         &release.join("apply-mongo"),
@@ -229,20 +229,20 @@ async fn main() -> anyhow::Result<()> {
         None
     } else {
         eprintln!("6 Kafka's client alone over the same {events} records ...");
-        let mut floor = sluice_tests::floor::measure(&kafka_brokers(), &prefix, events).await?;
+        let mut floor = sluice_bench::floor::measure(&kafka_brokers(), &prefix, events).await?;
         floor.source =
-            Some(sluice_tests::floor::oplog_read(&src, start_secs as u32 + 1, 10_000).await?);
+            Some(sluice_bench::floor::oplog_read(&src, start_secs as u32 + 1, 10_000).await?);
         let docs: Vec<mongodb::bson::RawDocumentBuf> = (0..docs)
             .map(|i| mongodb::bson::RawDocumentBuf::from_document(&w2_doc(i)))
             .collect::<Result<_, _>>()?;
         floor.target = Some(
-            sluice_tests::floor::driver_insert(&dst, &format!("{db}_floor"), &docs, 500).await?,
+            sluice_bench::floor::driver_insert(&dst, &format!("{db}_floor"), &docs, 500).await?,
         );
         Some(floor)
     };
 
     let cores = num_cores();
-    let machine = sluice_tests::bench::machine();
+    let machine = sluice_bench::measure::machine();
     let version = |c: mongodb::Client| async move {
         c.database("admin")
             .run_command(doc! { "buildInfo": 1 })
@@ -324,7 +324,7 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
     let both_cpu = capture.cpu + apply.cpu;
-    sluice_tests::bench::print_comparison(
+    sluice_bench::measure::print_comparison(
         "Beside the report (D2T real-time sync, W2: 40-core Xeon, replica sets)",
         &[
             (
@@ -488,7 +488,7 @@ async fn sustained(
             anyhow::Ok(acked)
         }));
     }
-    let acked = sluice_tests::bench::join_writers(writers).await?;
+    let acked = sluice_bench::measure::join_writers(writers).await?;
     let want = 1 + batches * batch;
     let deadline = Instant::now() + Duration::from_secs(180);
     while counts(dst.clone(), db.clone())
@@ -502,10 +502,10 @@ async fn sustained(
     tokio::time::sleep(Duration::from_millis(50)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let seen = watcher.await?;
-    let l = sluice_tests::bench::latencies(&acked, &seen, batch);
+    let l = sluice_bench::measure::latencies(&acked, &seen, batch);
     let docs = batches * batch * COLLECTIONS as u64;
     let [(capture_cpu, capture_rss), (apply_cpu, apply_rss)] =
-        sluice_tests::bench::usage_and_stop(capture, apply)?;
+        sluice_bench::measure::usage_and_stop(capture, apply)?;
     let result = Sustained {
         batch,
         every_ms,

@@ -1,7 +1,7 @@
 //! Benchmark: how long an apply stage's partitions stay unread after one instance is killed.
 //!
 //!     deploy/testbed.sh start && cargo build --release --bins
-//!     cargo run --release -p sluice-tests --bin bench-recovery -- [--runs N] [--session-ms MS]
+//!     cargo run --release -p sluice-bench --bin bench-recovery -- [--runs N] [--session-ms MS]
 //!
 //! capture-mysql runs, a writer inserts 50 rows into MariaDB every 100 ms, and two
 //! apply-clickhouse instances of one group share the topic's 6 partitions. Then one instance is
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use sluice_tests::bench::{metric, scrape, spawn_stage, stop_child};
+use sluice_bench::measure::{metric, scrape, spawn_stage, stop_child};
 use sluice_tests::{clickhouse_url, kafka_brokers, mysql_url, unique};
 
 const PARTITIONS: u64 = 6;
@@ -46,12 +46,12 @@ const PROBE: u64 = 100;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = sluice_tests::bench::Args::from_env(&[]);
+    let args = sluice_bench::measure::Args::from_env(&[]);
     let runs = args.option("--runs", 1)?.max(1);
     let session_ms = args.option("--session-ms", 0)?;
     let only = args.text("--only");
     let runs_group = |g: &str| only.as_deref().is_none_or(|o| o == g);
-    let release = sluice_tests::bench::release_dir(&["capture-mysql", "apply-clickhouse"])?;
+    let release = sluice_bench::measure::release_dir(&["capture-mysql", "apply-clickhouse"])?;
     let db = unique("sluice_recovery");
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url())?).await?;
     c.query_drop(format!("CREATE DATABASE `{db}`")).await?;
@@ -258,7 +258,7 @@ async fn main() -> anyhow::Result<()> {
     stop_child(capture);
     c.query_drop(format!("DROP DATABASE `{db}`")).await?;
 
-    let m = sluice_tests::bench::machine();
+    let m = sluice_bench::measure::machine();
     println!(
         "{} cores, Kafka on the same machine, 6 partitions, 500 rows/s offered, \
          session.timeout.ms {}; checked: no row missing after each run",
@@ -291,7 +291,7 @@ async fn main() -> anyhow::Result<()> {
             println!("| {name} | {} |", times.join(" / "));
         }
     }
-    sluice_tests::bench::write_json(
+    sluice_bench::measure::write_json(
         "recovery.json",
         &serde_json::json!({
             "benchmark": "recovery: kill -9 of a stage, a broker restart",

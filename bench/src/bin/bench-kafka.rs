@@ -1,4 +1,4 @@
-//! Kafka's client alone over the records of topics already written (`sluice_tests::floor`):
+//! Kafka's client alone over the records of topics already written (`sluice_bench::floor`):
 //! what consuming and producing them cost per record, the floor under each stage's figure.
 //!
 //!     target/release/bench-kafka PREFIX RECORDS
@@ -11,13 +11,13 @@ use sluice_tests::kafka_brokers;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // As the stages do: the Kafka floor step runs in this process (sluice_tests::floor).
+    // As the stages do: the Kafka floor step runs in this process (sluice_bench::floor).
     sluice_common::keep_memory_small();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [prefix, records] = args.as_slice() else {
         anyhow::bail!("usage: bench-kafka PREFIX RECORDS");
     };
-    let floor = sluice_tests::floor::measure(&kafka_brokers(), prefix, records.parse()?).await?;
+    let floor = sluice_bench::floor::measure(&kafka_brokers(), prefix, records.parse()?).await?;
     print!("{}", floor.lines(prefix));
     Ok(())
 }

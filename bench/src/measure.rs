@@ -1,25 +1,17 @@
-//! Helpers of the benchmark commands (`bench-w1`, `bench-w2`): start a stage, scrape its
-//! metrics, read its CPU time and peak memory from /proc.
+//! Measuring a stage: start it, scrape its metrics, read its CPU time and peak memory from
+//! /proc.
 
+pub use sluice_tests::capture::scrape;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::free_port;
+use sluice_tests::free_port;
 
 pub fn metric(body: &str, name: &str) -> f64 {
     body.lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-pub fn scrape(port: u16) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
 }
 
 /// User + system CPU seconds of a process, from /proc (the process collector's metric is
