@@ -5,7 +5,9 @@
 //! several times, into the performance table of docs/BENCHMARKS.md.
 //!
 //! - [`measure`]: a stage started, its metrics, CPU time and peak memory;
-//! - [`floor`]: what the client libraries alone cost for the same records.
+//! - [`floor`]: what the client libraries alone cost for the same records;
+//! - [`w1`]: reference workload W1's rows and its sustained step.
 
 pub mod floor;
 pub mod measure;
+pub mod w1;
