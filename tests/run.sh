@@ -76,6 +76,9 @@ SLUICE_CLICKHOUSE_URL=$current cargo test -p sluice-tests --no-fail-fast "${ch_t
 if [ $# -eq 0 ]; then
   SLUICE_CLICKHOUSE_URL=$current cargo test -p sluice-tests --test deploy \
     the_example_configs_run_the_pipeline 2>&1 | tee -a "$log" || rc=$?
+  # The operator's tools against a ClickHouse mirror (their MongoDB files are left out).
+  SLUICE_CLICKHOUSE_URL=$current cargo test -p sluice-tests --test tools -- status:: position:: \
+    verify:: 2>&1 | tee -a "$log" || rc=$?
 fi
 # (A test binary that dies without its result line counts as one failure, so that the line
 # never says 0 failed for a run that failed.)

@@ -568,6 +568,7 @@ pub async fn clickhouse_tsv(sql: &str) -> clickhouse::error::Result<String> {
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// A process's `/metrics` page (none while it does not answer).
 pub fn scrape(port: u16) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;

@@ -150,6 +150,7 @@ pub mod private_clickhouse;
 pub mod private_mariadb;
 pub mod private_mongo;
 pub mod relay;
+pub mod to_clickhouse;
 
 /// An INSERT of W1 rows `from..from + n` (ids are the row numbers) into `db`.
 pub fn w1_insert(db: &str, from: u64, n: u64) -> String {

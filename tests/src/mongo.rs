@@ -1,17 +1,25 @@
-//! MongoDB pipelines for the tests: capture-mongo and apply-mongo processes, and the wait for a
-//! capture's start.
+//! MongoDB pipelines for the tests: the servers' clients, capture-mongo and apply-mongo
+//! processes, the wait for a capture's start, and a target compared with its source.
 
 use std::time::{Duration, Instant};
 
-use mongodb::bson::doc;
+use futures::StreamExt;
+use mongodb::bson::raw::RawDocumentBuf;
+use mongodb::bson::{doc, Bson, Document};
 use mongodb::Client;
 
 use crate::capture::CaptureProcess;
-use crate::{kafka_brokers, mongo_source_url, unique};
+use crate::{kafka_brokers, mongo_source_url, mongo_target_url, unique};
 
 /// capture-mongo reading `db` of `uri` (`mongodb` holds the `[mongodb]` keys beyond the URI,
 /// `filter` more `[filter]` keys, `publish` more `[publish]` keys); 3 partitions.
-pub fn capture(uri: &str, db: &str, mongodb: &str, filter: &str, publish: &str) -> CaptureProcess {
+pub fn capture_with(
+    uri: &str,
+    db: &str,
+    mongodb: &str,
+    filter: &str,
+    publish: &str,
+) -> CaptureProcess {
     CaptureProcess::spawn_binary(
         "capture-mongo",
         capture_config(uri, db, mongodb, filter, publish),
@@ -43,23 +51,9 @@ pub fn capture_config(
     (text, connector, prefix)
 }
 
-/// Every document of collection `coll` of `db`, by `_id` (none when a batch cannot be read).
-pub async fn documents(c: &Client, db: &str, coll: &str) -> Vec<mongodb::bson::Document> {
-    use futures::TryStreamExt;
-    c.database(db)
-        .collection::<mongodb::bson::Document>(coll)
-        .find(doc! {})
-        .sort(doc! { "_id": 1 })
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap_or_default()
-}
-
 /// apply-mongo writing to `uri`, its own records in `meta`; `extra` starts inside
 /// `[kafka.properties]`.
-pub fn apply(uri: &str, meta: &str, prefix: &str, group: &str, extra: &str) -> CaptureProcess {
+pub fn apply_at(uri: &str, meta: &str, prefix: &str, group: &str, extra: &str) -> CaptureProcess {
     let text = format!(
         "[mongodb]\nuri = \"{}\"\nmeta_database = \"{}\"\n\
          [consumer]\ngroup_id = \"{group}\"\ntopics = [\"^{}\\\\..*\"]\n\
@@ -109,4 +103,118 @@ pub async fn started(cap: &CaptureProcess, oplog: bool) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+pub async fn client(url: String) -> Client {
+    Client::with_uri_str(&url)
+        .await
+        .expect("MongoDB connection string")
+}
+
+/// capture-mongo reading `db` (`mongodb` holds the `[mongodb]` keys beyond the URI, `filter`
+/// more `[filter]` keys).
+pub fn capture(db: &str, mongodb: &str, filter: &str) -> CaptureProcess {
+    capture_at(&mongo_source_url(), db, mongodb, filter)
+}
+
+/// [`capture`] reading the source at `uri`.
+pub fn capture_at(uri: &str, db: &str, mongodb: &str, filter: &str) -> CaptureProcess {
+    capture_with(uri, db, mongodb, filter, "")
+}
+
+/// apply-mongo reading the topics of `prefix` into the target server.
+pub fn apply(prefix: &str, group: &str, extra: &str) -> CaptureProcess {
+    apply_at(&mongo_target_url(), &unique("meta"), prefix, group, extra)
+}
+
+/// Every document of a collection, raw, in `_id` order (the server's own order of BSON values).
+pub async fn documents(c: &Client, db: &str, coll: &str) -> Vec<RawDocumentBuf> {
+    c.database(db)
+        .collection::<RawDocumentBuf>(coll)
+        .find(doc! {})
+        .sort(doc! { "_id": 1 })
+        .await
+        .unwrap()
+        .map(|d| d.unwrap())
+        .collect()
+        .await
+}
+
+/// Field for field: canonical extended JSON (so NaN equals NaN; field order does not count).
+pub fn decoded(docs: &[RawDocumentBuf]) -> Vec<serde_json::Value> {
+    docs.iter()
+        .map(|d| Bson::Document(d.to_document().unwrap()).into_canonical_extjson())
+        .collect()
+}
+
+/// Wait until the target collection equals the source one (field for field), or panic with
+/// both after `limit`.
+pub async fn converge(
+    src: &Client,
+    dst: &Client,
+    db: &str,
+    coll: &str,
+    limit: Duration,
+    procs: &mut [&mut CaptureProcess],
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (a, b) = (
+            documents(src, db, coll).await,
+            documents(dst, db, coll).await,
+        );
+        if decoded(&a) == decoded(&b) {
+            return;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = procs.iter_mut().map(|p| p.stop().1).collect();
+            let (a, b) = (decoded(&a), decoded(&b));
+            let ids = |d: &[serde_json::Value]| -> Vec<String> {
+                d.iter().map(|d| d["_id"].to_string()).collect()
+            };
+            let (ia, ib) = (ids(&a), ids(&b));
+            let missing: Vec<_> = ia.iter().filter(|i| !ib.contains(i)).take(10).collect();
+            let extra: Vec<_> = ib.iter().filter(|i| !ia.contains(i)).take(10).collect();
+            let differ: Vec<_> = a
+                .iter()
+                .filter(|d| b.iter().any(|e| e["_id"] == d["_id"] && e != *d))
+                .take(3)
+                .collect();
+            panic!(
+                "{db}.{coll}: target differs after {limit:?}: source {} documents, target {}; \
+                 missing _id {missing:?}, extra _id {extra:?}, differing (source side) \
+                 {differ:?}\nlogs:\n{}",
+                a.len(),
+                b.len(),
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Stop every stage; each must exit 0.
+pub async fn stop_all(procs: &mut [&mut CaptureProcess]) {
+    for p in procs.iter_mut() {
+        let (code, log) = p.stop();
+        assert_eq!(code, Some(0), "a stage failed:\n{log}");
+    }
+}
+
+/// A unique index on `email` the source lacks: the target refuses a second document with the
+/// same address.
+pub async fn unique_email_index(target: &mongodb::Collection<Document>) {
+    target
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! { "email": 1 })
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .await
+        .unwrap();
 }

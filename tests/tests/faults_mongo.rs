@@ -27,13 +27,13 @@ async fn the_target_equals_the_source_after_random_faults_under_load() {
     let src = Client::with_uri_str(mongo_source_url()).await.unwrap();
     let dst = Client::with_uri_str(mongo_target_url()).await.unwrap();
     let relay = Relay::to(&mongo_target_url()).await;
-    let mut cap = mongo::capture(&mongo_source_url(), &db, "mode = \"oplog\"", "", "");
+    let mut cap = mongo::capture_with(&mongo_source_url(), &db, "mode = \"oplog\"", "", "");
     let topic = cap.topic(&db, "c");
     let (group, meta) = (unique("g"), unique("meta"));
     let target = relay.url(&mongo_target_url());
     let mut appliers = [
-        mongo::apply(&target, &meta, &cap.prefix, &group, ""),
-        mongo::apply(&target, &meta, &cap.prefix, &group, ""),
+        mongo::apply_at(&target, &meta, &cap.prefix, &group, ""),
+        mongo::apply_at(&target, &meta, &cap.prefix, &group, ""),
     ];
     mongo::started(&cap, true).await;
 
@@ -82,10 +82,21 @@ async fn the_target_equals_the_source_after_random_faults_under_load() {
         report.done.join("\n  ")
     );
 
-    let want = mongo::documents(&src, &db, "c").await;
+    // (as documents: compared and shown field by field)
+    let documents = |c: &Client| {
+        let (c, db) = (c.clone(), db.clone());
+        async move {
+            mongo::documents(&c, &db, "c")
+                .await
+                .iter()
+                .map(|d| d.to_document().expect("a document"))
+                .collect::<Vec<Document>>()
+        }
+    };
+    let want = documents(&src).await;
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let got = mongo::documents(&dst, &db, "c").await;
+        let got = documents(&dst).await;
         if got == want {
             break;
         }

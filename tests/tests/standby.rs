@@ -370,7 +370,7 @@ async fn mongo_pair(fault: Fault) {
     )
     .await;
     mongo::started(&a, true).await;
-    let mut apply = mongo::apply(
+    let mut apply = mongo::apply_at(
         &mongo_target_url(),
         &unique("meta"),
         &prefix,
@@ -608,10 +608,10 @@ async fn a_record_of_an_earlier_capture_start_arriving_late_is_skipped_also_afte
     let db = unique("sluice_m_incarnation");
     let (src, dst) = mongo_clients().await;
     let coll = src.database(&db).collection::<Document>("c");
-    let mut cap = mongo::capture(&mongo_source_url(), &db, "mode = \"oplog\"", "", "");
+    let mut cap = mongo::capture_with(&mongo_source_url(), &db, "mode = \"oplog\"", "", "");
     mongo::started(&cap, true).await;
     let group = unique("g");
-    let mut apply = mongo::apply(
+    let mut apply = mongo::apply_at(
         &mongo_target_url(),
         &unique("meta"),
         &cap.prefix,
