@@ -3,6 +3,16 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Subscribe `consumer` to `topics` (names, or patterns starting with `^`).
+pub fn subscribe<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &rdkafka::consumer::StreamConsumer<C>,
+    topics: &[String],
+) -> rdkafka::error::KafkaResult<()> {
+    use rdkafka::consumer::Consumer;
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerConfig {
@@ -27,6 +37,19 @@ impl ConsumerConfig {
             topics: vec!["^sluice\\..*".into()],
             instance_id: String::new(),
         }
+    }
+
+    /// The consumer's settings: `kafka`'s, this group, and this instance's static name.
+    pub fn client_config(
+        &self,
+        kafka: &sluice_common::KafkaConfig,
+        client_id: &str,
+    ) -> rdkafka::ClientConfig {
+        let mut cc = kafka.consumer_config(client_id, &self.group_id);
+        if !self.instance_id.is_empty() {
+            cc.set("group.instance.id", &self.instance_id);
+        }
+        cc
     }
 
     pub fn validate(&self) -> Result<(), (String, String)> {

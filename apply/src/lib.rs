@@ -5,7 +5,12 @@
 //!
 //! Both commit a Kafka offset only after the target acknowledged every write before it. What
 //! they share: the error model ([`error`]), the consumer group's run loop and drain
-//! ([`group`]), the consumer settings ([`consumer`]) and the schema cache ([`schemas`]).
+//! ([`group`]), the consumer settings ([`consumer`]), the schema cache ([`schemas`]) and the
+//! capture incarnations a partition has seen ([`incarnation`]).
+//!
+//! The stage meets the capture only at Kafka: it reads the event contract (`sluice_proto`) and
+//! depends on no capture code and no MySQL client. The operator's tools that need both stand
+//! above both (`sluice-ops`).
 
 pub mod clickhouse;
 pub mod consumer;

@@ -2,8 +2,9 @@
 //! the Prometheus endpoint ([`metrics`]), logging ([`logging`]), shutdown on signals
 //! ([`shutdown`]), Kafka client settings ([`kafka`]), preflight checks ([`preflight`]) and the
 //! election of a capture's active instance ([`standby`]);
-//! and the small helpers both stages use: the calendar ([`civil`]), the clock ([`clock`]) and
-//! hex ([`hex`]).
+//! and the small helpers both stages use: the calendar ([`civil`]), the clock ([`clock`]), hex
+//! ([`hex`]), MongoDB's transient codes ([`mongo`]) and SQL text ([`sql`]: quoting for ClickHouse
+//! and MySQL, MySQL statements as tokens). It ships no binary.
 
 pub mod app;
 pub mod civil;

@@ -3,7 +3,8 @@
 //!
 //! - [`status`]: where each capture connector stands and how far each apply group is behind;
 //! - [`position`]: a stopped capture's position or a stopped group's offsets, shown or moved;
-//! - [`replay`]: the dead letters, listed and written again once their cause is fixed;
+//! - [`replay`]: the dead letters, read and written again once their cause is fixed, and
+//!   [`letters`], how they are printed;
 //! - [`verify`]: the source compared with the target, right while the pipeline streams;
 //! - [`events`]: a topic's records, one line each;
 //! - [`mongo_command`]: one MongoDB command and its reply.
@@ -13,6 +14,7 @@
 //! themselves meet only at Kafka.
 
 pub mod events;
+pub mod letters;
 pub mod mongo_command;
 pub mod position;
 pub mod replay;

@@ -162,6 +162,18 @@ impl CaptureProcess {
         self.wait(Duration::from_secs(30))
     }
 
+    /// [`Self::stop`]; it must exit 0. Its log.
+    pub fn stop_ok(&mut self) -> String {
+        let (code, log) = self.stop();
+        assert_eq!(
+            code,
+            Some(0),
+            "{} exited {code:?}, not 0:\n{log}",
+            self.binary
+        );
+        log
+    }
+
     /// kill -9.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

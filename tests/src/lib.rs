@@ -14,6 +14,11 @@
 //!
 //! Each test makes its own topic, group, database or collection ([`unique`]), so tests run side
 //! by side and leave nothing that a later run could trip over.
+//!
+//! The setups tests share: [`capture`] (a stage's process, its checkpoint, a group's lag, the
+//! `sluice` command), [`to_clickhouse`] (the W1 table's pipeline into ClickHouse, compared),
+//! [`mongo`] (MongoDB pipelines, compared), [`mirror`], [`faults`], [`relay`], [`edge`] and the
+//! private servers ([`private_mariadb`], [`private_clickhouse`], [`private_mongo`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

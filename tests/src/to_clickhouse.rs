@@ -10,12 +10,14 @@ use serde::Deserialize;
 use crate::capture::{binlog_end, CaptureProcess};
 use crate::{clickhouse_url, kafka_brokers, mysql_url, unique, w1_insert};
 
+/// A client of `SLUICE_CLICKHOUSE_URL`.
 pub fn ch() -> clickhouse::Client {
     clickhouse::Client::default()
         .with_url(clickhouse_url())
         .with_validation(false)
 }
 
+/// A connection to `SLUICE_MYSQL_URL`.
 pub async fn mysql() -> mysql_async::Conn {
     mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
         .await
@@ -165,6 +167,13 @@ pub async fn converge(db: &str, ch_db: &str, limit: Duration) {
     }
 }
 
+/// The answer to `sql` as TabSeparated text (a refusal fails the test, naming the query).
+pub async fn text(sql: &str) -> String {
+    crate::capture::clickhouse_tsv(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
 pub async fn ch_exec(sql: String) {
     ch().query(&sql).execute().await.unwrap();
 }
@@ -181,8 +190,7 @@ pub async fn pipeline(name: &str, suffix: &str) -> (String, String, CaptureProce
 /// Stop every process (each must exit 0) and drop the source database.
 pub async fn finish(db: &str, processes: &mut [&mut CaptureProcess]) {
     for p in processes.iter_mut() {
-        let (code, out) = p.stop();
-        assert_eq!(code, Some(0), "{out}");
+        p.stop_ok();
     }
     mysql()
         .await

@@ -322,8 +322,7 @@ async fn a_member_fenced_by_its_instance_id_joins_again_and_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     c.query_drop(w1_insert(&db, 101, 100)).await.unwrap();
-    let (code, log_b) = b.stop();
-    assert_eq!(code, Some(0), "{log_b}");
+    b.stop_ok();
     c.query_drop(w1_insert(&db, 201, 100)).await.unwrap();
     c.query_drop(format!(
         "UPDATE `{db}`.binlog_field_test_1 SET testint = -id WHERE id % 7 = 0"
@@ -350,8 +349,7 @@ async fn a_member_fenced_by_its_instance_id_joins_again_and_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(!a.exited(), "the fenced member exited");
-    let (code, log_a) = a.stop();
-    assert_eq!(code, Some(0), "{log_a}");
+    let log_a = a.stop_ok();
     assert!(
         log_a.contains("fenced by another member with the same consumer.instance_id")
             && log_a.contains("a new Kafka consumer joined the group"),
@@ -570,15 +568,13 @@ async fn clickhouse_down_then_up_loses_nothing() {
         assert!(Instant::now() < deadline, "the lag never went back to 0");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let (code, out) = mirror.stop();
-    assert_eq!(code, Some(0), "{out}");
+    let out = mirror.stop_ok();
     assert!(out.contains("retrying"), "the outage was retried: {out}");
     assert!(
         !out.contains("dead-lettering"),
         "nothing was dead-lettered: {out}"
     );
-    let (code, out) = cap.stop();
-    assert_eq!(code, Some(0), "{out}");
+    cap.stop_ok();
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
 }
 
@@ -703,8 +699,7 @@ async fn a_rebalance_writes_the_batch_in_hand_first() {
     let mut b = apply(&prefix, &m_db, "mirror", &group, extra);
     converge(&db, &m_db, Duration::from_secs(30)).await;
     finish(&db, &mut [&mut cap, &mut b]).await;
-    let (code, log) = a.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = a.stop_ok();
     assert!(log.contains("wrote the batch in hand"), "{log}");
 }
 
@@ -744,8 +739,7 @@ async fn a_row_after_a_quiet_spell_is_written_at_once_and_the_next_ones_wait() {
         "rows right after a write were written before max_wait_ms"
     );
     // A stop writes what is held.
-    let (code, log) = a.stop();
-    assert_eq!(code, Some(0), "{log}");
+    a.stop_ok();
     converge(&db, &m_db, Duration::from_secs(30)).await;
     finish(&db, &mut [&mut cap]).await;
 }
@@ -840,8 +834,7 @@ async fn a_capture_killed_mid_snapshot_resumes_from_the_last_chunk() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.await.unwrap();
     converge(&db, &ch_db, Duration::from_secs(240)).await;
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("resumed=true"), "{log}");
     finish(&db, &mut [&mut mirror]).await;
 }
@@ -892,8 +885,7 @@ async fn a_new_capture_killed_in_its_first_second_leaves_nothing_stale() {
         assert!(statements > 10, "the writer ran {statements} statements");
         converge(&db, &ch_db, Duration::from_secs(120)).await;
         // The applier said how it went, once a second here.
-        let (code, log) = mirror.stop();
-        assert_eq!(code, Some(0), "{log}");
+        let log = mirror.stop_ok();
         assert!(
             log.contains("progress: rows=") && log.contains("partitions=3"),
             "{log}"
@@ -919,8 +911,7 @@ async fn an_applier_started_before_any_topic_exists_waits_without_an_error() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (code, log) = a.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = a.stop_ok();
     assert!(
         log.contains("no topic of the subscription exists yet"),
         "{log}"
@@ -973,8 +964,7 @@ async fn an_applier_restarted_during_an_outage_waits_degraded_and_a_first_start_
         assert!(Instant::now() < deadline, "first rows never arrived");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (code, out) = mirror.stop();
-    assert_eq!(code, Some(0), "{out}");
+    mirror.stop_ok();
 
     // Down; the applier restarts; the source goes on.
     server.pause();
@@ -1015,8 +1005,7 @@ async fn an_applier_restarted_during_an_outage_waits_degraded_and_a_first_start_
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert_eq!(healthz(mirror.metrics_port).0, 200);
-    let (code, out) = mirror.stop();
-    assert_eq!(code, Some(0), "{out}");
+    let out = mirror.stop_ok();
     assert!(out.contains("has run before"), "{out}");
 
     // A new group against a server that does not answer: it fails at once, saying why.
@@ -1067,8 +1056,7 @@ async fn events_expired_before_they_were_written_stop_the_stage() {
     let group = unique("g");
     let mut a = apply(&cap.prefix, &m_db, "mirror", &group, "");
     converge(&db, &m_db, Duration::from_secs(60)).await;
-    let (code, out) = a.stop();
-    assert_eq!(code, Some(0), "{out}");
+    a.stop_ok();
 
     // More changes while the applier is away, then they expire (records deleted, as the
     // retention would).
@@ -1197,8 +1185,7 @@ async fn a_row_a_mirror_cannot_hold_stops_its_table_and_the_rest_flows() {
     // before or after the stop)
     let ids: Vec<&str> = written.lines().collect();
     assert!(!ids.contains(&"2") && !ids.contains(&"5"), "{written}");
-    let (code, out) = a.stop();
-    assert_eq!(code, Some(0), "{out}");
+    let out = a.stop_ok();
     assert!(out.contains("table stopped"), "{out}");
 
     // Taken up again as docs/operations.md says: the stop deleted, the table's dead letters
@@ -1327,8 +1314,7 @@ async fn a_row_a_mirror_cannot_hold_stops_its_table_and_the_rest_flows() {
         .as_secs();
     assert_eq!(listed_since(&(now + 1).to_string()), 0);
     assert_eq!(listed_since(&(now - 600).to_string()), 1);
-    let (code, out) = a.stop();
-    assert_eq!(code, Some(0), "{out}");
+    a.stop_ok();
     finish(&db, &mut [&mut cap]).await;
 }
 
@@ -1398,8 +1384,7 @@ async fn an_order_by_a_mirror_cannot_be_kept_by_stops_its_table_and_the_rest_flo
             .all(|(_, r)| r.contains("tables.order_by") || r.contains("is stopped")),
         "{letters:?}"
     );
-    let (code, out) = a.stop();
-    assert_eq!(code, Some(0), "{out}");
+    let out = a.stop_ok();
     assert!(out.contains("table stopped"), "{out}");
     finish(&db, &mut [&mut cap]).await;
 }
@@ -1541,10 +1526,8 @@ async fn a_table_one_instance_stops_is_stopped_by_the_others() {
         "6",
         "rows of the stopped table were written"
     );
-    let (code, out_a) = a.stop();
-    assert_eq!(code, Some(0), "{out_a}");
-    let (code, out_b) = b.stop();
-    assert_eq!(code, Some(0), "{out_b}");
+    let out_a = a.stop_ok();
+    let out_b = b.stop_ok();
     // Both instances dead-lettered rows of it (each holds some of its partitions).
     for out in [&out_a, &out_b] {
         assert!(out.contains("dead-lettering"), "{out}");

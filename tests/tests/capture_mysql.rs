@@ -111,8 +111,7 @@ async fn every_type_arrives_in_kafka_exactly() {
     assert!(schema.columns[2].unsigned);
     assert_eq!(schema.primary_key, vec![0]);
 
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -215,8 +214,7 @@ async fn transactions_key_changes_and_alters_in_order() {
     }
     assert_ne!(rows[8].schema_id, rows[0].schema_id);
     assert_ne!(rows[10].schema_id, rows[8].schema_id);
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -289,8 +287,7 @@ async fn w1_table_load() {
             members: vec!["set1".into(), "set3".into()]
         }))
     );
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -400,8 +397,7 @@ async fn kill_9_and_restart_loses_nothing() {
             last.insert(k, e.version);
         }
     }
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -578,8 +574,7 @@ async fn starts_from_a_gtid_or_a_time() {
     ));
     let events = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 2).await;
     assert_eq!(keys(&events), vec![2, 3], "from time {next_second}");
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     let started_in = log
         .lines()
         .find(|l| l.contains("the start time is in or after this binlog file"))
@@ -632,8 +627,7 @@ async fn a_killed_binlog_connection_is_reopened() {
     let events = events_of(topic, |m| count_rows(m) >= 3).await;
     let keys: std::collections::BTreeSet<i64> = row_events(&events).iter().map(int_key).collect();
     assert_eq!(keys.into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("reconnecting"), "{log}");
     sql(&[
         format!("DROP DATABASE `{db}`"),
@@ -877,8 +871,7 @@ async fn a_table_is_snapshotted_again_on_request_while_streaming_goes_on() {
     let events = events_of(cap.topic(&db, "b"), |m| count_rows(m) >= 1).await;
     assert_eq!(row_events(&events).len(), 1);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     // At start the capture names the tables it captures.
     assert!(log.contains(&format!("capturing {db}.a, {db}.b")), "{log}");
     // Then it says how it goes, once a second here (the binlog position, events and rate).
@@ -926,15 +919,13 @@ async fn a_table_is_snapshotted_again_on_request_while_streaming_goes_on() {
         "b is streamed, not snapshotted"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("snapshot finished"), "{log}");
 
     // Served once: the same request id does not run again.
     let mut cap = CaptureProcess::spawn((request, connector, prefix));
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(!log.contains("snapshot starts"), "{log}");
     // Its `mysql.start` (a FILE:POS) is not used with a checkpoint: said at start.
     assert!(log.contains("mysql.start is set, but connector"), "{log}");
@@ -959,8 +950,7 @@ async fn a_new_capture_killed_before_any_change_resumes_where_it_started() {
     let events = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 2).await;
     let keys: Vec<i64> = row_events(&events).iter().map(int_key).collect();
     assert_eq!(keys, vec![1, 2]);
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("resuming from the checkpoint"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
@@ -1050,8 +1040,7 @@ async fn a_keyless_table_snapshot_under_a_writer_has_every_row_once() {
             want.len()
         );
     }
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -1129,8 +1118,7 @@ async fn xa_transactions_arrive_at_their_commit_and_never_after_a_rollback() {
         [1, 3, 10, 11, 12].into_iter().collect(),
         "the committed XA transaction arrives, after a restart too"
     );
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("XA transaction committed"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
@@ -1219,8 +1207,7 @@ async fn a_new_generation_keeps_versions_above_every_earlier_one() {
     let v1 = row_events(&seen)[0].version;
     assert_eq!(v1 >> 56, 3, "version {v1:#x}");
     // Restarted with generation 0 in its configuration: the checkpoint's 3 holds.
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     cap.edit_config("generation = 3\n", "");
     cap.restart();
     sql(&[format!("INSERT INTO `{db}`.t VALUES (2)")]).await;
@@ -1232,8 +1219,7 @@ async fn a_new_generation_keeps_versions_above_every_earlier_one() {
         .version;
     assert_eq!(v2 >> 56, 3, "version {v2:#x}");
     assert!(v2 > v1);
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -1289,8 +1275,7 @@ async fn an_idle_capture_publishes_heartbeats() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -1325,8 +1310,7 @@ async fn a_second_capture_of_one_connector_fences_the_first() {
         .join("\n");
     // The first, restarted, resumes from its checkpoint and stays idle: it has marked nothing
     // of its own since its start.
-    let (code, log) = first.stop();
-    assert_eq!(code, Some(0), "{log}");
+    first.stop_ok();
     first.restart();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut second = CaptureProcess::spawn((text, connector.clone(), prefix));
@@ -1356,8 +1340,7 @@ async fn a_second_capture_of_one_connector_fences_the_first() {
     .await;
     let keys: std::collections::BTreeSet<i64> = row_events(&seen).iter().map(int_key).collect();
     assert_eq!(keys, [1, 2, 3].into_iter().collect(), "every row published");
-    let (code, log) = second.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = second.stop_ok();
     assert!(!log.contains("another capture"), "{log}");
     let checkpoint = sluice_tests::capture::last_checkpoint(&connector).expect("checkpoint");
     let stopped_at = log
@@ -1409,8 +1392,7 @@ async fn partitions_added_to_a_topic_keep_every_key_on_its_partition() {
         r.unwrap();
     }
     sql(&[format!("UPDATE `{db}`.t SET n = 1")]).await;
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     cap.restart();
     sql(&[format!("UPDATE `{db}`.t SET n = 2")]).await;
     let events = events_of(topic, |m| count_rows(m) >= 3 * N).await;
@@ -1437,8 +1419,7 @@ async fn partitions_added_to_a_topic_keep_every_key_on_its_partition() {
         );
     }
     assert_eq!(partition_of.len(), N);
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(
         log.contains("more partitions than when this connector first published to it"),
         "the restarted capture says why the added partitions stay empty:\n{log}"
@@ -1473,8 +1454,7 @@ async fn a_year_column_created_while_streaming_is_not_refused() {
         "{all:#?}"
     );
     assert_eq!(row_events(&events).len(), 2, "{all:#?}");
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
@@ -1531,8 +1511,7 @@ async fn topics_at_start_makes_every_filtered_tables_topic_before_any_row() {
     sql(&[format!("INSERT INTO `{db}`.b VALUES (1), (2), (3)")]).await;
     let seen = events_of(format!("{prefix}.{db}.b"), |m| count_rows(m) >= 3).await;
     assert_eq!(count_rows(&seen), 3);
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("created the filtered tables' topics"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }

@@ -7,19 +7,9 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use sluice_tests::capture::{binlog_end, clickhouse_tsv, dead_letters, CaptureProcess};
-use sluice_tests::{clickhouse_url, mysql_url, unique};
+use sluice_tests::{mysql_url, unique};
 
-fn ch() -> clickhouse::Client {
-    clickhouse::Client::default()
-        .with_url(clickhouse_url())
-        .with_validation(false)
-}
-
-async fn text(sql: &str) -> String {
-    clickhouse_tsv(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
+use sluice_tests::to_clickhouse::{ch, text};
 
 /// Wait until `sql` answers `want` (90 s at most; the table may not be made yet); the last
 /// answer.
@@ -107,8 +97,7 @@ impl Pipeline {
 
     async fn finish(mut self) {
         for p in [&mut self.capture, &mut self.apply] {
-            let (code, out) = p.stop();
-            assert_eq!(code, Some(0), "{out}");
+            p.stop_ok();
         }
         ch().query(&format!("DROP DATABASE {}", self.ch_db))
             .execute()
@@ -449,8 +438,7 @@ async fn truncate_and_drop_follow_their_policy_and_no_replay_brings_rows_back() 
     );
     // Every event read again from the start, by a second apply stage in a new group: the
     // rows before the TRUNCATE (and the DROP) come back only to be removed again.
-    let (code, out) = p.apply.stop();
-    assert_eq!(code, Some(0), "{out}");
+    p.apply.stop_ok();
     let extra = extra.replace("{db}", &p.db);
     p.apply =
         CaptureProcess::apply_clickhouse_with(&p.capture.prefix, &p.ch_db, &p.dlq, "", &extra);
@@ -566,8 +554,7 @@ async fn a_keyless_tables_change_log_keeps_every_row_under_final() {
         "2024-02-29 12:34:56\n"
     );
     for p in [&mut capture, &mut apply] {
-        let (code, out) = p.stop();
-        assert_eq!(code, Some(0), "{out}");
+        p.stop_ok();
     }
     ch().query(&format!("DROP DATABASE {ch_db}"))
         .execute()

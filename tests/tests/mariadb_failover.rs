@@ -271,11 +271,9 @@ async fn a_capture_follows_a_fail_over_to_the_promoted_replica_by_gtid() {
     let checkpoint = last_checkpoint(&cap.connector).expect("a checkpoint");
     assert_eq!(checkpoint["server_id"], 12, "{checkpoint}");
     assert_eq!(checkpoint["generation"], 1, "{checkpoint}");
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("resuming from the GTID set"), "{log}");
-    let (code, out) = apply.stop();
-    assert_eq!(code, Some(0), "{out}");
+    apply.stop_ok();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -296,8 +294,7 @@ async fn reset_master_is_refused_with_the_next_generation_named() {
 
     // 1. Stopped, RESET MASTER, written again: mysql-bin.000001 exists again, with other
     // events at other offsets. The capture must not read it as its own.
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     c.query_drop("RESET MASTER").await.unwrap();
     let t = format!("`{db}`.t");
     c.query_drop(format!("UPDATE {t} SET n = n + 100"))
@@ -338,8 +335,7 @@ async fn reset_master_is_refused_with_the_next_generation_named() {
     assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("began again"), "{log}");
     assert!(log.contains("mysql.generation = 2"), "{log}");
-    let (code, out) = apply.stop();
-    assert_eq!(code, Some(0), "{out}");
+    apply.stop_ok();
 }
 
 /// The topic prefix a capture config names.

@@ -699,8 +699,7 @@ async fn an_idle_capture_publishes_heartbeats() {
         assert_eq!(b.source.as_ref().unwrap().connector, cap.connector);
         assert!(b.position.is_some());
     }
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
 }
 
 /// By default (`errors.on_bad_event = "stop_table"`) a write the target refuses stops its
@@ -785,8 +784,7 @@ async fn a_refused_write_stops_its_collection_and_the_rest_flows() {
         0,
         "the stopped collection takes nothing after the refusal"
     );
-    let (code, log) = app.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = app.stop_ok();
     assert!(log.contains("collection stopped"), "{log}");
     stop_all(&mut [&mut cap]).await;
     src.database(&db).drop().await.unwrap();
@@ -1246,8 +1244,7 @@ async fn ddl_is_applied_filtered_and_ordered_by_version() {
         assert_eq!(first.version, 33, "{reasons:?}");
     }
     // dropDatabase is not in the filter: the database is still there.
-    let (code, log) = app.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = app.stop_ok();
     assert!(log.contains("not applied (ddl.apply)"), "{log}");
     assert_eq!(documents(&dst, &db, "b").await.len(), 2);
     dst.database(&db).drop().await.unwrap();
@@ -1432,8 +1429,7 @@ async fn a_collection_is_copied_again_on_request() {
             .unwrap(),
         0
     );
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
 
     cap.append_config(&format!(
         "[snapshot]\ntables = [\"{db}.a\"]\nrequest_id = \"again-1\"\n"
@@ -1458,8 +1454,7 @@ async fn a_collection_is_copied_again_on_request() {
         &mut [&mut cap, &mut app],
     )
     .await;
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("snapshot finished"), "{log}");
     assert_eq!(
         lines_with(&log, "collection copied"),
@@ -1470,8 +1465,7 @@ async fn a_collection_is_copied_again_on_request() {
     // Served once.
     cap.restart();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(!log.contains("snapshot starts"), "{log}");
     stop_all(&mut [&mut app]).await;
     src.database(&db).drop().await.unwrap();
@@ -1630,11 +1624,9 @@ async fn held_transactions_spill_past_the_bound_and_count_only_at_their_commit()
         let doc = target.find_one(doc! { "_id": 101 }).await.unwrap().unwrap();
         assert_eq!(doc.get_str("pad").unwrap(), pad);
     }
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("larger than mongodb.max_held_bytes"), "{log}");
-    let (code, out) = app.stop();
-    assert_eq!(code, Some(0), "{out}");
+    app.stop_ok();
     let _ = shared;
     dst.database(&db).drop().await.unwrap();
 }
@@ -1693,8 +1685,7 @@ async fn a_change_too_large_to_publish_refuses_its_collection_and_the_rest_flows
     // And nothing after it arrives later.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(ids(documents(&dst, &db, "big").await), vec![1, 2]);
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = cap.stop_ok();
     assert!(log.contains("collection refused"), "{log}");
     assert!(log.contains("_id 3"), "{log}");
     assert!(log.contains("publish.max_message_bytes (1048576)"), "{log}");
@@ -1711,8 +1702,7 @@ async fn a_change_too_large_to_publish_refuses_its_collection_and_the_rest_flows
         2,
         "row events of the refused collection's topic"
     );
-    let (code, out) = app.stop();
-    assert_eq!(code, Some(0), "{out}");
+    let out = app.stop_ok();
     assert!(out.contains("collection stopped"), "{out}");
     src.database(&db).drop().await.unwrap();
     dst.database(&db).drop().await.unwrap();

@@ -11,11 +11,7 @@ use mysql_async::prelude::Queryable;
 use sluice_tests::capture::{binlog_end, CaptureProcess};
 use sluice_tests::{bin, mysql_url, unique};
 
-async fn conn() -> mysql_async::Conn {
-    mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
-        .await
-        .unwrap()
-}
+use sluice_tests::to_clickhouse::mysql as conn;
 
 /// One test at a time: each changes the server's global settings.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

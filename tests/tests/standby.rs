@@ -291,14 +291,12 @@ async fn a_standby_capture_takes_over_from_a_killed_one_and_a_revived_one_cannot
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!("seed {seed}: {rounds} writer rounds, {} rows", want.len());
-    let (code, log) = a.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = a.stop_ok();
     assert!(
         log.contains("this instance is now the active capture"),
         "{log}"
     );
-    let (code, log) = apply.stop();
-    assert_eq!(code, Some(0), "{log}");
+    apply.stop_ok();
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
 }
 
@@ -477,14 +475,12 @@ async fn mongo_pair(fault: Fault) {
         assert_eq!(code, Some(0), "the standby: {log}");
         assert!(log.contains("stopped while a standby"), "{log}");
     }
-    let (code, log) = b.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = b.stop_ok();
     assert!(
         log.contains("this instance is now the active capture"),
         "{log}"
     );
-    let (code, log) = apply.stop();
-    assert_eq!(code, Some(0), "{log}");
+    apply.stop_ok();
     for (c, what) in [(&src, "source"), (&dst, "target")] {
         if let Err(e) = c.database(&db).drop().await {
             eprintln!("dropping the {what} database {db}: {e}");
@@ -631,8 +627,7 @@ async fn a_record_of_an_earlier_capture_start_arriving_late_is_skipped_also_afte
     assert_eq!(connector, cap.connector);
 
     // The capture's second start writes the document.
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     cap.restart();
     tokio::time::sleep(Duration::from_secs(2)).await;
     coll.update_one(
@@ -700,8 +695,7 @@ async fn a_record_of_an_earlier_capture_start_arriving_late_is_skipped_also_afte
         format!("sluice.incarnation={{\"{connector}\":{second}}}"),
         "the commit's metadata"
     );
-    let (code, log) = apply.stop();
-    assert_eq!(code, Some(0), "{log}");
+    let log = apply.stop_ok();
     assert!(
         log.contains("skipping records of a capture that was taken over")
             && log.contains(&format!("successor={second}")),
@@ -719,8 +713,7 @@ async fn a_record_of_an_earlier_capture_start_arriving_late_is_skipped_also_afte
         mongo::documents(&src, &db, "c").await
     );
     for p in [&mut cap, &mut apply] {
-        let (code, log) = p.stop();
-        assert_eq!(code, Some(0), "{log}");
+        p.stop_ok();
     }
     for c in [&src, &dst] {
         let _ = c.database(&db).drop().await;

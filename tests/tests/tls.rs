@@ -177,8 +177,7 @@ async fn mariadb_to_clickhouse_over_tls_with_authentication_everywhere() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     for p in [&mut cap, &mut apply] {
-        let (code, log) = p.stop();
-        assert_eq!(code, Some(0), "{log}");
+        p.stop_ok();
     }
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
 }

@@ -55,7 +55,7 @@ use std::sync::{Arc, Mutex};
 
 use prometheus::Registry;
 use prost::Message as _;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use sluice_common::Shutdown;
@@ -69,6 +69,7 @@ use self::target::{Plan, Target};
 use self::writer::Writer;
 use super::types::Features;
 use super::{Config, OnBadEvent};
+use crate::consumer::subscribe;
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
 use crate::group::{DeadLetters, GroupContext};
 use crate::schemas::SchemaCache;
@@ -260,8 +261,7 @@ fn consumer(
             runtime: tokio::runtime::Handle::current(),
         },
     ))?;
-    let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics)?;
+    subscribe(&consumer, &config.consumer.topics)?;
     Ok(consumer)
 }
 
@@ -279,12 +279,9 @@ impl Sink {
         let version: String = client.query("SELECT version()").fetch_one().await?;
         let features = Features::of_version(&version);
         tracing::info!(%version, ?features, "ClickHouse");
-        let mut cc = config
-            .kafka
-            .consumer_config("apply-clickhouse", &config.consumer.group_id);
-        if !config.consumer.instance_id.is_empty() {
-            cc.set("group.instance.id", &config.consumer.instance_id);
-        }
+        let cc = config
+            .consumer
+            .client_config(&config.kafka, "apply-clickhouse");
         let batch = Arc::new(Mutex::new(Batch::default()));
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
         let writer = Writer {

@@ -54,6 +54,7 @@ use self::metrics::Metrics;
 use self::writer::Writer;
 use super::write::writes_of;
 use super::Config;
+use crate::consumer::subscribe;
 use crate::error::{ApplyError, BadEvent, Reason};
 use crate::group::{BatchSink, DeadLetters, GroupContext};
 
@@ -103,8 +104,7 @@ fn consumer(
             failed: failed.clone(),
         },
     ))?;
-    let topics: Vec<&str> = config.consumer.topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics)?;
+    subscribe(&consumer, &config.consumer.topics)?;
     Ok(consumer)
 }
 
@@ -116,12 +116,7 @@ impl Sink {
     ) -> Result<Self, ApplyError> {
         let metrics = Metrics::new(registry).expect("metrics register once");
         let client = mongodb::Client::with_uri_str(config.mongodb.uri.expose()).await?;
-        let mut cc = config
-            .kafka
-            .consumer_config("apply-mongo", &config.consumer.group_id);
-        if !config.consumer.instance_id.is_empty() {
-            cc.set("group.instance.id", &config.consumer.instance_id);
-        }
+        let mut cc = config.consumer.client_config(&config.kafka, "apply-mongo");
         if config.delay_seconds > 0 {
             // Waiting for an event to age must not look like a dead consumer.
             let ms = (config.delay_seconds * 1000 + 60_000).max(300_000);

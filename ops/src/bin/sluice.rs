@@ -18,9 +18,8 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use prost::Message as _;
+use sluice_ops::letters;
 use sluice_ops::replay::{self, DeadLetter, Filter, Kafka};
-use sluice_proto::v1::{value::Kind, EventKey};
 
 /// The operator's command: where the captures stand and how far the apply groups are behind,
 /// positions moved, dead letters listed and replayed, the records of a topic printed.
@@ -284,54 +283,6 @@ impl KafkaArgs {
     }
 }
 
-fn key_text(d: &DeadLetter) -> String {
-    let Some(k) = d.key.as_deref() else {
-        return "-".into();
-    };
-    let Ok(k) = EventKey::decode(k) else {
-        return "?".into();
-    };
-    if k.key.is_empty() {
-        return "-".into();
-    }
-    k.key
-        .iter()
-        .map(|v| match &v.kind {
-            Some(Kind::Int(i)) | Some(Kind::TimeMicros(i)) | Some(Kind::TimestampMicros(i)) => {
-                i.to_string()
-            }
-            Some(Kind::Uint(u)) | Some(Kind::Bits(u)) => u.to_string(),
-            Some(Kind::Text(s)) | Some(Kind::Decimal(s)) | Some(Kind::Json(s)) => format!("{s:?}"),
-            Some(Kind::Bytes(b)) => format!("0x{}", sluice_common::hex::encode(b)),
-            Some(Kind::Bson(b)) => mongodb::bson::RawDocument::from_bytes(b)
-                .ok()
-                .and_then(|d| d.get("v").ok().flatten())
-                .and_then(|v| mongodb::bson::Bson::try_from(v.to_raw_bson()).ok())
-                .map(|v| v.to_string())
-                .unwrap_or_else(|| "bson".into()),
-            Some(Kind::Null(_)) | None => "NULL".into(),
-            Some(other) => format!("{other:?}"),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// A dead letter as `list --json` and `show --json` print it.
-fn letter_json(d: &DeadLetter) -> serde_json::Value {
-    serde_json::json!({
-        "partition": d.at.0,
-        "offset": d.at.1,
-        "time_ms": d.timestamp_ms,
-        "table": d.event.table,
-        "op": d.event.op_label(),
-        "key": key_text(d),
-        "kind": d.kind,
-        "reason": d.reason,
-        "source": format!("{}/{}@{}", d.topic, d.partition, d.offset),
-        "replayed": d.replayed,
-    })
-}
-
 fn filter(select: &Select, replayed: bool) -> Result<Filter, String> {
     Ok(Filter {
         table: select.table.clone(),
@@ -465,27 +416,9 @@ async fn run(command: Command) -> Result<bool, String> {
             let shown: Vec<&DeadLetter> = letters.iter().filter(|d| f.matches(d)).collect();
             for d in &shown {
                 if json {
-                    println!("{}", letter_json(d));
+                    println!("{}", letters::json(d));
                 } else {
-                    println!(
-                        "{}@{}  {}  {}  {} key={}  [{}] {}  (read at {}/{}@{}){}",
-                        d.at.0,
-                        d.at.1,
-                        sluice_ops::events::time_text(d.timestamp_ms),
-                        if d.event.table.is_empty() {
-                            "?"
-                        } else {
-                            &d.event.table
-                        },
-                        d.event.op_label(),
-                        key_text(d),
-                        d.kind.as_deref().unwrap_or("-"),
-                        d.reason,
-                        d.topic,
-                        d.partition,
-                        d.offset,
-                        if d.replayed { "  replayed" } else { "" }
-                    );
+                    println!("{}", letters::line(d));
                 }
             }
             if !json {
@@ -514,43 +447,16 @@ async fn run(command: Command) -> Result<bool, String> {
             let event =
                 sluice_ops::events::change_event(&k.config.brokers, &schema_topic, &d.payload);
             if json {
-                let mut o = letter_json(d);
+                let mut o = letters::json(d);
                 if let Some((_, e)) = event {
                     o["event"] = serde_json::Value::Object(e);
                 }
                 println!("{o}");
             } else {
-                println!(
-                    "dead letter {}@{} of {}",
-                    d.at.0, d.at.1, k.dead_letter_topic
+                print!(
+                    "{}",
+                    letters::text(d, &k.dead_letter_topic, event.map(|(l, _)| l))
                 );
-                println!(
-                    "  written:  {}",
-                    sluice_ops::events::time_text(d.timestamp_ms)
-                );
-                println!("  read at:  {}/{}@{}", d.topic, d.partition, d.offset);
-                println!(
-                    "  table:    {}",
-                    if d.event.table.is_empty() {
-                        "?"
-                    } else {
-                        &d.event.table
-                    }
-                );
-                println!("  key:      {}", key_text(d));
-                println!(
-                    "  reason:   [{}] {}",
-                    d.kind.as_deref().unwrap_or("-"),
-                    d.reason
-                );
-                println!("  replayed: {}", if d.replayed { "yes" } else { "no" });
-                match event {
-                    Some((line, _)) => println!("  event:    {line}"),
-                    None => println!(
-                        "  event:    ({} bytes, not a change event)",
-                        d.payload.len()
-                    ),
-                }
             }
             Ok(true)
         }
@@ -573,7 +479,7 @@ async fn run(command: Command) -> Result<bool, String> {
                     d.at.1,
                     d.event.table,
                     d.event.op_label(),
-                    key_text(d)
+                    letters::key_text(d)
                 );
             }
             println!(

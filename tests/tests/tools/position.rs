@@ -53,8 +53,7 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
     assert!(err.contains("member(s) running"), "{err}");
 
     // The capture stopped: rows 100.. are written, then the position is taken, then rows 200..
-    let (code, log) = cap.stop();
-    assert_eq!(code, Some(0), "{log}");
+    cap.stop_ok();
     let stopped = Instant::now();
     c.query_drop(w1_insert(&db, 100, 10)).await.unwrap();
     let (file, pos) = binlog_status(&mut c).await;
@@ -96,8 +95,7 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
 
     // The group stopped: rows 300.. are published, the group is moved to the end, they are
     // skipped and row 400 after them arrives.
-    let (code, log) = a.stop();
-    assert_eq!(code, Some(0), "{log}");
+    a.stop_ok();
     let topic = cap.topic(&db, "binlog_field_test_1");
     let behind = || {
         let (g, t) = (group.clone(), topic.clone());
@@ -128,8 +126,7 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
     );
 
     // Moved to the start, it applies everything again: rows 300.. too.
-    let (code, log) = a.stop();
-    assert_eq!(code, Some(0), "{log}");
+    a.stop_ok();
     let (code, out, err) = sluice(&["position", "set", "--group", &group, "--to-start"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains(" -> 0"), "{out}");
@@ -162,8 +159,7 @@ async fn sluice_position_moves_a_stopped_capture_and_a_stopped_group() {
 
     // Moved to a source position (the binlog's before rows 300..): each partition to its first
     // event of that position or later, as the events' versions say.
-    let (code, log) = a.stop();
-    assert_eq!(code, Some(0), "{log}");
+    a.stop_ok();
     let at = format!("{}:{}", before_300.0, before_300.1);
     let (code, out, err) = sluice(&["position", "set", "--group", &group, "--to-position", &at]);
     assert_eq!(code, Some(0), "{out}{err}");
