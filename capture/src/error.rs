@@ -152,15 +152,6 @@ impl From<mongodb::error::Error> for CaptureError {
     }
 }
 
-/// Kafka failures stop the capture: the idempotent producer has already retried delivery for
-/// `delivery.timeout.ms`, and a broken delivery leaves a gap that only a restart from the
-/// last checkpoint closes.
-impl From<crate::publish::PublishError> for CaptureError {
-    fn from(e: crate::publish::PublishError) -> Self {
-        CaptureError::Definite(Origin::Kafka, e.to_string())
-    }
-}
-
 /// The contract's helpers refuse only what retrying cannot mend: a topic template that gives
 /// no valid topic name, a binlog file name without a number, a position beyond the version
 /// layout.

@@ -50,6 +50,15 @@ pub enum PublishError {
     AckerGone,
 }
 
+/// Kafka failures stop the capture: the idempotent producer has already retried delivery for
+/// `delivery.timeout.ms`, and a broken delivery leaves a gap that only a restart from the
+/// last checkpoint closes.
+impl From<PublishError> for crate::error::CaptureError {
+    fn from(e: PublishError) -> Self {
+        crate::error::CaptureError::Definite(crate::error::Origin::Kafka, e.to_string())
+    }
+}
+
 /// `[publish]`: how events and checkpoints are written.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
