@@ -1,8 +1,10 @@
 //! SQL text, written once for the whole project: identifiers and string literals quoted for
 //! ClickHouse ([`clickhouse`]) and MySQL ([`mysql`]), and MySQL statements split into tokens
-//! ([`mysql::tokens`]), which the capture reads to tell what a statement does and
-//! apply-clickhouse to tell what an ALTER says beyond the schema after it.
+//! ([`mysql::tokens`]), which the capture reads to tell what a statement does; what an ALTER
+//! says beyond the schema after it ([`alter`]: renames, drops, what an added column gives the
+//! rows already there).
 
+pub mod alter;
 pub mod mysql;
 
 /// ClickHouse's quoting.

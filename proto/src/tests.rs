@@ -243,6 +243,8 @@ fn ddl_event_round_trips() {
         reason: String::new(),
         statements: vec!["ALTER TABLE orders ADD COLUMN note TEXT".into()],
         before: ev.schema.clone(),
+        rebuild: v1::Rebuild::Rows as i32,
+        rebuild_reason: "column note added with the default 'x'".into(),
     });
     let back = ChangeEvent::decode(ev.encode_to_vec().as_slice()).unwrap();
     assert_eq!(back, ev);

@@ -35,7 +35,8 @@
 //! - `target`: target tables: their names, what the server has, and how one schema's rows are
 //!   written (the plan); `create` makes a missing one, `columns` changes its columns as the
 //!   source's change (schema evolution);
-//! - `ddl`: source DDL applied to the target;
+//! - `ddl`: source DDL applied to the target; `rebuild`, an ALTER the capture follows by
+//!   reading the table again;
 //! - `stopped`: the stopped tables, kept in ClickHouse;
 //! - `metrics`: what the sink counts.
 
@@ -45,7 +46,7 @@ mod create;
 mod ddl;
 mod metrics;
 mod part;
-mod statement;
+mod rebuild;
 mod stopped;
 mod target;
 mod writer;

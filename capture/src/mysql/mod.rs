@@ -5,6 +5,7 @@ pub mod ddl;
 pub mod decode;
 pub mod gtid;
 pub mod position;
+pub mod rebuild;
 pub mod schema;
 pub mod snapshot;
 pub mod stream;

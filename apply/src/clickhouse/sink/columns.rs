@@ -94,25 +94,65 @@ impl Sink {
         self.refresh_distributed(table).await
     }
 
-    /// Rename target column `from` of `table` to `to` (its source column was renamed).
+    /// Rename column `from` of target `table` to `to` (of type `t`): `RENAME COLUMN` (20.4+);
+    /// before it, the column added under its new name, its values copied by a mutation
+    /// (`ALTER TABLE ... UPDATE`, waited for), and the old one dropped. (With several
+    /// instances, a row of the old name another instance writes between the copy and the drop
+    /// loses that column's value: an ALTER that renames is best applied with one instance, or
+    /// on a server with `RENAME COLUMN`.)
     pub(super) async fn rename_column(
         &self,
         table: &str,
         from: &str,
         to: &str,
+        t: &ChType,
     ) -> Result<(), Refusal> {
-        let sql = format!(
-            "ALTER TABLE {}.{}{} RENAME COLUMN {} TO {}",
-            ident(&self.config.clickhouse.database),
-            ident(&self.config.cluster.local(table)),
-            self.config.cluster.on(),
-            ident(from),
-            ident(to)
-        );
+        let db = ident(&self.config.clickhouse.database);
+        let local = ident(&self.config.cluster.local(table));
+        let on = self.config.cluster.on();
+        let steps = if self.features.rename_column {
+            vec![format!(
+                "ALTER TABLE {db}.{local}{on} RENAME COLUMN {} TO {}",
+                ident(from),
+                ident(to)
+            )]
+        } else {
+            vec![
+                format!(
+                    "ALTER TABLE {db}.{local}{on} ADD COLUMN {} {}",
+                    ident(to),
+                    t.sql()
+                ),
+                format!(
+                    "ALTER TABLE {db}.{local}{on} UPDATE {} = {} WHERE 1",
+                    ident(to),
+                    ident(from)
+                ),
+                format!("ALTER TABLE {db}.{local}{on} DROP COLUMN {}", ident(from)),
+            ]
+        };
         let what = format!("renaming column {from} of {table}");
-        self.answered(&what, || self.client.query(&sql).execute())
-            .await?
-            .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
+        for (i, sql) in steps.iter().enumerate() {
+            match self
+                .answered(&what, || self.client.query(sql).execute())
+                .await?
+            {
+                Ok(()) => {}
+                // (the new column there already: a rename cut short by a restart)
+                Err(e)
+                    if i == 0
+                        && steps.len() > 1
+                        && answered_with(
+                            &e,
+                            COLUMN_EXISTS,
+                            self.features.illegal_column_means_done,
+                        ) => {}
+                Err(e) => return Err(BadEvent::new(Reason::Ddl, format!("{sql}: {e}")).into()),
+            }
+            if i == 1 {
+                self.wait_for_mutations(table).await?;
+            }
+        }
         tracing::info!(table = %table, column = %from, to = %to, "renamed column");
         self.refresh_distributed(table).await
     }

@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use sluice_proto::v1::{Column, TableSchema};
+use sluice_proto::v1::{Column, Rebuild, TableSchema};
 use sluice_proto::ChangeEvent;
 
 use super::target::Target;
@@ -33,17 +33,17 @@ use sluice_common::sql::clickhouse::{ident, string};
 /// What an ALTER does to the target, worked out from the source schemas before and after it
 /// (and, for renames and the defaults of added columns, from its statement).
 #[derive(Debug, Default, PartialEq)]
-struct ColumnChanges {
+pub(super) struct ColumnChanges {
     /// Target columns the source had and no longer has.
-    dropped: Vec<String>,
+    pub(super) dropped: Vec<String>,
     /// Target columns the statement renames, old name -> new.
-    renamed: Vec<(String, String)>,
+    pub(super) renamed: Vec<(String, String)>,
     /// Target columns that must widen to hold the new source type (`MODIFY COLUMN`), by their
     /// name after the statement.
-    widened: Vec<(String, ChType)>,
+    pub(super) widened: Vec<(String, ChType)>,
     /// Source columns the statement adds (the target lacks them), with the ClickHouse literal
     /// of the value the rows already there took (none: the type's default, or NULL).
-    added: Vec<(Column, Option<String>)>,
+    pub(super) added: Vec<(Column, Option<String>)>,
 }
 
 impl Sink {
@@ -112,7 +112,38 @@ impl Sink {
                             self.targets.remove(&name);
                         }
                     }
-                    if self.applied.get(&name).is_some_and(|s| s.version >= event.version) {
+                    let done = self.applied.get(&name).is_some_and(|s| s.version >= event.version);
+                    if ddl.rebuild() != Rebuild::None {
+                        // The capture reads the table again: the target fits the new schema,
+                        // the values come with the rows (see `rebuild`).
+                        self.schemas.remember(new);
+                        if !done && self.applied.get(&name).is_some_and(|s| s.seen_elsewhere) {
+                            self.targets.remove(&name);
+                        }
+                        let statements = if ddl.statements.is_empty() {
+                            vec![ddl.statement.clone()]
+                        } else {
+                            ddl.statements.clone()
+                        };
+                        let change = self
+                            .apply_rebuild(
+                                &name,
+                                ddl.rebuild(),
+                                "rebuild",
+                                event.version,
+                                new,
+                                ddl.before.as_ref(),
+                                &statements,
+                                !done,
+                            )
+                            .await?;
+                        if let Some(change) = change {
+                            self.record_applied(&name, event.version, &change).await?;
+                        }
+                        tracing::info!(table = %name, rebuild = ?ddl.rebuild(), reason = %ddl.rebuild_reason, "ALTER applied; the capture reads the table again");
+                        return Ok(());
+                    }
+                    if done {
                         // Applied from another partition's copy, or before a restart.
                         self.schemas.remember(new);
                         return Ok(());
@@ -157,7 +188,8 @@ impl Sink {
                         target.dropped.insert(col.clone());
                     }
                     for (from, to) in &change.renamed {
-                        self.rename_column(&name, from, to).await?;
+                        let t = target.columns.get(from).cloned().unwrap_or(ChType::String);
+                        self.rename_column(&name, from, to, &t).await?;
                         if let Some(t) = target.columns.remove(from) {
                             target.columns.insert(to.clone(), t);
                         }
@@ -214,15 +246,43 @@ impl Sink {
                 "renamed" => {
                     // A table renamed to this name: its target holds it from here on (the
                     // capture snapshots it under this name); rows older than the rename are
-                    // of another table that had the name, if any.
-                    self.remove_rows_before(&name, "rename", event.version, true)
+                    // of another table that had the name, if any: deleted from a mirror, and
+                    // in a change log marked by a row of op "rename" at the statement.
+                    self.remove_rows_before(&name, "rename", event.version, false)
                         .await
                 }
                 "create" => {
-                    // A table made again under this name: ALTERs are worked out from it.
-                    if let (Some(t), Some(schema)) = (self.targets.get_mut(&name), &ddl.schema) {
-                        t.source = Some(std::sync::Arc::new(schema.clone()));
+                    let Some(new) = &ddl.schema else { return Ok(()) };
+                    self.schemas.remember(new);
+                    if self.applied.get(&name).is_none_or(|s| s.version < event.version) {
+                        self.read_applied(&name).await?;
                     }
+                    let done = self.applied.get(&name).is_some_and(|s| s.version >= event.version);
+                    let exists = self.targets.contains_key(&name)
+                        || !self.describe(&name).await?.is_empty();
+                    if !exists || done {
+                        // A table new to the target (made at its first row), or seen: noted, so
+                        // that a copy read later (another partition's, or again after a
+                        // restart) finds the target made for this very table.
+                        if !done {
+                            self.record_applied(&name, event.version, &ColumnChanges::default())
+                                .await?;
+                        } else if exists {
+                            // Rows of this partition older than the statement, written into
+                            // the target made for the new table by an instance ahead.
+                            self.remove_rows_before(&name, "create", event.version, true)
+                                .await?;
+                        }
+                        return Ok(());
+                    }
+                    // A table of this name made again in the source while its target holds
+                    // another's rows (a DROP the target kept, or missed while both stages were
+                    // down): the target is made again for it.
+                    let change = self
+                        .apply_rebuild(&name, Rebuild::Table, "create", event.version, new, None, &[], true)
+                        .await?;
+                    self.record_applied(&name, event.version, &change.unwrap_or_default())
+                        .await?;
                     Ok(())
                 }
                 _ => Ok(()),
@@ -372,7 +432,7 @@ impl Sink {
     /// statement again. Rows after the statement have higher versions and are never touched.
     ///
     /// `mirrors_only`: a change log is left as it is.
-    async fn remove_rows_before(
+    pub(super) async fn remove_rows_before(
         &mut self,
         name: &str,
         kind: &str,
@@ -434,7 +494,7 @@ impl Sink {
     }
 
     /// Wait until no mutation of target `name` is left to run.
-    async fn wait_for_mutations(&self, name: &str) -> Result<(), Refusal> {
+    pub(super) async fn wait_for_mutations(&self, name: &str) -> Result<(), Refusal> {
         let started = std::time::Instant::now();
         let mut said = started;
         loop {
@@ -483,7 +543,6 @@ struct Before<'a> {
 /// stops:
 /// - columns removed and added in one statement that does not rename them (a rename cannot be
 ///   told from a drop and an add otherwise, and dropping would lose the column's values);
-/// - a rename on a server without `RENAME COLUMN` (before ClickHouse 20.4);
 /// - a column whose definition changed to a type the target column cannot hold, where
 ///   widening it would change values or the table is not the stage's to change (`create` off);
 /// - an added column whose value in the rows already there the statement does not say
@@ -517,7 +576,7 @@ fn column_changes(
         .filter(|c| !names.contains(*c))
         .collect();
     // Renames the statement names, of a column that went to one that came.
-    let chain = super::statement::renames_in(statements);
+    let chain = sluice_common::sql::alter::renames_in(statements);
     let mut renamed = Vec::new();
     for (from, to) in chain.clone() {
         if let (Some(d), Some(a)) = (
@@ -538,7 +597,7 @@ fn column_changes(
                 .iter()
                 .find(|(a, _)| a == *d)
                 .map_or(d.as_str(), |(_, b)| b.as_str());
-            !super::statement::drops_in(statements, now)
+            !sluice_common::sql::alter::drops_in(statements, now)
         })
         .collect();
     if !unexplained.is_empty() && !added.is_empty() {
@@ -549,16 +608,6 @@ fn column_changes(
              table's dead letters",
             dropped.join(", "),
             added.join(", ")
-        ));
-    }
-    if !renamed.is_empty() && !features.rename_column {
-        let list: Vec<String> = renamed.iter().map(|(a, b)| format!("{a} to {b}")).collect();
-        return Err(format!(
-            "it renames column(s) {}, and this ClickHouse server has no RENAME COLUMN (20.4+). \
-             Rename the target's columns by hand (add the new column, copy the values with \
-             ALTER TABLE ... UPDATE, drop the old one), then restart apply-clickhouse and \
-             replay this table's dead letters",
-            list.join(", ")
         ));
     }
     let mut widened = Vec::new();
@@ -576,7 +625,7 @@ fn column_changes(
         // Not when the definitions are only a guess and the statement redefines the column:
         // a definition the guess holds may be a later one (a MODIFY read again after a
         // restart), and the target is then checked against the new type below.
-        let redefined = !exact && super::statement::modifies_in(statements, &c.name);
+        let redefined = !exact && sluice_common::sql::alter::modifies_in(statements, &c.name);
         if !redefined
             && before.iter().any(|b| {
                 b.name == was
@@ -638,7 +687,7 @@ fn column_changes(
 /// rows already in the source when `statement` added column `c` (none: the target type's own
 /// default, which is the same).
 fn existing_rows_value(c: &Column, statements: &[String]) -> Result<Option<String>, String> {
-    use super::statement::Added;
+    use sluice_common::sql::alter::Added;
     use sluice_proto::v1::ColumnType as T;
     let refuse = |what: &str| {
         Err(format!(
@@ -648,9 +697,10 @@ fn existing_rows_value(c: &Column, statements: &[String]) -> Result<Option<Strin
             c.name
         ))
     };
-    match super::statement::added_in(statements, &c.name) {
+    match sluice_common::sql::alter::added_in(statements, &c.name) {
         None => refuse("without an ADD clause this stage can read"),
         Some(Added::Expression(e)) => refuse(&format!("with the default {e}")),
+        Some(Added::Generated(e)) => refuse(&format!("generated ({e})")),
         Some(Added::Null) => Ok(None),
         // The value as text: ClickHouse casts a DEFAULT to the column's type.
         Some(Added::Constant(v)) => Ok(Some(string(&v))),

@@ -146,8 +146,7 @@ impl Capture {
                     new_table,
                     kind: d.kind.to_string(),
                     reason: String::new(),
-                    statements: Vec::new(),
-                    before: None,
+                    ..Default::default()
                 },
                 d.to,
             )

@@ -15,6 +15,7 @@ use super::context::Capture;
 use crate::checkpoint::mysql::{PendingDdl, PendingSnapshot};
 use crate::error::CaptureError;
 use crate::mysql::ddl::TableRef;
+use crate::mysql::rebuild::{self, Rebuild};
 use mysql_async::prelude::Queryable;
 
 impl Capture {
@@ -178,6 +179,13 @@ impl Capture {
                 .insert((db.to_string(), table.to_string()), s.clone());
         }
         let last = p.statements.last().cloned().unwrap_or_default();
+        let (rebuild, rebuild_reason) = match (kind, &schema) {
+            ("alter", Some(after)) => {
+                let r = rebuild::after_alter(before.as_ref(), after, &p.statements);
+                self.queue_rebuild(db, table, r, &p.file, p.start)
+            }
+            _ => (0, String::new()),
+        };
         let at = (
             p.file.as_str(),
             p.start,
@@ -197,6 +205,8 @@ impl Capture {
                     Vec::new()
                 },
                 before,
+                rebuild,
+                rebuild_reason,
                 ..Default::default()
             }),
             ..self.event_at(Op::Ddl, (db, table), at, i64::from(p.ts) * 1_000_000)?
@@ -221,6 +231,14 @@ impl Capture {
     ) -> Result<(), CaptureError> {
         let here = (db.to_string(), table.to_string());
         let before = self.last_schema.get(&here).cloned();
+        let (rebuild, rebuild_reason) = match (kind, &after) {
+            ("alter", Some(a)) => {
+                let r = rebuild::after_alter(before.as_ref(), a, &[sql.to_string()]);
+                let file = self.file.clone();
+                self.queue_rebuild(db, table, r, &file, start)
+            }
+            _ => (0, String::new()),
+        };
         match &after {
             Some(s) if matches!(kind, "alter" | "create") => {
                 self.last_schema.insert(here, s.clone());
@@ -245,6 +263,8 @@ impl Capture {
                 reason: String::new(),
                 statements: Vec::new(),
                 before,
+                rebuild,
+                rebuild_reason,
             }),
             ..self.event(op, (db, table), start, i64::from(ts) * 1_000_000)?
         };
@@ -255,6 +275,34 @@ impl Capture {
 }
 
 impl Capture {
+    /// After an ALTER of `db.table` read at `file:start`: a rebuild (see [`rebuild`]) queued as
+    /// a snapshot of the table, taken once the one running (if any) is done and kept in the
+    /// checkpoint until then; the DDL event's `rebuild` and `rebuild_reason`.
+    fn queue_rebuild(
+        &mut self,
+        db: &str,
+        table: &str,
+        r: Rebuild,
+        file: &str,
+        start: u64,
+    ) -> (i32, String) {
+        let (kind, why) = match r {
+            Rebuild::None => return (v1::Rebuild::None as i32, String::new()),
+            Rebuild::Rows(why) => (v1::Rebuild::Rows, why),
+            Rebuild::Table(why) => (v1::Rebuild::Table, why),
+        };
+        let id = format!("rebuild {file}:{start} {db}.{table}");
+        if !self.snapshots_done.contains(&id) && !self.snapshots_pending.iter().any(|p| p.id == id)
+        {
+            tracing::warn!(database = %db, table = %table, reason = %why, "the table is read again after an ALTER (a rebuild): its rows' stored values may have changed without row events");
+            self.snapshots_pending.push(PendingSnapshot {
+                id,
+                tables: vec![format!("{db}.{table}")],
+            });
+        }
+        (kind as i32, why)
+    }
+
     /// Refuse table `db.table` from `start` on: its changes cannot be carried exactly (a row
     /// change logged as a statement, an image without every column). A DDL event of kind
     /// `refused` with the statement and the reason goes to every partition of its topic, before

@@ -184,7 +184,11 @@ impl Capture {
                 );
             }
             EventData::QueryEvent(q) => self.on_query(&q, start, end, ts).await?,
-            EventData::XidEvent(_) => self.commit(end).await?,
+            EventData::XidEvent(_) => {
+                self.commit(end).await?;
+                // (a rebuild queued by a statement published with this transaction's rows)
+                self.start_queued_snapshot().await?;
+            }
             // While skipping to a start time, a table map is not needed: a transaction
             // begins (ending the skip) before its own table maps.
             EventData::TableMapEvent(_) if self.skip_until.is_none() => {
@@ -414,9 +418,7 @@ impl Capture {
                     }
                 }
                 self.commit(end).await?;
-                if self.snapshot.is_none() && !self.snapshots_pending.is_empty() {
-                    self.next_snapshot(None).await?;
-                }
+                self.start_queued_snapshot().await?;
             }
             Statement::Database { kind, name } => {
                 // Said at info for a database whose tables the capture has read; the other

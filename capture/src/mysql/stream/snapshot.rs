@@ -20,6 +20,15 @@ use crate::mysql::snapshot::{self, InFlight, Msg, SnapshotRun, TableRun};
 use crate::snapshot::{SnapshotProgress, INITIAL};
 
 impl Capture {
+    /// Between transactions: the next queued snapshot (a renamed table, a rebuild), unless one
+    /// runs.
+    pub(super) async fn start_queued_snapshot(&mut self) -> Result<(), CaptureError> {
+        if self.snapshot.is_none() && !self.snapshots_pending.is_empty() {
+            self.next_snapshot(None).await?;
+        }
+        Ok(())
+    }
+
     /// Start the snapshot that is due: an unfinished one from the checkpoint, the initial one,
     /// or a re-snapshot request not yet served.
     pub(super) async fn next_snapshot(

@@ -6,7 +6,7 @@
 //! with the column's default, which no binlog row event carries). The statement, as the source
 //! logged it, says both for its own position, whatever happened to the table since.
 
-use sluice_common::sql::mysql::{qualified_at, tokens, Token};
+use super::mysql::{qualified_at, tokens, Token};
 
 /// The top-level clauses of an `ALTER TABLE t ...`: the tokens between commas outside
 /// parentheses, after the table name. Empty for other statements.
@@ -55,6 +55,89 @@ fn clauses(sql: &str) -> Vec<Vec<Token>> {
         out.push(cur);
     }
     out
+}
+
+/// What one clause of an ALTER changes, as far as the table's rows are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clause {
+    /// Nothing a row holds: an index, a default for later rows, a comment, the engine, the
+    /// table's options.
+    Metadata,
+    /// A column: added, dropped, redefined or renamed.
+    Column,
+    /// The primary key: added or dropped.
+    Key,
+    /// The stored values of every text column, converted (`CONVERT TO CHARACTER SET`), or
+    /// something this reading does not know: rows may have changed.
+    Rows,
+}
+
+/// Each clause of an `ALTER TABLE` (none for another statement), by what it changes.
+pub fn clause_kinds(sql: &str) -> Vec<Clause> {
+    clauses(sql).iter().map(|c| clause_kind(c)).collect()
+}
+
+fn clause_kind(c: &[Token]) -> Clause {
+    let w = |i: usize| {
+        c.get(i).map_or(String::new(), |t| match t {
+            Token::Word(w) => w.to_ascii_uppercase(),
+            Token::Punct(p) => p.to_string(),
+            _ => String::new(),
+        })
+    };
+    // `CONSTRAINT [name]` before a key or a check.
+    let after_constraint = |i: usize| {
+        if w(i) == "CONSTRAINT" {
+            if matches!(
+                w(i + 1).as_str(),
+                "PRIMARY" | "UNIQUE" | "FOREIGN" | "CHECK"
+            ) {
+                i + 1
+            } else {
+                i + 2
+            }
+        } else {
+            i
+        }
+    };
+    match w(0).as_str() {
+        "ADD" => {
+            let i = after_constraint(1);
+            match w(i).as_str() {
+                "PRIMARY" => Clause::Key,
+                "INDEX" | "KEY" | "UNIQUE" | "FULLTEXT" | "SPATIAL" | "FOREIGN" | "CHECK"
+                | "PERIOD" | "SYSTEM" | "PARTITION" | "VECTOR" => Clause::Metadata,
+                _ => Clause::Column,
+            }
+        }
+        "DROP" => match w(after_constraint(1)).as_str() {
+            "PRIMARY" => Clause::Key,
+            "INDEX" | "KEY" | "FOREIGN" | "CHECK" | "CONSTRAINT" | "PARTITION" | "PERIOD"
+            | "SYSTEM" => Clause::Metadata,
+            _ => Clause::Column,
+        },
+        "MODIFY" | "CHANGE" => Clause::Column,
+        // ALTER [COLUMN] c SET DEFAULT ... / DROP DEFAULT / [NOT] INVISIBLE (later rows only),
+        // ALTER INDEX ... [NOT] IGNORED, ALTER CHECK ...
+        "ALTER" => Clause::Metadata,
+        "RENAME" => match w(1).as_str() {
+            "COLUMN" => Clause::Column,
+            _ => Clause::Metadata, // an index, a key, or the table (told apart elsewhere)
+        },
+        "CONVERT" => Clause::Rows,
+        "ORDER" | "ENGINE" | "COMMENT" | "AUTO_INCREMENT" | "ALGORITHM" | "LOCK" | "FORCE"
+        | "DISABLE" | "ENABLE" | "ROW_FORMAT" | "KEY_BLOCK_SIZE" | "DEFAULT" | "CHARACTER"
+        | "CHARSET" | "COLLATE" | "PACK_KEYS" | "CHECKSUM" | "STATS_PERSISTENT"
+        | "STATS_AUTO_RECALC" | "STATS_SAMPLE_PAGES" | "AVG_ROW_LENGTH" | "MAX_ROWS"
+        | "MIN_ROWS" | "DELAY_KEY_WRITE" | "INSERT_METHOD" | "PAGE_CHECKSUM" | "TRANSACTIONAL"
+        | "ENCRYPTED" | "ENCRYPTION_KEY_ID" | "IETF_QUOTES" | "SEQUENCE" | "WITH" | "WITHOUT"
+        | "TABLESPACE" | "DISCARD" | "IMPORT" | "COALESCE" | "REORGANIZE" | "ANALYZE" | "CHECK"
+        | "OPTIMIZE" | "REBUILD" | "REPAIR" | "REMOVE" | "TRUNCATE" | "EXCHANGE" | "UPGRADE"
+        | "NOWAIT" | "WAIT" | "UNION" | "DATA" | "INDEX" | "STATS" | "PARTITION" => {
+            Clause::Metadata
+        }
+        _ => Clause::Rows,
+    }
 }
 
 /// Skip `IF EXISTS` / `IF NOT EXISTS` at `i`.
@@ -221,6 +304,9 @@ pub enum Added {
     /// Anything else (`CURRENT_TIMESTAMP`, `(expr)`, `b'1'` ...): the existing rows' value is
     /// not known from the statement alone.
     Expression(String),
+    /// A generated column (`AS (expr)`, `GENERATED ALWAYS AS (expr)`, VIRTUAL, STORED or
+    /// PERSISTENT): each row's value is computed from its other columns.
+    Generated(String),
 }
 
 /// The default the statement gives column `column` it adds (`ADD [COLUMN] [IF NOT EXISTS]
@@ -264,6 +350,18 @@ pub fn added(sql: &str, column: &str) -> Option<Added> {
             if !name.eq_ignore_ascii_case(column) {
                 continue;
             }
+            // `AS (` at the top level: a generated column, whatever else it says.
+            let mut depth = 0usize;
+            for (k, t) in d.iter().enumerate() {
+                match t {
+                    Token::Punct('(') => depth += 1,
+                    Token::Punct(')') => depth = depth.saturating_sub(1),
+                    t if depth == 0 && t.is("AS") && d.get(k + 1).is_some_and(|n| n.punct('(')) => {
+                        return Some(Added::Generated(text_of(&d[k..])));
+                    }
+                    _ => {}
+                }
+            }
             // A word `DEFAULT` (not in a nested parenthesis: an ENUM member is a string).
             let mut depth = 0usize;
             for (k, t) in d.iter().enumerate() {
@@ -280,19 +378,23 @@ pub fn added(sql: &str, column: &str) -> Option<Added> {
     None
 }
 
+/// The start of `tokens` as text, for a message.
+fn text_of(tokens: &[Token]) -> String {
+    tokens
+        .iter()
+        .take(8)
+        .map(|t| match t {
+            Token::Word(w) | Token::Name(w) => w.clone(),
+            Token::Str(s) => format!("'{s}'"),
+            Token::Punct(p) => p.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The DEFAULT value starting at `rest`.
 fn default_at(rest: &[Token]) -> Added {
-    let text = || {
-        rest.iter()
-            .take(4)
-            .map(|t| match t {
-                Token::Word(w) | Token::Name(w) => w.clone(),
-                Token::Str(s) => format!("'{s}'"),
-                Token::Punct(p) => p.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
+    let text = || text_of(&rest[..rest.len().min(4)]);
     match rest {
         [Token::Word(w), ..] if w.eq_ignore_ascii_case("NULL") => Added::Null,
         // A string, not followed by more of an expression ('a' 'b' concatenates, COLLATE ...).
