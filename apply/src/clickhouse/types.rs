@@ -303,6 +303,11 @@ pub struct Features {
     pub illegal_column_means_done: bool,
     /// `ALTER TABLE ... RENAME COLUMN` (20.4+).
     pub rename_column: bool,
+    /// `ALTER TABLE ... MODIFY COLUMN` converts every part. 18.16 fails on a part that lacks
+    /// the column's file and was rewritten by a mutation (a column added after the part was
+    /// written, then an `ALTER ... DELETE`), and leaves the table unreadable ("Type mismatch
+    /// for column"): there the stage changes a column's type by a copy of the table.
+    pub modify_in_place: bool,
 }
 
 impl Features {
@@ -340,6 +345,7 @@ impl Features {
             async_insert: (major, minor) >= (21, 11),
             illegal_column_means_done: (major, minor) < (20, 1),
             rename_column: (major, minor) >= (20, 4),
+            modify_in_place: (major, minor) >= (19, 1),
         }
     }
 }

@@ -110,15 +110,7 @@ pub fn after_alter(
             )));
         }
         // A sorting key's column cannot change type in place in ClickHouse, however wide.
-        let redefined = Column {
-            name: String::new(),
-            nullable: false,
-            ..c.clone()
-        } != Column {
-            name: String::new(),
-            nullable: false,
-            ..n.clone()
-        };
+        let redefined = definition(c) != definition(n);
         if is_key && redefined {
             return verdict.and(Rebuild::Table(format!(
                 "key column {name} is now {} (was {})",
@@ -158,20 +150,27 @@ pub fn after_alter(
     verdict
 }
 
+/// What of a column's definition bears on the values it holds: not its name, its nullability
+/// (told apart by the callers), nor how the server prints the type (`int` and `int(11)`, a
+/// display width, are one type).
+fn definition(c: &Column) -> Column {
+    let integer = matches!(
+        c.r#type(),
+        T::Tinyint | T::Smallint | T::Mediumint | T::Int | T::Bigint
+    );
+    Column {
+        name: String::new(),
+        nullable: false,
+        sql_type: String::new(),
+        length: if integer { 0 } else { c.length },
+        ..c.clone()
+    }
+}
+
 /// Whether every value column `old` held is the same value under definition `new`, and why
 /// not.
 pub fn keeps_values(old: &Column, new: &Column) -> Result<(), String> {
-    let same = |a: &Column, b: &Column| {
-        Column {
-            name: String::new(),
-            nullable: false,
-            ..a.clone()
-        } == Column {
-            name: String::new(),
-            nullable: false,
-            ..b.clone()
-        }
-    };
+    let same = |a: &Column, b: &Column| definition(a) == definition(b);
     if old.nullable && !new.nullable {
         return Err("now NOT NULL: the server turned its NULLs into the type's zero value".into());
     }
@@ -321,6 +320,13 @@ mod tests {
         let int = col("c", T::Int, "int", true);
         let big = col("c", T::Bigint, "bigint", true);
         let modify = "ALTER TABLE t MODIFY c X";
+        // How the server prints a type (a display width) is no change.
+        let int11 = Column {
+            sql_type: "int(11)".into(),
+            length: 11,
+            ..int.clone()
+        };
+        assert_eq!(alter(&t(int.clone()), &t(int11), modify), Rebuild::None);
         assert_eq!(
             alter(&t(int.clone()), &t(big.clone()), modify),
             Rebuild::None
@@ -416,6 +422,19 @@ mod tests {
             alter(&keyless, &before, "ALTER TABLE t ADD PRIMARY KEY (k)"),
             Rebuild::Table(_)
         ));
+        // A key column printed otherwise (int(11)) is the same column.
+        let printed = schema(
+            vec![
+                Column {
+                    sql_type: "int(11)".into(),
+                    length: 11,
+                    ..k.clone()
+                },
+                v.clone(),
+            ],
+            &[0],
+        );
+        assert_eq!(alter(&before, &printed, "ALTER TABLE t DROP c"), Rebuild::None);
         // A key column widened or renamed: ClickHouse cannot change a sorting key in place.
         let big = schema(vec![col("k", T::Bigint, "bigint", false), v.clone()], &[0]);
         assert!(matches!(

@@ -194,18 +194,47 @@ impl Sink {
             }
             _ => String::new(),
         };
-        let sql = format!(
-            "ALTER TABLE {}.{}{} MODIFY COLUMN {} {}{default}",
-            ident(&self.config.clickhouse.database),
-            ident(&self.config.cluster.local(table)),
-            self.config.cluster.on(),
-            ident(col),
-            t.sql()
-        );
+        let db = ident(&self.config.clickhouse.database);
+        let local = self.config.cluster.local(table);
+        let on = self.config.cluster.on();
+        let modify = |t_name: &str| {
+            format!(
+                "ALTER TABLE {db}.{}{on} MODIFY COLUMN {} {}{default}",
+                ident(t_name),
+                ident(col),
+                t.sql()
+            )
+        };
         let what = format!("widening column {col} of {table}");
-        self.answered(&what, || self.client.query(&sql).execute())
-            .await?
-            .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
+        if !self.features.modify_in_place && !self.config.cluster.enabled() {
+            // A copy: the empty copy's column changed (no part to convert), the rows inserted
+            // into it (converted on the way), and the two swapped by one RENAME.
+            let (copy, old) = (format!("{local}__sluice_copy"), format!("{local}__sluice_old"));
+            let steps = [
+                format!("DROP TABLE IF EXISTS {db}.{}", ident(&copy)),
+                format!("DROP TABLE IF EXISTS {db}.{}", ident(&old)),
+                format!("CREATE TABLE {db}.{} AS {db}.{}", ident(&copy), ident(&local)),
+                modify(&copy),
+                format!("INSERT INTO {db}.{} SELECT * FROM {db}.{}", ident(&copy), ident(&local)),
+                format!(
+                    "RENAME TABLE {db}.{l} TO {db}.{o}, {db}.{c} TO {db}.{l}",
+                    l = ident(&local),
+                    o = ident(&old),
+                    c = ident(&copy)
+                ),
+                format!("DROP TABLE IF EXISTS {db}.{}", ident(&old)),
+            ];
+            for sql in &steps {
+                self.answered(&what, || self.client.query(sql).execute())
+                    .await?
+                    .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
+            }
+        } else {
+            let sql = modify(&local);
+            self.answered(&what, || self.client.query(&sql).execute())
+                .await?
+                .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
+        }
         tracing::info!(table = %table, column = %col, to = %t.sql(), "widened column");
         self.refresh_distributed(table).await
     }

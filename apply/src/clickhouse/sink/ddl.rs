@@ -205,6 +205,20 @@ impl Sink {
                         target.columns.insert(col.name.clone(), t);
                         target.dropped.remove(&col.name);
                     }
+                    let mut change = change;
+                    if target.created_at == Some(event.version) {
+                        // Made here from the schema after the statement: rows of the schema
+                        // before it (read later from another partition) find their renamed
+                        // columns, and leave the dropped ones out.
+                        let before = ddl.before.as_ref().map(|b| b.columns.as_slice());
+                        remember_history(
+                            &mut target,
+                            &mut change,
+                            before.unwrap_or_default(),
+                            new,
+                            &statements,
+                        );
+                    }
                     target.source = Some(std::sync::Arc::new(new.clone()));
                     self.targets.insert(name.clone(), target);
                     self.record_applied(&name, event.version, &change).await?;
@@ -526,6 +540,42 @@ impl Sink {
                 said = std::time::Instant::now();
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// What an ALTER from source columns `before` to `new` renamed (old name -> new) and dropped,
+/// noted in `target` (made from `new`, so holding neither) and in `change` (to be recorded, not
+/// applied): rows of the schema before it, read later from another partition, then write into
+/// the renamed columns and leave the dropped ones out.
+pub(super) fn remember_history(
+    target: &mut Target,
+    change: &mut ColumnChanges,
+    before: &[Column],
+    new: &TableSchema,
+    statements: &[String],
+) {
+    let has = |n: &str| new.columns.iter().any(|c| c.name == n);
+    // (`before` empty: not known; the statements alone say what they renamed and dropped)
+    let had = |n: &str| before.is_empty() || before.iter().any(|c| c.name == n);
+    for (from, to) in sluice_common::sql::alter::renames_in(statements) {
+        if had(&from) && has(&to) && !has(&from) {
+            target.renamed.insert(from.clone(), to.clone());
+            change.renamed.push((from, to));
+        }
+    }
+    let named_dropped: Vec<String> = statements
+        .iter()
+        .flat_map(|s| sluice_common::sql::alter::drops(s))
+        .collect();
+    let gone = before
+        .iter()
+        .map(|c| c.name.clone())
+        .chain(if before.is_empty() { named_dropped } else { Vec::new() });
+    for c in gone {
+        if !has(&c) && !target.renamed.contains_key(&c) && !change.dropped.contains(&c) {
+            target.dropped.insert(c.clone());
+            change.dropped.push(c);
         }
     }
 }

@@ -66,7 +66,14 @@ impl Sink {
             }
             if remake && first {
                 self.remake(name, new, version, kind == "create").await?;
-                return Ok(Some(ColumnChanges::default()));
+                let mut change = ColumnChanges::default();
+                if let Some(target) = self.targets.get_mut(name) {
+                    // Rows of the schema before (read later from another partition) leave
+                    // the dropped columns out; renamed ones find their new names.
+                    let was = before.map(|b| b.columns.as_slice()).unwrap_or_default();
+                    super::ddl::remember_history(target, &mut change, was, new, statements);
+                }
+                return Ok(Some(change));
             }
         }
         if !first {
@@ -105,6 +112,10 @@ impl Sink {
             let t = self.add_column(name, col, None, f).await?;
             target.columns.insert(col.name.clone(), t);
             target.dropped.remove(&col.name);
+        }
+        let mut change = change;
+        if target.created_at == Some(version) {
+            super::ddl::remember_history(&mut target, &mut change, &was, new, statements);
         }
         target.source = Some(std::sync::Arc::new(new.clone()));
         self.targets.insert(name.to_string(), target);
@@ -159,6 +170,7 @@ impl Sink {
         self.targets.remove(name);
         let mut target = self.target(new, version).await?;
         target.source = Some(std::sync::Arc::new(new.clone()));
+        target.remade_at = Some(version);
         self.targets.insert(name.to_string(), target);
         tracing::warn!(table = %name, version, "target made again: its rows come from the source again");
         Ok(())

@@ -59,6 +59,9 @@ pub(super) struct Target {
     /// older schema with a column the target lacks had it renamed or dropped since, which the
     /// created table knows nothing of.
     pub(super) created_at: Option<u64>,
+    /// The version of the statement this process made the table again for (`rebuild`): rows
+    /// older than it are deleted by their own partition's copy of it.
+    pub(super) remade_at: Option<u64>,
 }
 
 impl Target {
@@ -214,6 +217,7 @@ impl Sink {
                 .map(|a| a.dropped.clone())
                 .unwrap_or_default(),
             created_at,
+            remade_at: None,
         };
         self.targets.insert(name, t.clone());
         Ok(t)
@@ -362,11 +366,18 @@ impl Sink {
         let mut target = self.target(&schema, event.version).await?;
         // New source columns: add them to the target first (not those an ALTER since start
         // dropped: this row is older than that ALTER).
-        let missing: Vec<&Column> = schema
+        let mut missing: Vec<&Column> = schema
             .columns
             .iter()
             .filter(|c| target.column_of(&c.name).is_none() && !target.gone(&c.name))
             .collect();
+        if target.remade_at.is_some_and(|at| event.version < at) {
+            // A row older than a statement the target was made again for (a new key, a table
+            // made again in the source): its partition's copy of the statement deletes it, and
+            // the capture's rebuild brings the table's rows again; its columns the new table
+            // lacks are left out.
+            missing.clear();
+        }
         if let (Some(at), false) = (target.created_at, missing.is_empty()) {
             if event.version < at {
                 let names: Vec<&str> = missing.iter().map(|c| c.name.as_str()).collect();
@@ -466,6 +477,7 @@ mod tests {
             mode: Mode::Mirror,
             columns: BTreeMap::new(),
             source: None,
+            remade_at: None,
             renamed: BTreeMap::new(),
             dropped: Default::default(),
             created_at: None,
