@@ -434,7 +434,10 @@ mod tests {
             ],
             &[0],
         );
-        assert_eq!(alter(&before, &printed, "ALTER TABLE t DROP c"), Rebuild::None);
+        assert_eq!(
+            alter(&before, &printed, "ALTER TABLE t DROP c"),
+            Rebuild::None
+        );
         // A key column widened or renamed: ClickHouse cannot change a sorting key in place.
         let big = schema(vec![col("k", T::Bigint, "bigint", false), v.clone()], &[0]);
         assert!(matches!(

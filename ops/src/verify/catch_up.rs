@@ -95,11 +95,16 @@ impl Pipeline {
             let stored =
                 crate::status::read_checkpoints(&self.capture_kafka, &self.checkpoint_topic)?;
             let Some(cp) = stored.get(&self.connector) else {
-                return Err(format!(
-                    "connector {:?} has no checkpoint on {}: is the capture running with this \
-                     config?",
-                    self.connector, self.checkpoint_topic
-                ));
+                // A capture just started stores its first checkpoint at its first commit.
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "connector {:?} has no checkpoint on {}: is the capture running with \
+                         this config?",
+                        self.connector, self.checkpoint_topic
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(150));
+                continue;
             };
             let (done, at) = reached(&cp.checkpoint);
             let snapshotting = cp.checkpoint.snapshotting(&name);

@@ -134,6 +134,14 @@ pub fn clickhouse_text(col: &Column, ch_type: &str) -> String {
         T::Inet6 if t == "IPv6" => format!("hex({c})"),
         _ if t == "String" => c,
         _ if t.starts_with("FixedString") => format!("toString({c})"),
+        // A DateTime64 wider than the source's precision (a column narrowed in the source
+        // since the target was made): its values at the source's precision.
+        _ if t.starts_with("DateTime64(")
+            && matches!(col.r#type(), T::Datetime | T::Timestamp)
+            && datetime64_precision(t).is_some_and(|p| p > col.fsp) =>
+        {
+            format!("toString(toDateTime64({c}, {}, 'UTC'))", col.fsp)
+        }
         // ClickHouse before 20.x prints its zero day as 0000-00-00: it is 1970-01-01.
         _ if t.starts_with("DateTime") => {
             format!("replaceOne(toString({c}, 'UTC'), '0000-00-00', '1970-01-01')")
@@ -143,6 +151,16 @@ pub fn clickhouse_text(col: &Column, ch_type: &str) -> String {
         }
         _ => format!("toString({c})"),
     }
+}
+
+/// The precision of a `DateTime64(p, ...)`.
+fn datetime64_precision(t: &str) -> Option<u32> {
+    t.strip_prefix("DateTime64(")?
+        .split([',', ')'])
+        .next()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A column whose text, on both servers, is a number, a date or a time (never a `,`, never
@@ -307,6 +325,9 @@ mod tests {
         assert_eq!(bare_type("Nullable(Decimal(9, 2))"), "Decimal(9, 2)");
         assert_eq!(bare_type("LowCardinality(Nullable(String))"), "String");
         assert_eq!(bare_type("DateTime('UTC')"), "DateTime('UTC')");
+        assert_eq!(datetime64_precision("DateTime64(6, 'UTC')"), Some(6));
+        assert_eq!(datetime64_precision("DateTime64(3)"), Some(3));
+        assert_eq!(datetime64_precision("DateTime('UTC')"), None);
     }
 
     #[test]

@@ -209,13 +209,24 @@ impl Sink {
         if !self.features.modify_in_place && !self.config.cluster.enabled() {
             // A copy: the empty copy's column changed (no part to convert), the rows inserted
             // into it (converted on the way), and the two swapped by one RENAME.
-            let (copy, old) = (format!("{local}__sluice_copy"), format!("{local}__sluice_old"));
+            let (copy, old) = (
+                format!("{local}__sluice_copy"),
+                format!("{local}__sluice_old"),
+            );
             let steps = [
                 format!("DROP TABLE IF EXISTS {db}.{}", ident(&copy)),
                 format!("DROP TABLE IF EXISTS {db}.{}", ident(&old)),
-                format!("CREATE TABLE {db}.{} AS {db}.{}", ident(&copy), ident(&local)),
+                format!(
+                    "CREATE TABLE {db}.{} AS {db}.{}",
+                    ident(&copy),
+                    ident(&local)
+                ),
                 modify(&copy),
-                format!("INSERT INTO {db}.{} SELECT * FROM {db}.{}", ident(&copy), ident(&local)),
+                format!(
+                    "INSERT INTO {db}.{} SELECT * FROM {db}.{}",
+                    ident(&copy),
+                    ident(&local)
+                ),
                 format!(
                     "RENAME TABLE {db}.{l} TO {db}.{o}, {db}.{c} TO {db}.{l}",
                     l = ident(&local),

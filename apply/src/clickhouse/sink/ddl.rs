@@ -571,7 +571,11 @@ pub(super) fn remember_history(
     let gone = before
         .iter()
         .map(|c| c.name.clone())
-        .chain(if before.is_empty() { named_dropped } else { Vec::new() });
+        .chain(if before.is_empty() {
+            named_dropped
+        } else {
+            Vec::new()
+        });
     for c in gone {
         if !has(&c) && !target.renamed.contains_key(&c) && !change.dropped.contains(&c) {
             target.dropped.insert(c.clone());

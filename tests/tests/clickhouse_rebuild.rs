@@ -1,0 +1,282 @@
+//! Schema changes that change the rows already in a table without a row event, class by class:
+//! the capture reads the table again after them (a rebuild) and the mirror ends equal to the
+//! source, cell for cell, as `sluice verify` sees it (its canonical rendering on both servers).
+//! Run against ClickHouse 18.16 and 26.9 (`tests/run.sh` runs this file twice).
+
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use sluice_tests::capture::{clickhouse_tsv, dead_letters, verify, CaptureProcess};
+use sluice_tests::to_clickhouse::*;
+use sluice_tests::unique;
+
+/// A source database with the pipeline into its mirror running; `tables` made and filled first.
+struct Bed {
+    db: String,
+    ch_db: String,
+    dlq: String,
+    my: mysql_async::Conn,
+    capture: CaptureProcess,
+    apply: CaptureProcess,
+}
+
+impl Bed {
+    async fn start(name: &str, tables: &[String]) -> Self {
+        let (db, ch_db, capture) = pipeline(name, "_m").await;
+        let mut my = mysql().await;
+        my.query_drop(format!("CREATE DATABASE `{db}`"))
+            .await
+            .unwrap();
+        for sql in tables {
+            my.query_drop(sql.replace("{db}", &db))
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        let dlq = unique("dlq");
+        let apply = CaptureProcess::apply_clickhouse(&capture.prefix, &ch_db, &dlq);
+        Bed {
+            db,
+            ch_db,
+            dlq,
+            my,
+            capture,
+            apply,
+        }
+    }
+
+    async fn sql(&mut self, statements: &[&str]) {
+        for s in statements {
+            let s = s.replace("{db}", &self.db);
+            self.my
+                .query_drop(&s)
+                .await
+                .unwrap_or_else(|e| panic!("{s}: {e}"));
+        }
+    }
+
+    /// Wait until mirror table `t` holds `n` rows.
+    async fn rows(&self, t: &str, n: u64) {
+        let sql = format!("SELECT count() FROM {}.`{t}` FINAL", self.ch_db);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let count = || async { clickhouse_tsv(&sql).await.unwrap_or_else(|e| e.to_string()) };
+        while count().await.trim() != n.to_string() {
+            assert!(
+                Instant::now() < deadline,
+                "{t}: {} rows, not {n}",
+                count().await
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// `sluice verify` finds every table equal (it waits for the capture's rebuilds and the
+    /// applier to catch up), and nothing was dead-lettered.
+    async fn equal(&mut self) {
+        let (cap, a) = (&self.capture, &self.apply);
+        let (code, report, err) = tokio::task::block_in_place(|| verify(cap, a, &[]));
+        if code != Some(0) {
+            let (capture, apply) = (self.capture.stop().1, self.apply.stop().1);
+            panic!(
+                "verify: {code:?}\n{report:#}\n{err}\ncapture's log:\n{capture}\napply's log:\n{apply}"
+            );
+        }
+        let letters = tokio::task::spawn_blocking({
+            let dlq = self.dlq.clone();
+            move || dead_letters(&dlq, 1)
+        })
+        .await
+        .unwrap();
+        assert!(letters.is_empty(), "{letters:?}");
+    }
+
+    async fn finish(mut self) {
+        self.capture.stop_ok();
+        self.apply.stop_ok();
+        ch_exec(format!("DROP DATABASE {}", self.ch_db)).await;
+        self.my
+            .query_drop(format!("DROP DATABASE `{}`", self.db))
+            .await
+            .unwrap();
+    }
+}
+
+/// Class 1-3: a column added with a default (in every form a statement can give it), NOT NULL
+/// without one (the type's implicit value), or generated: the rows already there read what the
+/// server stored in them, not the statement's text.
+#[tokio::test(flavor = "multi_thread")]
+async fn added_columns_hold_what_the_server_stored_in_the_rows_there() {
+    let mut b = Bed::start(
+        "sluice_t_rb_add",
+        &[
+            "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, x INT)".into(),
+            "INSERT INTO `{db}`.t VALUES (1, 10), (2, 20), (3, NULL)".into(),
+        ],
+    )
+    .await;
+    b.rows("t", 3).await;
+    b.sql(&[
+        r"ALTER TABLE `{db}`.t ADD tm TIME DEFAULT '10:00', ADD y YEAR DEFAULT 99,
+            ADD st SET('r','g','b') DEFAULT 'g,r', ADD en ENUM('low','mid') DEFAULT 'MID',
+            ADD ch CHAR(5) DEFAULT 'ab  ', ADD bn BINARY(4) DEFAULT 'ab', ADD i INT DEFAULT 2.7,
+            ADD dc DECIMAL(6,2) DEFAULT 1.555, ADD e1 VARCHAR(9) DEFAULT 'a\%b',
+            ADD e2 VARCHAR(9) DEFAULT 'a\bc', ADD d DATE DEFAULT '20240102',
+            ADD wide DECIMAL(25,3) DEFAULT 12.5, ADD dt DATETIME(6) DEFAULT '2024-01-02 03:04:05.5',
+            ADD bo BOOLEAN DEFAULT TRUE",
+        "INSERT INTO `{db}`.t (id, x) VALUES (4, 40)",
+        "ALTER TABLE `{db}`.t ADD nt TIME NOT NULL, ADD nd DATE NOT NULL, ADD ni INT NOT NULL,
+            ADD nb BINARY(3) NOT NULL, ADD nv VARCHAR(5) NOT NULL",
+        "ALTER TABLE `{db}`.t ADD g INT AS (id * 2) PERSISTENT",
+        "INSERT INTO `{db}`.t (id, x, nt, nd, ni, nb, nv) VALUES (5, 50, '01:02:03', \
+         '2025-05-05', 5, 'xyz', 'five')",
+    ])
+    .await;
+    b.rows("t", 5).await;
+    b.equal().await;
+    b.finish().await;
+}
+
+/// Class 4: a MODIFY that rewrites stored values (a narrower type, fewer fractional digits, a
+/// scale cut, NULL to NOT NULL and a truncation under a permissive `sql_mode`): the values the
+/// server rewrote come with the rows read again.
+#[tokio::test(flavor = "multi_thread")]
+async fn narrowing_changes_leave_the_values_the_server_rewrote() {
+    let mut b = Bed::start(
+        "sluice_t_rb_narrow",
+        &[
+            "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, f DOUBLE, tm TIME(3), dt DATETIME(6), \
+             dc DECIMAL(8,3), s VARCHAR(20), n INT, sm INT)"
+                .into(),
+            "INSERT INTO `{db}`.t VALUES \
+             (1, 1.0000000001, '10:11:12.789', '2024-01-02 03:04:05.678901', 12.345, \
+              'a long text here', NULL, 100000), \
+             (2, -2.5e300, '-01:00:00.5', '2024-01-02 03:04:05.5', -1.005, 'short', 7, -5)"
+                .into(),
+        ],
+    )
+    .await;
+    b.rows("t", 2).await;
+    b.sql(&[
+        "SET SESSION sql_mode = ''",
+        "ALTER TABLE `{db}`.t MODIFY f FLOAT, MODIFY tm TIME, MODIFY dt DATETIME, \
+         MODIFY dc DECIMAL(8,1), MODIFY s VARCHAR(5), MODIFY n INT NOT NULL, MODIFY sm SMALLINT",
+        "SET SESSION sql_mode = DEFAULT",
+        "INSERT INTO `{db}`.t VALUES (3, 3.5, '01:01:01', '2024-03-03 03:03:03', 1.5, 'abc', 3, 3)",
+    ])
+    .await;
+    b.rows("t", 3).await;
+    b.equal().await;
+    b.finish().await;
+}
+
+/// Class 5: statements read while the applier was down, then a later one of the same column:
+/// the column and its values arrive.
+#[tokio::test(flavor = "multi_thread")]
+async fn statements_read_while_the_applier_was_down_arrive_with_their_values() {
+    let mut b = Bed::start(
+        "sluice_t_rb_down",
+        &[
+            "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, x INT)".into(),
+            "INSERT INTO `{db}`.t VALUES (1, 1), (2, 2)".into(),
+        ],
+    )
+    .await;
+    b.rows("t", 2).await;
+    b.apply.stop_ok();
+    b.sql(&[
+        "ALTER TABLE `{db}`.t ADD c INT NOT NULL DEFAULT 7",
+        "ALTER TABLE `{db}`.t MODIFY c BIGINT NOT NULL DEFAULT 7",
+        "INSERT INTO `{db}`.t VALUES (3, 3, 8000000000)",
+    ])
+    .await;
+    b.apply.restart();
+    b.rows("t", 3).await;
+    b.equal().await;
+    b.finish().await;
+}
+
+/// Class 6: the primary key changed (other columns; a keyless table given one): the mirror is
+/// made again, ordered by the new key, and two rows that shared the old key are both there; a
+/// DELETE after the change deletes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_primary_key_makes_the_mirror_again() {
+    let mut b = Bed::start(
+        "sluice_t_rb_key",
+        &[
+            "CREATE TABLE `{db}`.t (k INT NOT NULL, v INT NOT NULL, s VARCHAR(9), PRIMARY KEY (k))"
+                .into(),
+            "INSERT INTO `{db}`.t VALUES (1, 1, 'a'), (2, 1, 'b')".into(),
+            "CREATE TABLE `{db}`.nk (a INT NOT NULL, b VARCHAR(9))".into(),
+            "INSERT INTO `{db}`.nk VALUES (1, 'x'), (2, 'y')".into(),
+        ],
+    )
+    .await;
+    b.rows("t", 2).await;
+    b.sql(&[
+        "ALTER TABLE `{db}`.t DROP PRIMARY KEY, ADD PRIMARY KEY (k, v)",
+        "INSERT INTO `{db}`.t VALUES (1, 2, 'c')",
+        "ALTER TABLE `{db}`.nk ADD PRIMARY KEY (a)",
+        "DELETE FROM `{db}`.nk WHERE a = 2",
+        "INSERT INTO `{db}`.nk VALUES (3, 'z')",
+    ])
+    .await;
+    b.rows("t", 3).await;
+    b.rows("nk", 2).await;
+    b.equal().await;
+    b.finish().await;
+}
+
+/// Class 7: a table dropped and made again under its name: the mirror holds the new table's
+/// rows and columns only (the dropped one's, which `tables.drop = "keep"` kept, are set aside
+/// off a cluster); and a column added as UUID while both stages were down (class 8) arrives as
+/// the server prints it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_made_again_and_a_type_added_while_both_stages_were_down() {
+    let mut b = Bed::start(
+        "sluice_t_rb_again",
+        &[
+            "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, old_col INT)".into(),
+            "INSERT INTO `{db}`.t VALUES (1, 1), (2, 2), (3, 3)".into(),
+            "CREATE TABLE `{db}`.u (id INT PRIMARY KEY)".into(),
+            "INSERT INTO `{db}`.u VALUES (1), (2)".into(),
+        ],
+    )
+    .await;
+    b.rows("t", 3).await;
+    b.rows("u", 2).await;
+    b.sql(&[
+        "DROP TABLE `{db}`.t",
+        "CREATE TABLE `{db}`.t (id INT PRIMARY KEY, new_col VARCHAR(9))",
+        "INSERT INTO `{db}`.t VALUES (7, 'seven')",
+    ])
+    .await;
+    b.rows("t", 1).await;
+    let columns = text(&format!(
+        "SELECT name FROM system.columns WHERE database = '{}' AND table = 't' ORDER BY name",
+        b.ch_db
+    ))
+    .await;
+    assert!(
+        columns.contains("new_col") && !columns.contains("old_col"),
+        "{columns}"
+    );
+    // A UUID column added while both stages are down (MariaDB 10.7+).
+    b.capture.stop_ok();
+    b.apply.stop_ok();
+    let uuid =
+        b.my.query_drop(format!(
+            "ALTER TABLE `{}`.u ADD g UUID DEFAULT '6ccd780c-baba-1026-9564-5b8c656024db'",
+            b.db
+        ))
+        .await;
+    if uuid.is_ok() {
+        b.sql(&["INSERT INTO `{db}`.u VALUES (3, 'ffffffff-0000-1111-2222-333333333333')"])
+            .await;
+    }
+    b.capture.restart();
+    b.apply.restart();
+    if uuid.is_ok() {
+        b.rows("u", 3).await;
+    }
+    b.equal().await;
+    b.finish().await;
+}
