@@ -219,7 +219,19 @@ impl CaptureProcess {
 }
 
 impl Drop for CaptureProcess {
+    /// Stopped as an operator would (SIGTERM, then SIGKILL after 5 s): a capture killed while it
+    /// writes a checkpoint leaves a transaction open on the shared checkpoint topic, which every
+    /// other capture's start then waits out (up to the writer's 60 s transaction timeout).
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -377,6 +389,28 @@ pub async fn first_snapshot_row(cap: &mut CaptureProcess) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Wait until the capture has stored a checkpoint (its first is the position it resolved at
+/// start, stored before it reads a change).
+pub async fn wait_first_checkpoint(cap: &CaptureProcess, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let c = cap.connector.clone();
+        if tokio::task::spawn_blocking(move || last_checkpoint(&c))
+            .await
+            .unwrap()
+            .is_some()
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} stored no checkpoint in {limit:?}",
+            cap.connector
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

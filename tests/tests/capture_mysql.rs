@@ -9,7 +9,9 @@ use prost::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sluice_proto::v1::{value::Kind, Op, SchemaRecord};
 use sluice_proto::{value, ChangeEvent};
-use sluice_tests::capture::{binlog_end, count_rows, read_events, row_events, CaptureProcess};
+use sluice_tests::capture::{
+    binlog_end, count_rows, read_events, row_events, wait_first_checkpoint, CaptureProcess,
+};
 use sluice_tests::{edge, kafka_brokers, mysql_url, unique};
 
 async fn sql(statements: &[String]) {
@@ -943,7 +945,7 @@ async fn a_new_capture_killed_before_any_change_resumes_where_it_started() {
     // start = "end": the position is resolved at start and must be stored at once, or a
     // restart would resolve a later "end" and lose what came in between.
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, "end", ""));
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    wait_first_checkpoint(&cap, Duration::from_secs(60)).await;
     cap.kill();
     sql(&[format!("INSERT INTO `{db}`.t VALUES (1), (2)")]).await;
     cap.restart();
@@ -953,6 +955,84 @@ async fn a_new_capture_killed_before_any_change_resumes_where_it_started() {
     let log = cap.stop_ok();
     assert!(log.contains("resuming from the checkpoint"), "{log}");
     sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
+/// A checkpoint committed after another connector's transaction began, while that one is left
+/// open (its capture killed mid-write), is read: the read waits for the broker to end the open
+/// one rather than stopping at the partition's last stable offset and starting without it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_behind_another_connectors_open_transaction_is_read() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let topic = unique("sluice_t_ckpt_open");
+    let admin: rdkafka::admin::AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    admin
+        .create_topics(
+            &[rdkafka::admin::NewTopic::new(
+                &topic,
+                1,
+                rdkafka::admin::TopicReplication::Fixed(1),
+            )],
+            &rdkafka::admin::AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    let (t, open_id, mine_id) = (topic.clone(), unique("open"), unique("mine"));
+    let hung = tokio::task::spawn_blocking(move || {
+        let producer = |id: &str, timeout_ms: &str| -> BaseProducer {
+            let p: BaseProducer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", kafka_brokers())
+                .set("transactional.id", id)
+                .set("transaction.timeout.ms", timeout_ms)
+                .create()
+                .unwrap();
+            p.init_transactions(Duration::from_secs(30)).unwrap();
+            p
+        };
+        // Another connector's writer: a transaction begun and never ended (the broker aborts
+        // it after its 8 s).
+        let open = producer(&open_id, "8000");
+        open.begin_transaction().unwrap();
+        open.send(BaseRecord::to(&t).key("other").payload("1"))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        open.flush(Duration::from_secs(10)).unwrap();
+        // This connector's checkpoint, committed after it.
+        let mine = producer(&mine_id, "60000");
+        mine.begin_transaction().unwrap();
+        mine.send(BaseRecord::to(&t).key("mine").payload("2"))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        mine.commit_transaction(Duration::from_secs(30)).unwrap();
+        open // kept (not dropped, which would abort it) until the read is over
+    })
+    .await
+    .unwrap();
+    let kafka = sluice_common::KafkaConfig {
+        brokers: kafka_brokers(),
+        ..Default::default()
+    };
+    let t = topic.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        sluice_capture::checkpoint::read_last_blocking(&kafka, &t, "sluice-tests", &|k| {
+            k == b"mine" || k == b"other"
+        })
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    drop(hung);
+    let keys: Vec<(&String, &[u8])> = read.iter().map(|(k, r)| (k, &r.payload[..])).collect();
+    assert_eq!(
+        keys,
+        vec![(&"mine".to_string(), &b"2"[..])],
+        "the committed checkpoint, and not the aborted record"
+    );
+    let _ = admin
+        .delete_topics(&[&topic], &rdkafka::admin::AdminOptions::new())
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -71,7 +71,10 @@ impl CheckpointWriter {
         config
             .set("transactional.id", &id)
             .set("linger.ms", "0")
-            .set("transaction.timeout.ms", "60000");
+            .set(
+                "transaction.timeout.ms",
+                super::read::OPEN_TRANSACTION_WAIT.as_millis().to_string(),
+            );
         let timeout = kafka.request_timeout();
         let producer: BaseProducer = config.create()?;
         producer
