@@ -149,12 +149,40 @@ async fn transactions_key_changes_and_alters_in_order() {
             .await
             .unwrap_or_else(|e| panic!("{s}: {e}"));
     }
-    // 11 row changes, and 3 DDL statements on each of the 3 partitions.
-    let events = events_of(cap.topic(&db, "ops"), |m| {
-        count_rows(m) >= 11 && m.values().flatten().filter(|e| e.op() == Op::Ddl).count() >= 9
+    // 11 row changes, 3 DDL statements on each of the 3 partitions, and the rows read again
+    // after the ADD COLUMN with a default (no row event carries the 7 the server gave every
+    // row it had): 1, 4 and 20, and 5 and 6 if the read came after their inserts.
+    let read_again = |m: &BTreeMap<i32, Vec<ChangeEvent>>| -> Vec<i64> {
+        let mut keys: Vec<i64> = row_events(m)
+            .iter()
+            .filter(|e| op(e) == Op::SnapshotRead)
+            .map(int_key)
+            .collect();
+        keys.sort();
+        keys
+    };
+    let events = events_of(cap.topic(&db, "ops"), move |m| {
+        let again = read_again(m);
+        count_rows(m) - again.len() >= 11
+            && m.values().flatten().filter(|e| e.op() == Op::Ddl).count() >= 9
+            && [1, 4, 20].iter().all(|k| again.contains(k))
     })
     .await;
-    let rows = row_events(&events);
+    let again = read_again(&events);
+    assert!(
+        [vec![1, 4, 20], vec![1, 4, 5, 20], vec![1, 4, 5, 6, 20]].contains(&again),
+        "each row once, as the table held them when read: {again:?}"
+    );
+    for e in row_events(&events) {
+        if op(&e) == Op::SnapshotRead && [4, 20].contains(&int_key(&e)) {
+            let values = &e.after.as_ref().unwrap().values;
+            assert_eq!(values.last(), Some(&value::int(7)), "{e:?}");
+        }
+    }
+    let rows: Vec<ChangeEvent> = row_events(&events)
+        .into_iter()
+        .filter(|e| op(e) != Op::SnapshotRead)
+        .collect();
     let summary: Vec<(Op, i64)> = rows.iter().map(|e| (op(e), int_key(e))).collect();
     assert_eq!(
         summary,

@@ -55,8 +55,7 @@ impl Capture {
                     // On the new name's topic first, ahead of its snapshot and later rows:
                     // rows of an earlier table of that name come before it on every
                     // partition, so the apply stages can tell them apart.
-                    self.schemas.remove(&(ndb.clone(), nt.clone()));
-                    let after = self.schema_of(ndb, nt).await?;
+                    let after = self.renamed_schema(&db, &table, ndb, nt).await?;
                     self.publish_ddl_event(ndb, nt, "renamed", sql, after, None, start, ts)
                         .await?;
                     let id = format!("rename {}:{start} {ndb}.{nt}", self.file);
@@ -139,6 +138,45 @@ impl Capture {
         }
         Ok(())
     }
+    /// The schema of table `db.table` renamed to `ndb.nt`: the one its last rows or statement
+    /// had (information_schema's may be of a later table of the new name, when the capture is
+    /// behind), under its new name; information_schema's when none is known. Statements of
+    /// the table waiting for its next rows go on waiting, under the new name.
+    async fn renamed_schema(
+        &mut self,
+        db: &str,
+        table: &str,
+        ndb: &str,
+        nt: &str,
+    ) -> Result<Option<v1::TableSchema>, CaptureError> {
+        let old = (db.to_string(), table.to_string());
+        let new = (ndb.to_string(), nt.to_string());
+        self.schemas.remove(&new);
+        self.ddl_pending
+            .retain(|p| (&p.database, &p.table) != (&new.0, &new.1));
+        for p in self.ddl_pending.iter_mut() {
+            if (&p.database, &p.table) == (&old.0, &old.1) {
+                (p.database, p.table) = new.clone();
+            }
+        }
+        let Some(mut s) = self.last_schema.get(&old).cloned() else {
+            return self.schema_of(ndb, nt).await;
+        };
+        s.database = new.0.clone();
+        s.table = new.1.clone();
+        s.schema_id = sluice_proto::schema_id(&s);
+        self.publish_schema(&s).await?;
+        self.last_schema.insert(new.clone(), s.clone());
+        if !self
+            .ddl_pending
+            .iter()
+            .any(|p| (&p.database, &p.table) == (&new.0, &new.1))
+        {
+            self.schemas.insert(new, s.clone());
+        }
+        Ok(Some(s))
+    }
+
     /// Whether the server has written nothing to its binlog past `end` of the file being read:
     /// what information_schema said before this was asked is the schema as of `end`.
     pub(super) async fn caught_up(&mut self, end: u64) -> Result<bool, CaptureError> {
@@ -292,12 +330,25 @@ impl Capture {
             Rebuild::Table(why) => (v1::Rebuild::Table, why),
         };
         let id = format!("rebuild {file}:{start} {db}.{table}");
-        if !self.snapshots_done.contains(&id) && !self.snapshots_pending.iter().any(|p| p.id == id)
+        let name = format!("{db}.{table}");
+        let running = self.snapshot.as_ref().map(|s| s.id.as_str());
+        // A rebuild of the table queued and not yet begun is taken after this statement too:
+        // its rows will carry versions above this one's, so it stands for both.
+        let covered = self.snapshots_pending.iter().any(|p| {
+            p.id.starts_with("rebuild ")
+                && p.tables == [name.clone()]
+                && Some(p.id.as_str()) != running
+                && !self.snapshots_done.contains(&p.id)
+        });
+        if covered {
+            tracing::info!(database = %db, table = %table, reason = %why, "the table is read again after an ALTER: a rebuild of it queued earlier, not yet begun, stands for this one too");
+        } else if !self.snapshots_done.contains(&id)
+            && !self.snapshots_pending.iter().any(|p| p.id == id)
         {
             tracing::warn!(database = %db, table = %table, reason = %why, "the table is read again after an ALTER (a rebuild): its rows' stored values may have changed without row events");
             self.snapshots_pending.push(PendingSnapshot {
                 id,
-                tables: vec![format!("{db}.{table}")],
+                tables: vec![name],
             });
         }
         (kind as i32, why)

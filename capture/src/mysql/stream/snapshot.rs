@@ -16,6 +16,7 @@ use sluice_proto::v1::{self, Op, TableSchema};
 
 use super::context::Capture;
 use crate::error::CaptureError;
+use crate::mysql::position::BinlogPos;
 use crate::mysql::snapshot::{self, InFlight, Msg, SnapshotRun, TableRun};
 use crate::snapshot::{SnapshotProgress, INITIAL};
 
@@ -231,14 +232,14 @@ impl Capture {
                 run.wait_for = Some(p.clone());
             }
         }
-        let Some(((schema, rows, _), touched)) = ready else {
+        let Some(((schema, rows, at), touched)) = ready else {
             return Ok(false);
         };
         let full = rows.len() as u64 >= run.chunk_rows;
         let last = rows.last().map(|r| snapshot::key_of(&schema, r));
         let t = &mut run.tables[i];
         let sent = self
-            .publish_snapshot_rows(t, &schema, rows, Some(&touched))
+            .publish_snapshot_rows(t, &schema, rows, Some(&touched), at.as_ref())
             .await?;
         t.in_flight = None;
         if let Some(k) = last {
@@ -258,6 +259,11 @@ impl Capture {
         run: &mut SnapshotRun,
         i: usize,
     ) -> Result<bool, CaptureError> {
+        let hold = run.tables[i]
+            .in_flight
+            .as_ref()
+            .and_then(|f| f.hold.clone())
+            .flatten();
         let at_hold = match run.tables[i]
             .in_flight
             .as_ref()
@@ -283,7 +289,9 @@ impl Capture {
         let schema = f.schema.clone().expect("set with the hold");
         let ended = f.ended;
         if !rows.is_empty() {
-            let sent = self.publish_snapshot_rows(t, &schema, rows, None).await?;
+            let sent = self
+                .publish_snapshot_rows(t, &schema, rows, None, hold.as_ref())
+                .await?;
             t.progress.rows += sent;
             SnapshotRun::log_progress(t, false);
         }
@@ -438,7 +446,25 @@ impl Capture {
         schema: &TableSchema,
         rows: Vec<v1::Row>,
         touched: Option<&HashSet<Vec<u8>>>,
+        at: Option<&BinlogPos>,
     ) -> Result<u64, CaptureError> {
+        // Statements of the table read while behind the server wait for its next rows: these
+        // are, read at `at` (after the statements: the schema after them), so they go first.
+        let due = self.ddl_pending.iter().any(|p| {
+            (p.database.as_str(), p.table.as_str()) == (&t.database, &t.table)
+                && at.is_some_and(|at| {
+                    let last = BinlogPos {
+                        file: p.file.clone(),
+                        pos: p.start,
+                    };
+                    self.before_pos(&last, at)
+                })
+        });
+        if due {
+            let (db, table) = (t.database.clone(), t.table.clone());
+            self.publish_pending_ddl(&db, &table, Some(schema.clone()))
+                .await?;
+        }
         self.publish_schema(schema).await?;
         let topic = self.topics.topic(&t.database, &t.table)?;
         self.publisher.ensure_topic(&topic, false).await?;
