@@ -108,6 +108,10 @@ pub struct Connector {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<Snapshot>,
     pub snapshots_done: Vec<String>,
+    /// Snapshots the capture queued for itself (a renamed table's, a rebuild after an ALTER),
+    /// to run after the one under way: `id (tables)`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub snapshots_queued: Vec<String>,
     /// Where the source is now, when its config was given (`--capture-config`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_now: Option<SourceNow>,
@@ -181,6 +185,14 @@ pub fn connector(name: String, c: Checkpoint, now: u64) -> Connector {
         Checkpoint::Mysql(m) => (m.gtid_set.clone(), None),
         Checkpoint::Mongo(m) => (String::new(), m.resume_token.clone()),
     };
+    let snapshots_queued = match &c {
+        Checkpoint::Mysql(m) => m
+            .snapshots_pending
+            .iter()
+            .map(|p| format!("{} ({})", p.id, p.tables.join(", ")))
+            .collect(),
+        Checkpoint::Mongo(_) => Vec::new(),
+    };
     let snapshot = c.snapshot().map(|s| Snapshot {
         id: s.id.clone(),
         tables: s.tables.len(),
@@ -197,6 +209,7 @@ pub fn connector(name: String, c: Checkpoint, now: u64) -> Connector {
         age_seconds: now.saturating_sub(c.written_at()),
         snapshot,
         snapshots_done: c.snapshots_done().to_vec(),
+        snapshots_queued,
         source_now: None,
         checkpoint: c,
     }

@@ -153,7 +153,37 @@ async fn verify_table(
         format!("{}.{}", target.database, target_table),
     );
     let outcome = async {
-        let plan = match plan(source, target, setup, db, table, &target_table, stopped).await? {
+        let mut planned = plan(source, target, setup, db, table, &target_table, stopped).await?;
+        // A target not made yet, or without a column the source has, may only be behind (a
+        // pipeline just restarted, an ALTER not applied yet): wait for it to pass where the
+        // source is now, then look again (and at the stops, which may have come meanwhile).
+        let behind = match &planned {
+            Err(reason) => reason.starts_with("no target table"),
+            Ok(plan) => plan
+                .schema
+                .columns
+                .iter()
+                .any(|c| !plan.columns.iter().any(|(p, _)| p.name == c.name)),
+        };
+        if behind {
+            let mut conn = source.conn().await?;
+            let now = source.position(&mut conn).await?;
+            drop(conn);
+            let (pl, name, limit) = (
+                pipeline.clone(),
+                (db.to_string(), table.to_string()),
+                options.wait,
+            );
+            let waited =
+                tokio::task::spawn_blocking(move || pl.wait(&now, &name.0, &name.1, limit))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            if waited.is_ok() {
+                let stopped = target.stopped(&setup.apply.tables.stopped_table).await;
+                planned = plan(source, target, setup, db, table, &target_table, &stopped).await?;
+            }
+        }
+        let plan = match planned {
             Ok(plan) => plan,
             Err(reason) => {
                 report.not_verified(reason);
@@ -171,6 +201,13 @@ async fn verify_table(
     }
     .await;
     report.conclude(outcome);
+    if report.result == Outcome::Different {
+        // Stopped while it was compared: what differs is what the stop left behind.
+        let stopped = target.stopped(&setup.apply.tables.stopped_table).await;
+        if let Some(reason) = stopped.get(&target_table) {
+            report.not_verified(plan::stopped_reason(reason));
+        }
+    }
     report.seconds = started.elapsed().as_secs_f64();
     report
 }

@@ -54,11 +54,36 @@ pub fn text(s: &Status) -> String {
         }
         let _ = writeln!(o);
         if let Some(sn) = &c.snapshot {
-            let _ = writeln!(
-                o,
-                "    snapshot {:?} under way: {} of {} tables done, {} rows published",
-                sn.id, sn.tables_done, sn.tables, sn.rows
-            );
+            // A rebuild's id: `rebuild FILE:POS db.t` (the ALTER it follows).
+            let rebuild = sn
+                .id
+                .strip_prefix("rebuild ")
+                .and_then(|r| r.split_once(' '));
+            match rebuild {
+                Some((at, table)) => {
+                    let _ = writeln!(
+                        o,
+                        "    rebuilding {table} (read again after the ALTER at {at}): {} rows \
+                         published{}",
+                        sn.rows,
+                        if sn.tables_done == sn.tables {
+                            ", done"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        o,
+                        "    snapshot {:?} under way: {} of {} tables done, {} rows published",
+                        sn.id, sn.tables_done, sn.tables, sn.rows
+                    );
+                }
+            }
+        }
+        if !c.snapshots_queued.is_empty() {
+            let _ = writeln!(o, "    queued: {}", c.snapshots_queued.join("; "));
         }
         if !c.snapshots_done.is_empty() {
             let _ = writeln!(o, "    snapshots done: {}", c.snapshots_done.join(", "));
@@ -222,6 +247,42 @@ mod tests {
         );
         assert!(
             text.contains("snapshot \"r1\" under way: 1 of 1 tables done, 7 rows"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_rebuild_reads_as_one_and_queued_snapshots_are_listed() {
+        let my = serde_json::json!({
+            "next": {"file": "mariadb-bin.000007", "pos": 1234},
+            "gtid_set": "", "server_id": 1, "written_at": 1000,
+            "snapshot": {"id": "rebuild mariadb-bin.000007:900 db.a", "tables": {
+                "db.a": {"after": "0a", "rows": 10}}},
+            "snapshots_pending": [
+                {"id": "rebuild mariadb-bin.000007:1100 db.b", "tables": ["db.b"]},
+                {"id": "rename mariadb-bin.000007:1200 db.c", "tables": ["db.c"]}],
+            "snapshots_done": []
+        });
+        let c = connector("m".into(), of(my), 1000);
+        let text = text(&Status {
+            checkpoint_topic: "_cp".into(),
+            connectors: vec![c],
+            groups: vec![],
+            dead_letter_topic: "_dl".into(),
+            dead_letters: vec![],
+        });
+        assert!(
+            text.contains(
+                "rebuilding db.a (read again after the ALTER at mariadb-bin.000007:900): 10 rows \
+                 published\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "queued: rebuild mariadb-bin.000007:1100 db.b (db.b); rename \
+                 mariadb-bin.000007:1200 db.c (db.c)"
+            ),
             "{text}"
         );
     }

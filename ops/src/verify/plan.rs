@@ -172,10 +172,7 @@ pub(super) async fn plan(
         ));
     }
     if let Some(reason) = stopped.get(target_table) {
-        return Ok(Err(format!(
-            "the apply stage stopped this table: {reason} (docs/apply-clickhouse.md, Target \
-             tables)"
-        )));
+        return Ok(Err(stopped_reason(reason)));
     }
     let target_columns: BTreeMap<String, String> = target
         .columns(&format!("{}.{target_table}", target.database))
@@ -234,4 +231,11 @@ pub(super) async fn plan(
             .contains_key(&tables.deleted_column)
             .then(|| tables.deleted_column.clone()),
     }))
+}
+
+/// Why a table the apply stage stopped (for `reason`) is not verified.
+pub(super) fn stopped_reason(reason: &str) -> String {
+    format!(
+        "the apply stage stopped this table: {reason} (docs/apply-clickhouse.md, Target tables)"
+    )
 }
