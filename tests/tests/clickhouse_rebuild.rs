@@ -280,3 +280,79 @@ async fn a_table_made_again_and_a_type_added_while_both_stages_were_down() {
     b.equal().await;
     b.finish().await;
 }
+
+/// Class 7, read while behind: a table renamed to a name that a later table takes (dropped and
+/// made again), all read by a capture that was down. The rename goes out with the schema the
+/// renamed table had (not the later table's, which information_schema shows by then), so its
+/// statements and rows apply, and the later table replaces it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rename_read_behind_the_server_keeps_the_renamed_tables_schema() {
+    let mut b = Bed::start(
+        "sluice_t_rb_behind",
+        &[
+            "CREATE TABLE `{db}`.a (id INT PRIMARY KEY, x INT)".into(),
+            "INSERT INTO `{db}`.a VALUES (1, 1), (2, 2)".into(),
+        ],
+    )
+    .await;
+    b.rows("a", 2).await;
+    b.capture.stop_ok();
+    b.sql(&[
+        "RENAME TABLE `{db}`.a TO `{db}`.b",
+        "CREATE INDEX ix ON `{db}`.b (x)",
+        "INSERT INTO `{db}`.b VALUES (3, 3)",
+        "DROP TABLE `{db}`.b",
+        "CREATE TABLE `{db}`.b (id INT PRIMARY KEY, y VARCHAR(9), z DATE)",
+        "INSERT INTO `{db}`.b VALUES (7, 'seven', '2024-07-07')",
+    ])
+    .await;
+    b.capture.restart();
+    b.rows("b", 1).await;
+    b.equal().await;
+    b.finish().await;
+}
+
+/// Two tables swapped by one RENAME, the one renamed in changed (a type whose values are
+/// rewritten, a column renamed and retyped, one added and then retyped): read by an applier
+/// that was down through all of it, in one burst.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_swap_then_alters_read_in_one_burst_end_equal() {
+    let mut b = Bed::start(
+        "sluice_t_rb_swap",
+        &[
+            "CREATE TABLE `{db}`.t0 (id INT NOT NULL, k INT NOT NULL DEFAULT 0, \
+             c1 SET('r','g','b') NULL DEFAULT 'g,r', c2 YEAR NOT NULL DEFAULT 99, PRIMARY KEY (id))"
+                .into(),
+            "CREATE TABLE `{db}`.t1 (id INT NOT NULL, k INT NOT NULL DEFAULT 0, \
+             c3 VARCHAR(15) NULL DEFAULT '10.0.0.1', PRIMARY KEY (id))"
+                .into(),
+            "INSERT INTO `{db}`.t0 VALUES (33, 0, 'g,r', 2072), (1, 0, 'b', 1948), (24, 1, 'b', 2115)"
+                .into(),
+            "INSERT INTO `{db}`.t1 VALUES (25, 1, '195.211.5.82'), (5, 0, NULL)".into(),
+        ],
+    )
+    .await;
+    b.rows("t0", 3).await;
+    b.rows("t1", 2).await;
+    b.apply.kill();
+    b.sql(&[
+        "ALTER TABLE `{db}`.t1 ADD COLUMN c7 BINARY(4) NOT NULL DEFAULT 0x6162, \
+         ADD COLUMN c8 TIME NOT NULL DEFAULT '26:29:34' FIRST",
+        "INSERT INTO `{db}`.t0 VALUES (39, 0, 'r', 2067)",
+        "RENAME TABLE `{db}`.t0 TO `{db}`.swap_tmp, `{db}`.t1 TO `{db}`.t0, \
+         `{db}`.swap_tmp TO `{db}`.t1",
+        "SET SESSION sql_mode = ''",
+        "ALTER TABLE `{db}`.t1 MODIFY COLUMN c1 DECIMAL(25,3) NULL, CHANGE COLUMN c2 r9 TIME NULL, \
+         ADD COLUMN c10 CHAR(5) NULL",
+        "DELETE FROM `{db}`.t1 WHERE id = 1",
+        "ALTER TABLE `{db}`.t1 DROP COLUMN c1",
+        "ALTER TABLE `{db}`.t1 MODIFY COLUMN c10 YEAR NULL DEFAULT 2024",
+        "INSERT INTO `{db}`.t1 (id, k, r9, c10) VALUES (6, 1, '694:40:24', 0)",
+        "INSERT INTO `{db}`.t1 (id, k, r9, c10) VALUES (25, 0, '135:05:49', 2085)",
+        "UPDATE `{db}`.t1 SET c10 = 1905 WHERE id % 3 = 2",
+    ])
+    .await;
+    b.apply.restart();
+    b.equal().await;
+    b.finish().await;
+}

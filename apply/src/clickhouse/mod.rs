@@ -197,6 +197,18 @@ impl Default for TablesConfig {
 }
 
 impl TablesConfig {
+    /// A column of the stage's own in a target (version, deleted flag, operation, row).
+    pub fn is_bookkeeping(&self, column: &str) -> bool {
+        [
+            &self.version_column,
+            &self.deleted_column,
+            &self.op_column,
+            &self.row_column,
+        ]
+        .iter()
+        .any(|c| c.as_str() == column)
+    }
+
     pub fn mode_of(&self, source: &str) -> Mode {
         self.modes.get(source).copied().unwrap_or(self.mode)
     }

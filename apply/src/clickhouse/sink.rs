@@ -119,6 +119,13 @@ struct Applied {
     version: u64,
     renamed: std::collections::BTreeMap<String, String>,
     dropped: std::collections::HashSet<String>,
+    /// The version of the last statement that made the name another table's (a CREATE, a
+    /// table renamed to it, a new key): a row older than it is of the table before, and its
+    /// partition's copy of the statement removes it.
+    born: u64,
+    /// The version of the last statement the capture follows with a rebuild (the table read
+    /// again): every row older than it is replaced by a later one.
+    rebuilt: u64,
     /// Another instance applied an ALTER since this one read the target: read it again.
     seen_elsewhere: bool,
 }

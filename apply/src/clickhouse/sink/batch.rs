@@ -150,8 +150,8 @@ impl Sink {
         // them again before taking a row, once 5 s have gone by.
         self.reread_stopped_if_due().await;
         let plan = match self.plans.get(&event.schema_id) {
-            Some(p) => p.clone(),
-            None => {
+            Some(p) if p.fits(event.version) => p.clone(),
+            _ => {
                 let p = self.plan(event).await?;
                 self.plans.insert(event.schema_id, p.clone());
                 p

@@ -65,6 +65,22 @@ impl Sink {
         {
             Ok(()) => tracing::info!(table = %table, column = %c.name, "added column"),
             Err(e) if answered_with(&e, COLUMN_EXISTS, self.features.illegal_column_means_done) => {
+                // There already (added by another instance, or kept from before): its type is
+                // the server's, which rows are written by.
+                self.refresh_distributed(table).await?;
+                return match self.describe(table).await?.remove(&c.name) {
+                    Some(have) => {
+                        if have != t {
+                            tracing::warn!(table = %table, column = %c.name, have = %have.sql(), wanted = %t.sql(), "column there already, of another type: rows are written by the type it has");
+                        }
+                        Ok(have)
+                    }
+                    None => Err(BadEvent::new(
+                        Reason::Ddl,
+                        format!("{sql}: {e}, and {table} has no column {} either", c.name),
+                    )
+                    .into()),
+                };
             }
             Err(e) => return Err(BadEvent::new(Reason::Value, format!("{sql}: {e}")).into()),
         }

@@ -26,7 +26,7 @@ use sluice_proto::ChangeEvent;
 use super::target::Target;
 use super::{refused, Refusal, Sink};
 use crate::clickhouse::types::{map_column, ChType, Features};
-use crate::clickhouse::{OnDrop, OnTruncate};
+use crate::clickhouse::{Mode, OnDrop, OnTruncate};
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
 use sluice_common::sql::clickhouse::{ident, string};
 
@@ -44,7 +44,28 @@ pub(super) struct ColumnChanges {
     /// Source columns the statement adds (the target lacks them), with the ClickHouse literal
     /// of the value the rows already there took (none: the type's default, or NULL).
     pub(super) added: Vec<(Column, Option<String>)>,
+    /// The statement makes the name another table's: every column before it is gone (kept in
+    /// `tables.ddl_table` as [`BORN`] among the dropped).
+    pub(super) born: bool,
+    /// The capture reads the table again after the statement (kept as [`REBUILT`]).
+    pub(super) rebuilt: bool,
 }
+
+/// Among a recorded statement's dropped columns: every column (the statement made the name
+/// another table's). No column is named so (MySQL names hold no NUL).
+const BORN: &str = "\0every column";
+
+impl ColumnChanges {
+    /// No column of the target changes.
+    pub(super) fn is_empty(&self) -> bool {
+        self.dropped.is_empty()
+            && self.renamed.is_empty()
+            && self.widened.is_empty()
+            && self.added.is_empty()
+    }
+}
+/// Among a recorded statement's dropped columns: the statement is followed by a rebuild.
+const REBUILT: &str = "\0rebuilt";
 
 impl Sink {
     /// The target's changes for an ALTER of `database.table` to schema `new`, against the
@@ -138,6 +159,10 @@ impl Sink {
                             )
                             .await?;
                         if let Some(change) = change {
+                            let change = ColumnChanges {
+                                rebuilt: true,
+                                ..change
+                            };
                             self.record_applied(&name, event.version, &change).await?;
                         }
                         tracing::info!(table = %name, rebuild = ?ddl.rebuild(), reason = %ddl.rebuild_reason, "ALTER applied; the capture reads the table again");
@@ -219,6 +244,11 @@ impl Sink {
                             &statements,
                         );
                     }
+                    if !change.is_empty() {
+                        // The rows are written by the types the server has, not by what was
+                        // asked of it.
+                        target.columns = self.describe(&name).await?;
+                    }
                     target.source = Some(std::sync::Arc::new(new.clone()));
                     self.targets.insert(name.clone(), target);
                     self.record_applied(&name, event.version, &change).await?;
@@ -261,9 +291,52 @@ impl Sink {
                     // A table renamed to this name: its target holds it from here on (the
                     // capture snapshots it under this name); rows older than the rename are
                     // of another table that had the name, if any: deleted from a mirror, and
-                    // in a change log marked by a row of op "rename" at the statement.
-                    self.remove_rows_before(&name, "rename", event.version, false)
-                        .await
+                    // in a change log marked by a row of op "rename" at the statement. A
+                    // target made for another table (other columns, another key or kind) is
+                    // made again for this one.
+                    let born = ColumnChanges {
+                        born: true,
+                        ..ColumnChanges::default()
+                    };
+                    let Some(new) = &ddl.schema else {
+                        return self
+                            .remove_rows_before(&name, "rename", event.version, false)
+                            .await;
+                    };
+                    self.schemas.remember(new);
+                    if self.applied.get(&name).is_none_or(|s| s.version < event.version) {
+                        self.read_applied(&name).await?;
+                    }
+                    let done = self.applied.get(&name).is_some_and(|s| s.version >= event.version);
+                    let columns = match self.targets.get(&name) {
+                        Some(t) => t.columns.clone(),
+                        None => self.describe(&name).await?,
+                    };
+                    let fits = columns.is_empty()
+                        || !self.config.tables.create
+                        || (self.orders_as(&name, new).await?
+                            && columns.keys().all(|c| {
+                                self.config.tables.is_bookkeeping(c)
+                                    || c == &self.config.cluster.shard_column
+                                    || new.columns.iter().any(|n| &n.name == c)
+                            }));
+                    if done || fits {
+                        self.remove_rows_before(&name, "rename", event.version, false)
+                            .await?;
+                        if !done {
+                            self.record_applied(&name, event.version, &born).await?;
+                        }
+                        return Ok(());
+                    }
+                    let change = self
+                        .apply_rebuild(&name, Rebuild::Table, "rename", event.version, new, None, &[], true)
+                        .await?;
+                    let change = ColumnChanges {
+                        born: true,
+                        ..change.unwrap_or_default()
+                    };
+                    self.record_applied(&name, event.version, &change).await?;
+                    Ok(())
                 }
                 "create" => {
                     let Some(new) = &ddl.schema else { return Ok(()) };
@@ -274,13 +347,41 @@ impl Sink {
                     let done = self.applied.get(&name).is_some_and(|s| s.version >= event.version);
                     let exists = self.targets.contains_key(&name)
                         || !self.describe(&name).await?.is_empty();
-                    if !exists || done {
+                    // A target holding no row older than the statement (made ahead of the
+                    // source table, by hand or by the stage), ordered as this table needs and
+                    // with its columns (or not the stage's to change), is this table's
+                    // already; one of other columns or another order is made again, empty.
+                    let empty = exists && !done && self.rows_before(&name, event.version).await? == 0;
+                    let mut kept = !exists || done;
+                    if empty {
+                        let columns = match self.targets.get(&name) {
+                            Some(t) => t.columns.clone(),
+                            None => self.describe(&name).await?,
+                        };
+                        let same_columns = columns.keys().all(|c| {
+                            self.config.tables.is_bookkeeping(c)
+                                || c == &self.config.cluster.shard_column
+                                || new.columns.iter().any(|n| &n.name == c)
+                        }) && new.columns.iter().all(|n| columns.contains_key(&n.name));
+                        kept = !self.config.tables.create
+                            || (same_columns && self.orders_as(&name, new).await?);
+                        if !kept {
+                            self.drop_target(&name).await?;
+                            self.targets.remove(&name);
+                            self.target(new, event.version).await?;
+                            kept = true;
+                        }
+                    }
+                    if kept {
                         // A table new to the target (made at its first row), or seen: noted, so
                         // that a copy read later (another partition's, or again after a
                         // restart) finds the target made for this very table.
                         if !done {
-                            self.record_applied(&name, event.version, &ColumnChanges::default())
-                                .await?;
+                            let born = ColumnChanges {
+                                born: true,
+                                ..ColumnChanges::default()
+                            };
+                            self.record_applied(&name, event.version, &born).await?;
                         } else if exists {
                             // Rows of this partition older than the statement, written into
                             // the target made for the new table by an instance ahead.
@@ -295,8 +396,11 @@ impl Sink {
                     let change = self
                         .apply_rebuild(&name, Rebuild::Table, "create", event.version, new, None, &[], true)
                         .await?;
-                    self.record_applied(&name, event.version, &change.unwrap_or_default())
-                        .await?;
+                    let change = ColumnChanges {
+                        born: true,
+                        ..change.unwrap_or_default()
+                    };
+                    self.record_applied(&name, event.version, &change).await?;
                     Ok(())
                 }
                 _ => Ok(()),
@@ -356,7 +460,7 @@ impl Sink {
 
     /// What `tables.ddl_table` says of target `name` now (another instance may have applied
     /// ALTERs to it since this one started).
-    async fn read_applied(&mut self, name: &str) -> Result<(), ApplyError> {
+    pub(super) async fn read_applied(&mut self, name: &str) -> Result<(), ApplyError> {
         let before = self.applied.get(name).map_or(0, |s| s.version);
         self.read_applied_where(&format!("target = {}", string(name)))
             .await?;
@@ -394,7 +498,15 @@ impl Sink {
                     s.renamed.insert(a.to_string(), b.to_string());
                 }
             }
-            s.dropped.extend(dropped.lines().map(str::to_string));
+            for d in dropped.lines() {
+                if d == BORN {
+                    s.born = s.born.max(version);
+                } else if d == REBUILT {
+                    s.rebuilt = s.rebuilt.max(version);
+                } else {
+                    s.dropped.insert(d.to_string());
+                }
+            }
         }
         Ok(())
     }
@@ -416,7 +528,14 @@ impl Sink {
             ident(&self.config.clickhouse.database),
             ident(&self.config.tables.ddl_table)
         );
-        let (renamed, dropped) = (renamed.join("\n"), change.dropped.join("\n"));
+        let mut dropped = change.dropped.clone();
+        if change.born {
+            dropped.push(BORN.to_string());
+        }
+        if change.rebuilt {
+            dropped.push(REBUILT.to_string());
+        }
+        let (renamed, dropped) = (renamed.join("\n"), dropped.join("\n"));
         self.answered("recording an applied ALTER", || {
             self.client
                 .query(&sql)
@@ -434,6 +553,12 @@ impl Sink {
             s.renamed.insert(a.clone(), b.clone());
         }
         s.dropped.extend(change.dropped.iter().cloned());
+        if change.born {
+            s.born = s.born.max(version);
+        }
+        if change.rebuilt {
+            s.rebuilt = s.rebuilt.max(version);
+        }
         Ok(())
     }
 
@@ -505,6 +630,71 @@ impl Sink {
         }
         tracing::info!(table = %name, kind, version, "rows before the statement removed");
         Ok(())
+    }
+
+    /// How many rows of target `name` are older than `version` (every row, when it has no
+    /// version column).
+    async fn rows_before(&mut self, name: &str, version: u64) -> Result<u64, Refusal> {
+        let columns = match self.targets.get(name) {
+            Some(t) => t.columns.clone(),
+            None => self.describe(name).await?,
+        };
+        let m = &self.config.tables;
+        let filter = if columns.contains_key(&m.version_column) {
+            format!(" WHERE {} < {version}", ident(&m.version_column))
+        } else {
+            String::new()
+        };
+        let sql = format!(
+            "SELECT count() FROM {}.{}{filter}",
+            ident(&self.config.clickhouse.database),
+            ident(name)
+        );
+        let what = format!("counting the rows of {name} before a CREATE");
+        let n = self
+            .answered(&what, || self.client.query(&sql).fetch_one::<u64>())
+            .await?
+            .map_err(|e| BadEvent::new(Reason::Ddl, format!("{sql}: {e}")))?;
+        Ok(n)
+    }
+
+    /// Whether target `name` is of the kind (mirror, change log) table `new` is written into
+    /// and sorted so that its rows replace each other as `new`'s key says: a mirror by exactly
+    /// the key's columns, a change log by every one of them.
+    async fn orders_as(&mut self, name: &str, new: &TableSchema) -> Result<bool, Refusal> {
+        let columns = match self.targets.get(name) {
+            Some(t) => t.columns.clone(),
+            None => self.describe(name).await?,
+        };
+        let m = &self.config.tables;
+        let source = format!("{}.{}", new.database, new.table);
+        let mirror = !new.primary_key.is_empty() && m.mode_of(&source) == Mode::Mirror;
+        if mirror != columns.contains_key(&m.deleted_column) {
+            return Ok(false);
+        }
+        let what = format!("reading the sorting key of {name}");
+        let sorting_key = self
+            .answered(&what, || {
+                self.client
+                    .query("SELECT sorting_key FROM system.tables WHERE database = ? AND name = ?")
+                    .bind(&self.config.clickhouse.database)
+                    .bind(self.config.cluster.local(name))
+                    .fetch_one::<String>()
+            })
+            .await?
+            .map_err(|e| BadEvent::new(Reason::Ddl, format!("{what}: {e}")))?;
+        let named = crate::clickhouse::cluster::identifiers(&sorting_key);
+        let key: Vec<&str> = new
+            .primary_key
+            .iter()
+            .filter_map(|i| new.columns.get(*i as usize).map(|c| c.name.as_str()))
+            .collect();
+        let has_every_key = key.iter().all(|k| named.iter().any(|n| n == k));
+        Ok(if mirror {
+            has_every_key && named.iter().all(|n| key.contains(&n.as_str()))
+        } else {
+            has_every_key
+        })
     }
 
     /// Wait until no mutation of target `name` is left to run.
@@ -734,6 +924,8 @@ fn column_changes(
         renamed,
         widened,
         added: with_defaults,
+        born: false,
+        rebuilt: false,
     })
 }
 

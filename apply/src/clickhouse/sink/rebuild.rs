@@ -66,7 +66,10 @@ impl Sink {
             }
             if remake && first {
                 self.remake(name, new, version, kind == "create").await?;
-                let mut change = ColumnChanges::default();
+                let mut change = ColumnChanges {
+                    born: true,
+                    ..ColumnChanges::default()
+                };
                 if let Some(target) = self.targets.get_mut(name) {
                     // Rows of the schema before (read later from another partition) leave
                     // the dropped columns out; renamed ones find their new names.
@@ -91,11 +94,8 @@ impl Sink {
             .unwrap_or_default();
         let f = self.features_for(&new.database, &new.table);
         let change = fit(&target.columns, &was, new, statements, f);
-        for col in &change.dropped {
-            self.drop_column(name, col).await?;
-            target.columns.remove(col);
-            target.dropped.insert(col.clone());
-        }
+        // Renames first: a column renamed and given a type no target type shares with its old
+        // one is dropped and added again under its new name, which only the rename makes.
         for (from, to) in &change.renamed {
             let t = target.columns.get(from).cloned().unwrap_or(ChType::String);
             self.rename_column(name, from, to, &t).await?;
@@ -103,6 +103,11 @@ impl Sink {
                 target.columns.insert(to.clone(), t);
             }
             target.renamed.insert(from.clone(), to.clone());
+        }
+        for col in &change.dropped {
+            self.drop_column(name, col).await?;
+            target.columns.remove(col);
+            target.dropped.insert(col.clone());
         }
         for (col, t) in &change.widened {
             self.modify_column(name, col, t).await?;
@@ -116,6 +121,10 @@ impl Sink {
         let mut change = change;
         if target.created_at == Some(version) {
             super::ddl::remember_history(&mut target, &mut change, &was, new, statements);
+        }
+        if !change.is_empty() {
+            // The rows are written by the types the server has, not by what was asked of it.
+            target.columns = self.describe(name).await?;
         }
         target.source = Some(std::sync::Arc::new(new.clone()));
         self.targets.insert(name.to_string(), target);
@@ -177,7 +186,7 @@ impl Sink {
     }
 
     /// Drop target `name` (its Distributed table and per-shard tables too, on a cluster).
-    async fn drop_target(&self, name: &str) -> Result<(), Refusal> {
+    pub(super) async fn drop_target(&self, name: &str) -> Result<(), Refusal> {
         let cluster = &self.config.cluster;
         let db = ident(&self.config.clickhouse.database);
         let mut tables = vec![name.to_string()];

@@ -22,7 +22,7 @@ use sluice_proto::v1::{Column, TableSchema};
 use sluice_proto::view::RowEvent;
 
 use super::{refused, undecodable, Refusal, Sink};
-use crate::clickhouse::types::{ChType, Features};
+use crate::clickhouse::types::{map_column, ChType, Features};
 use crate::clickhouse::Mode;
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
 
@@ -118,6 +118,18 @@ pub(super) struct Plan {
     pub(super) shard: bool,
     /// The INSERT's column list.
     pub(super) insert_columns: Arc<Vec<String>>,
+    /// Rows older than this version are superseded (of the table before, or read again later):
+    /// their columns of another type than the target's are left out. The plan is for such
+    /// rows when `superseded`, else for the others.
+    pub(super) superseded_before: u64,
+    pub(super) superseded: bool,
+}
+
+impl Plan {
+    /// Whether this plan is the one for a row of `version`.
+    pub(super) fn fits(&self, version: u64) -> bool {
+        (version < self.superseded_before) == self.superseded
+    }
 }
 
 impl Sink {
@@ -363,7 +375,40 @@ impl Sink {
             )
             .into());
         }
-        let mut target = self.target(&schema, event.version).await?;
+        let f = self.features_for(&schema.database, &schema.table);
+        // Source columns of another type than the target's column.
+        let retyped = |target: &Target| {
+            schema.columns.iter().any(|c| {
+                target
+                    .column_of(&c.name)
+                    .and_then(|n| target.columns.get(n))
+                    .is_some_and(|t| *t != map_column(c, f))
+            })
+        };
+        let mut read_again = false;
+        let (mut target, born, rebuilt) = loop {
+            let target = self.target(&schema, event.version).await?;
+            let (born, rebuilt) = self
+                .applied
+                .get(&target.name)
+                .map_or((0, 0), |a| (a.born, a.rebuilt));
+            let lacks = schema
+                .columns
+                .iter()
+                .any(|c| target.column_of(&c.name).is_none() && !target.gone(&c.name));
+            let current = event.version >= target.remade_at.unwrap_or(0).max(born).max(rebuilt);
+            if read_again || !current || !(lacks || retyped(&target)) {
+                break (target, born, rebuilt);
+            }
+            // Another instance may have applied a statement this one has not read yet: read
+            // what it recorded, and the target again if it changed.
+            read_again = true;
+            let before = self.applied.get(&target.name).map_or(0, |a| a.version);
+            self.read_applied(&target.name).await?;
+            if self.applied.get(&target.name).map_or(0, |a| a.version) > before {
+                self.targets.remove(&target.name);
+            }
+        };
         // New source columns: add them to the target first (not those an ALTER since start
         // dropped: this row is older than that ALTER).
         let mut missing: Vec<&Column> = schema
@@ -371,11 +416,15 @@ impl Sink {
             .iter()
             .filter(|c| target.column_of(&c.name).is_none() && !target.gone(&c.name))
             .collect();
-        if target.remade_at.is_some_and(|at| event.version < at) {
+        // A row the capture reads again later, or of the table before this one: whatever this
+        // copy of it holds is replaced (or deleted) by a later event.
+        let superseded_before = target.remade_at.unwrap_or(0).max(born).max(rebuilt);
+        let superseded = event.version < superseded_before;
+        if target.remade_at.is_some_and(|at| event.version < at) || event.version < born {
             // A row older than a statement the target was made again for (a new key, a table
-            // made again in the source): its partition's copy of the statement deletes it, and
-            // the capture's rebuild brings the table's rows again; its columns the new table
-            // lacks are left out.
+            // made again in the source, another table renamed to this name): its partition's
+            // copy of the statement deletes it, and the capture's rebuild (or snapshot) brings
+            // the table's rows again; its columns the new table lacks are left out.
             missing.clear();
         }
         if let (Some(at), false) = (target.created_at, missing.is_empty()) {
@@ -407,7 +456,17 @@ impl Sink {
         // Per source column, the target column it goes into (each at most once).
         let mut into: Vec<Option<String>> = Vec::with_capacity(schema.columns.len());
         for c in &schema.columns {
-            let name = target.column_of(&c.name).map(str::to_string);
+            let mut name = target.column_of(&c.name).map(str::to_string);
+            if superseded
+                && name
+                    .as_ref()
+                    .and_then(|n| target.columns.get(n))
+                    .is_some_and(|t| *t != map_column(c, f))
+            {
+                // Of a type the column no longer has (changed by the statement the table is
+                // read again for): left out, as the later row brings its value.
+                name = None;
+            }
             let taken = name
                 .as_ref()
                 .is_some_and(|n| into.iter().flatten().any(|x| x == n));
@@ -462,6 +521,8 @@ impl Sink {
             row,
             shard,
             insert_columns: Arc::new(insert_columns),
+            superseded_before,
+            superseded,
         }))
     }
 }
