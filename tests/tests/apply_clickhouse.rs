@@ -1389,6 +1389,75 @@ async fn an_order_by_a_mirror_cannot_be_kept_by_stops_its_table_and_the_rest_flo
     finish(&db, &mut [&mut cap]).await;
 }
 
+/// Rows ClickHouse refuses for good (a column the stage writes was dropped behind its back)
+/// stop their table with the server's answer; the stage exits once, nothing of the batch
+/// stored, and restarted it dead-letters that table's events and writes the others'.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_clickhouse_refuses_stop_their_table_once_and_the_rest_flows() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_refused", "_mirror").await;
+    let mut c = w1_source(&db).await;
+    for sql in [
+        format!("CREATE TABLE `{db}`.keyed (id INT PRIMARY KEY, v INT NOT NULL)"),
+        format!("CREATE TABLE `{db}`.other (id INT PRIMARY KEY)"),
+        format!("INSERT INTO `{db}`.keyed VALUES (1, 10)"),
+        format!("INSERT INTO `{db}`.other VALUES (1)"),
+    ] {
+        c.query_drop(sql).await.unwrap();
+    }
+    let dlq = unique("dlq");
+    let mut a = CaptureProcess::apply_clickhouse(&cap.prefix, &m_db, &dlq);
+    let count = |t: &'static str| {
+        let sql = format!("SELECT count() FROM {m_db}.{t} FINAL");
+        async move {
+            sluice_tests::capture::clickhouse_tsv(&sql)
+                .await
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (count("keyed").await != "1" || count("other").await != "1") && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(count("keyed").await, "1");
+    ch_exec(format!("ALTER TABLE {m_db}.keyed DROP COLUMN v")).await;
+    c.query_drop(format!("INSERT INTO `{db}`.keyed VALUES (2, 20)"))
+        .await
+        .unwrap();
+    c.query_drop(format!("INSERT INTO `{db}`.other VALUES (2)"))
+        .await
+        .unwrap();
+    let (code, log) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("ClickHouse refused the INSERT"), "{log}");
+    let stopped = sluice_tests::capture::clickhouse_tsv(&format!(
+        "SELECT target, reason FROM {m_db}._sluice_stopped"
+    ))
+    .await
+    .unwrap();
+    assert!(
+        stopped.starts_with("keyed\t") && stopped.contains("ClickHouse refused the INSERT"),
+        "{stopped}"
+    );
+    // Restarted (as its container is): the other table's row is written, the stopped one's
+    // dead-lettered, and nothing stops the stage again.
+    a.restart();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count("other").await != "2" && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(count("other").await, "2");
+    let topic = dlq.clone();
+    let letters = tokio::task::spawn_blocking(move || dead_letters(&topic, 1))
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].1.contains("is stopped"), "{letters:?}");
+    a.stop_ok();
+    finish(&db, &mut [&mut cap]).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rebalance_while_the_target_refuses_writes_stops_the_member_and_loses_nothing() {
     let (db, m_db, mut cap) = pipeline("sluice_t_apply_drainfail", "_mirror").await;

@@ -28,7 +28,7 @@ use super::writer::{insert, Writer};
 use super::{undecodable, Context, Refusal, Sink};
 use crate::clickhouse::rowbinary::{encode, text};
 use crate::clickhouse::Mode;
-use crate::error::{ApplyError, BadEvent, Origin, Reason};
+use crate::error::{clickhouse_transient, ApplyError, BadEvent, Origin, Reason};
 use crate::group::{block_on, BatchSink, Drain, Offsets};
 
 /// Writes the batch in hand before partitions are let go (see [`crate::group`]).
@@ -47,6 +47,9 @@ pub(super) struct InFlight {
     /// A write that failed where the sink did not see it (in the rebalance callback): the sink
     /// stops instead of storing later offsets past it.
     failed: Option<String>,
+    /// A table whose rows ClickHouse refused for good, and its answer: stopped before the
+    /// sink stops (see [`Sink::stop_refused`]).
+    refused: Option<(String, String)>,
 }
 
 impl Drain for ChDrain {
@@ -77,7 +80,13 @@ impl Drain for ChDrain {
         }
         let write = async {
             for ((name, _), tb) in &taken.tables {
-                self.writer.insert_once(name, tb).await?;
+                if let Err(e) = self.writer.insert_once(name, tb).await {
+                    if !clickhouse_transient(&e) {
+                        self.in_flight.lock().expect("in-flight lock").refused =
+                            Some((name.clone(), e.to_string()));
+                    }
+                    return Err(e);
+                }
             }
             Ok::<(), clickhouse::error::Error>(())
         };
@@ -360,9 +369,40 @@ impl Sink {
         };
         for tb in parts {
             self.pace.writing();
-            insert(&self.writer, &self.metrics, name, tb, &self.shutdown).await?;
+            if let Err(e) = insert(&self.writer, &self.metrics, name, tb, &self.shutdown).await {
+                if e.is_transient() {
+                    return Err(e);
+                }
+                return Err(self.stop_refused(name, &e.to_string()).await);
+            }
         }
         Ok(())
+    }
+
+    /// ClickHouse refused the rows of target `name` for good (`why`): the table is stopped
+    /// (kept in `tables.stopped_table`, so that every instance and the next start dead-letter
+    /// its events), and the sink stops, nothing of the unwritten batch stored: after a restart
+    /// the batch is read again, the stopped table's events going to the dead-letter topic and
+    /// the other tables' rows written.
+    pub(super) async fn stop_refused(&mut self, name: &str, why: &str) -> ApplyError {
+        let reason = format!(
+            "ClickHouse refused the INSERT of its rows ({why}): the target's columns do not take \
+             them. Remedy: make the target fit the source's schema (or drop it for the stage to \
+             make it again), delete its row from {}, and re-snapshot the table",
+            self.config.tables.stopped_table
+        );
+        if let Err(e) = self.stop_table(name, &reason).await {
+            return e;
+        }
+        tracing::error!(table = %name, %reason, "table stopped");
+        ApplyError::definite(
+            Origin::ClickHouse,
+            format!(
+                "ClickHouse: table {name} stopped ({reason}); stopping, so that the batch not \
+                 written is read again on restart: its events go to the dead-letter topic, the \
+                 other tables' rows are written"
+            ),
+        )
     }
 
     /// Start writing the batch in hand (after the one being written, whose offsets are stored
@@ -383,12 +423,19 @@ impl Sink {
         self.pace.writing();
         let (writer, metrics, shutdown) =
             (self.writer.clone(), self.metrics.clone(), shutdown.clone());
+        let in_flight = self.in_flight.clone();
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let mut batch = batch;
             for ((name, _), tb) in std::mem::take(&mut batch.tables) {
                 // On failure nothing of this batch is stored; it is read again after a restart.
-                insert(&writer, &metrics, &name, tb, &shutdown).await?;
+                if let Err(e) = insert(&writer, &metrics, &name, tb, &shutdown).await {
+                    if !e.is_transient() {
+                        in_flight.lock().expect("in-flight lock").refused =
+                            Some((name.clone(), e.to_string()));
+                    }
+                    return Err(e);
+                }
             }
             metrics
                 .group
@@ -415,18 +462,42 @@ impl Sink {
             (f.task.take(), f.failed.take())
         };
         if let Some(why) = failed {
+            let refused = self
+                .in_flight
+                .lock()
+                .expect("in-flight lock")
+                .refused
+                .take();
+            if let Some((name, why)) = refused {
+                return Err(self.stop_refused(&name, &why).await);
+            }
             return Err(ApplyError::definite(
                 Origin::ClickHouse,
                 format!("ClickHouse: a batch could not be written before a rebalance: {why}"),
             ));
         }
         if let Some(task) = task {
-            let offsets = task.await.map_err(|e| {
+            let written = task.await.map_err(|e| {
                 ApplyError::definite(
                     Origin::Sink,
                     format!("ClickHouse: the write task ended: {e}"),
                 )
-            })??;
+            })?;
+            let offsets = match written {
+                Ok(offsets) => offsets,
+                Err(e) => {
+                    let refused = self
+                        .in_flight
+                        .lock()
+                        .expect("in-flight lock")
+                        .refused
+                        .take();
+                    return Err(match refused {
+                        Some((name, why)) => self.stop_refused(&name, &why).await,
+                        None => e,
+                    });
+                }
+            };
             offsets.store(&*self.consumer, &self.consumer.context().incarnations);
         }
         Ok(())
