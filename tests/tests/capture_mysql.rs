@@ -985,6 +985,45 @@ async fn a_new_capture_killed_before_any_change_resumes_where_it_started() {
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
+/// MariaDB logs INET6 and UUID as BINARY(16): rows read while their table has other columns
+/// than when they were written (an ALTER since, read behind the server) keep those types, not
+/// raw bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn inet6_and_uuid_rows_read_behind_an_alter_keep_their_types() {
+    let db = unique("sluice_t_cap_behind_types");
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY, a INET6, u UUID)"),
+    ])
+    .await;
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    wait_first_checkpoint(&cap, Duration::from_secs(60)).await;
+    cap.stop_ok();
+    sql(&[
+        format!(
+            "INSERT INTO `{db}`.t VALUES (1, '::ffff:1.2.3.4', '6ccd780c-baba-1026-9564-5b8c656024db')"
+        ),
+        format!("ALTER TABLE `{db}`.t ADD COLUMN x INT"),
+    ])
+    .await;
+    cap.restart();
+    let events = events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 1).await;
+    let row = row_events(&events)
+        .into_iter()
+        .find(|e| op(e) == Op::Insert)
+        .expect("the insert");
+    assert_eq!(
+        row.after.as_ref().unwrap().values,
+        vec![
+            value::int(1),
+            value::text("::ffff:1.2.3.4"),
+            value::text("6ccd780c-baba-1026-9564-5b8c656024db"),
+        ]
+    );
+    cap.stop_ok();
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
 /// A checkpoint committed after another connector's transaction began, while that one is left
 /// open (its capture killed mid-write), is read: the read waits for the broker to end the open
 /// one rather than stopping at the partition's last stable offset and starting without it.

@@ -234,9 +234,15 @@ pub fn parse_members(sql_type: &str) -> Vec<String> {
 ///
 /// `current` (from information_schema, if the table still has the same columns) contributes
 /// the declared SQL types and any charset the binlog names by an id this build does not know.
+/// The types the binlog logs as others (INET4/INET6/UUID as BINARY, JSON as a BLOB) are taken,
+/// column by column of the same name, from `current`, else from `known` (the schema last
+/// published for the table: the type as of the last statement read), else from `current` even
+/// when its columns differ: a table whose columns changed since its rows were written (read
+/// behind the server) keeps them.
 pub fn from_table_map(
     tme: &mysql_async::binlog::events::TableMapEvent<'_>,
     current: Option<&TableSchema>,
+    known: Option<&TableSchema>,
 ) -> Option<TableSchema> {
     use mysql_async::binlog::events::OptionalMetadataField as F;
     use mysql_async::consts::ColumnType as My;
@@ -320,6 +326,13 @@ pub fn from_table_map(
         return None;
     }
     let _ = enum_set_charsets;
+    let by_name = |s: Option<&TableSchema>, name: &str| -> Option<Column> {
+        s.and_then(|s| s.columns.iter().find(|c| c.name == name).cloned())
+    };
+    let hints: Vec<Option<Column>> = names
+        .iter()
+        .map(|n| by_name(known, n).or_else(|| by_name(current, n)))
+        .collect();
     let current = current.filter(|c| {
         c.columns.len() == n && c.columns.iter().zip(&names).all(|(c, n)| &c.name == n)
     });
@@ -411,7 +424,8 @@ pub fn from_table_map(
             _ => (ColumnType::Unspecified, 0, 0, 0),
         };
         // MariaDB logs INET4/INET6/UUID as BINARY(4/16); information_schema knows the type.
-        let (ty, length) = match now {
+        let hint = now.or(hints[i].as_ref());
+        let (ty, length) = match hint {
             Some(c)
                 if matches!(
                     c.r#type(),
@@ -424,7 +438,7 @@ pub fn from_table_map(
             _ => (ty, length),
         };
         // MariaDB logs JSON as a text BLOB; information_schema knows it is JSON.
-        let (ty, charset) = match now {
+        let (ty, charset) = match hint {
             Some(c)
                 if c.r#type() == ColumnType::Json
                     && matches!(ty, ColumnType::Text | ColumnType::Blob) =>

@@ -32,7 +32,8 @@ impl Capture {
         // With binlog_row_metadata=FULL the table map says what the columns were when the rows
         // were written; information_schema says what they are now.
         let from_binlog = self.server.has_row_metadata;
-        let schema = match schema::from_table_map(&tme, current.as_ref()) {
+        let known = self.last_schema.get(&(database.clone(), table.clone()));
+        let schema = match schema::from_table_map(&tme, current.as_ref(), known) {
             Some(s) => {
                 // Its charsets may be ones no table has now (a column changed since).
                 let charsets: Vec<&str> = s.columns.iter().map(|c| c.charset.as_str()).collect();
