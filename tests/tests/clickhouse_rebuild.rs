@@ -356,3 +356,40 @@ async fn a_swap_then_alters_read_in_one_burst_end_equal() {
     b.equal().await;
     b.finish().await;
 }
+
+/// An ALTER read behind the server and then a RENAME swap of its table: the ALTER applies to the
+/// table under its new name (after the rename, whose schema is the one before the ALTER), on
+/// both tables of the swap.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_alter_read_behind_then_a_swap_reaches_the_renamed_table() {
+    let mut b = Bed::start(
+        "sluice_t_rb_altswap",
+        &[
+            "CREATE TABLE `{db}`.a (id INT PRIMARY KEY, x TINYINT NOT NULL)".into(),
+            "CREATE TABLE `{db}`.b (id INT PRIMARY KEY, y VARCHAR(9))".into(),
+            "INSERT INTO `{db}`.a VALUES (1, 1), (2, 2)".into(),
+            "INSERT INTO `{db}`.b VALUES (1, 'one')".into(),
+        ],
+    )
+    .await;
+    b.rows("a", 2).await;
+    b.rows("b", 1).await;
+    // The capture, which knows both tables, kept busy with 30 000 rows of another table: it
+    // reads the statements after them behind the server.
+    b.sql(&[
+        "CREATE TABLE `{db}`.bulk (id INT PRIMARY KEY, pad CHAR(100))",
+        "INSERT INTO `{db}`.bulk SELECT seq, REPEAT('x', 100) FROM `{db}`.seq_1_to_30000",
+        "ALTER TABLE `{db}`.a MODIFY COLUMN x CHAR(5) NOT NULL DEFAULT '7', \
+         ADD COLUMN n INT NOT NULL DEFAULT 5",
+        "ALTER TABLE `{db}`.a RENAME COLUMN n TO m",
+        "ALTER TABLE `{db}`.b ADD COLUMN w DATE",
+        "RENAME TABLE `{db}`.a TO `{db}`.tmp, `{db}`.b TO `{db}`.a, `{db}`.tmp TO `{db}`.b",
+        "INSERT INTO `{db}`.b VALUES (3, 'three', 3)",
+        "INSERT INTO `{db}`.a VALUES (4, 'four', '2024-04-04')",
+    ])
+    .await;
+    b.rows("b", 3).await;
+    b.rows("a", 2).await;
+    b.equal().await;
+    b.finish().await;
+}

@@ -55,7 +55,7 @@ impl Capture {
                     // On the new name's topic first, ahead of its snapshot and later rows:
                     // rows of an earlier table of that name come before it on every
                     // partition, so the apply stages can tell them apart.
-                    let after = self.renamed_schema(&db, &table, ndb, nt).await?;
+                    let after = self.renamed_schema(&db, &table, ndb, nt, end).await?;
                     self.publish_ddl_event(ndb, nt, "renamed", sql, after, None, start, ts)
                         .await?;
                     let id = format!("rename {}:{start} {ndb}.{nt}", self.file);
@@ -141,13 +141,17 @@ impl Capture {
     /// The schema of table `db.table` renamed to `ndb.nt`: the one its last rows or statement
     /// had (information_schema's may be of a later table of the new name, when the capture is
     /// behind), under its new name; information_schema's when none is known. Statements of
-    /// the table waiting for its next rows go on waiting, under the new name.
+    /// the table waiting for its next rows go on waiting, under the new name, placed at `end`
+    /// (just after the rename): the schema published with the rename is the one before them,
+    /// so the apply stages must apply them after it, not take them for older statements of
+    /// the table the rename replaced.
     async fn renamed_schema(
         &mut self,
         db: &str,
         table: &str,
         ndb: &str,
         nt: &str,
+        end: u64,
     ) -> Result<Option<v1::TableSchema>, CaptureError> {
         let old = (db.to_string(), table.to_string());
         let new = (ndb.to_string(), nt.to_string());
@@ -157,6 +161,8 @@ impl Capture {
         for p in self.ddl_pending.iter_mut() {
             if (&p.database, &p.table) == (&old.0, &old.1) {
                 (p.database, p.table) = new.clone();
+                (p.file, p.start) = (self.file.clone(), end);
+                p.generation = Some(self.generation);
             }
         }
         let Some(mut s) = self.last_schema.get(&old).cloned() else {
