@@ -40,6 +40,7 @@
 //! - `stopped`: the stopped tables, kept in ClickHouse;
 //! - `metrics`: what the sink counts.
 
+mod applied;
 mod batch;
 mod columns;
 mod create;
