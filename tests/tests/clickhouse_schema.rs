@@ -627,6 +627,9 @@ async fn tables_made_like_another_or_from_a_select_arrive_whole() {
             t("k"),
             t("a")
         ),
+        // Empty ones: in the mirror too, without waiting for a row.
+        format!("CREATE TABLE {} LIKE {}", t("e"), t("a")),
+        format!("CREATE TABLE {} (id INT PRIMARY KEY, w DATE)", t("e2")),
     ])
     .await;
     let ch_db = p.ch_db.clone();
@@ -641,5 +644,10 @@ async fn tables_made_like_another_or_from_a_select_arrive_whole() {
     );
     // A keyless table made from a SELECT: a change log, its row there once.
     assert_eq!(until(&rows("k", "id, v"), "2\ty").await, "2\ty");
+    let made = format!(
+        "SELECT name FROM system.tables WHERE database = '{ch_db}' AND name IN ('e', 'e2') \
+         ORDER BY name"
+    );
+    assert_eq!(until(&made, "e\ne2").await, "e\ne2");
     p.finish().await;
 }

@@ -370,6 +370,11 @@ impl Sink {
                         // A table new to the target (made at its first row), or seen: noted, so
                         // that a copy read later (another partition's, or again after a
                         // restart) finds the target made for this very table.
+                        if !exists && !done && self.config.tables.create {
+                            // Made now, not at its first row: an empty table is in the
+                            // mirror too.
+                            self.target(new, event.version).await?;
+                        }
                         if !done {
                             let born = ColumnChanges {
                                 born: true,
