@@ -1024,6 +1024,47 @@ async fn inet6_and_uuid_rows_read_behind_an_alter_keep_their_types() {
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
+/// The same for a column added by an ALTER read behind the server and gone again by the time
+/// its rows are read: the type comes from the statement.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_column_added_and_dropped_while_behind_keeps_the_type_its_statement_declared() {
+    let db = unique("sluice_t_cap_behind_added");
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY)"),
+        format!("INSERT INTO `{db}`.t VALUES (1)"),
+    ])
+    .await;
+    let topic = cap.topic(&db, "t");
+    events_of(topic.clone(), |m| count_rows(m) >= 1).await;
+    // Kept busy with 30 000 rows of another table, the capture reads what follows behind.
+    sql(&[
+        format!("CREATE TABLE `{db}`.bulk (id INT PRIMARY KEY, pad CHAR(100))"),
+        format!("INSERT INTO `{db}`.bulk SELECT seq, REPEAT('x', 100) FROM `{db}`.seq_1_to_30000"),
+        format!("ALTER TABLE `{db}`.t ADD COLUMN a INET4 NOT NULL DEFAULT '1.2.3.4'"),
+        format!("INSERT INTO `{db}`.t VALUES (2, '10.0.0.2')"),
+        format!("ALTER TABLE `{db}`.t DROP COLUMN a"),
+    ])
+    .await;
+    let events = events_of(topic, |m| {
+        row_events(m)
+            .iter()
+            .any(|e| op(e) == Op::Insert && int_key(e) == 2)
+    })
+    .await;
+    let row = row_events(&events)
+        .into_iter()
+        .find(|e| op(e) == Op::Insert && int_key(e) == 2)
+        .unwrap();
+    assert_eq!(
+        row.after.as_ref().unwrap().values,
+        vec![value::int(2), value::text("10.0.0.2")]
+    );
+    cap.stop_ok();
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
 /// A checkpoint committed after another connector's transaction began, while that one is left
 /// open (its capture killed mid-write), is read: the read waits for the broker to end the open
 /// one rather than stopping at the partition's last stable offset and starting without it.

@@ -235,14 +235,16 @@ pub fn parse_members(sql_type: &str) -> Vec<String> {
 /// `current` (from information_schema, if the table still has the same columns) contributes
 /// the declared SQL types and any charset the binlog names by an id this build does not know.
 /// The types the binlog logs as others (INET4/INET6/UUID as BINARY, JSON as a BLOB) are taken,
-/// column by column of the same name, from `current`, else from `known` (the schema last
-/// published for the table: the type as of the last statement read), else from `current` even
-/// when its columns differ: a table whose columns changed since its rows were written (read
-/// behind the server) keeps them.
+/// column by column of the same name, from `current`, else from `statements` (the table's
+/// ALTERs read since `known`, waiting for these rows: the type the last one declares), else
+/// from `known` (the schema last published for the table), else from `current` even when its
+/// columns differ: a table whose columns changed since its rows were written (read behind the
+/// server) keeps them.
 pub fn from_table_map(
     tme: &mysql_async::binlog::events::TableMapEvent<'_>,
     current: Option<&TableSchema>,
     known: Option<&TableSchema>,
+    statements: &[String],
 ) -> Option<TableSchema> {
     use mysql_async::binlog::events::OptionalMetadataField as F;
     use mysql_async::consts::ColumnType as My;
@@ -329,9 +331,33 @@ pub fn from_table_map(
     let by_name = |s: Option<&TableSchema>, name: &str| -> Option<Column> {
         s.and_then(|s| s.columns.iter().find(|c| c.name == name).cloned())
     };
+    let declared = |name: &str| -> Option<Column> {
+        let ty = match sluice_common::sql::alter::declared_type_in(statements, name)?.as_str() {
+            "INET4" => ColumnType::Inet4,
+            "INET6" => ColumnType::Inet6,
+            "UUID" => ColumnType::Uuid,
+            "JSON" => ColumnType::Json,
+            _ => ColumnType::Unspecified,
+        };
+        let mut c = Column {
+            name: name.to_string(),
+            length: match ty {
+                ColumnType::Inet4 => 4,
+                ColumnType::Inet6 | ColumnType::Uuid => 16,
+                _ => 0,
+            },
+            ..Default::default()
+        };
+        c.set_type(ty);
+        Some(c)
+    };
     let hints: Vec<Option<Column>> = names
         .iter()
-        .map(|n| by_name(known, n).or_else(|| by_name(current, n)))
+        .map(|n| {
+            declared(n)
+                .or_else(|| by_name(known, n))
+                .or_else(|| by_name(current, n))
+        })
         .collect();
     let current = current.filter(|c| {
         c.columns.len() == n && c.columns.iter().zip(&names).all(|(c, n)| &c.name == n)

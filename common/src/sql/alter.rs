@@ -292,6 +292,69 @@ pub fn modifies_in(statements: &[String], column: &str) -> bool {
     statements.iter().any(|s| modifies(s, column))
 }
 
+/// The type an ALTER declares for `column` (its name after the statement) in `ADD [COLUMN]`
+/// (one or a parenthesised list), `MODIFY [COLUMN]` or `CHANGE [COLUMN] old`: its first word,
+/// upper-cased (`INET4`, `VARCHAR`); `None` where the statement defines no such column.
+pub fn declared_type(sql: &str, column: &str) -> Option<String> {
+    let word = |t: Option<&Token>| match t {
+        Some(Token::Word(w)) => Some(w.to_ascii_uppercase()),
+        _ => None,
+    };
+    let mut found = None;
+    for c in clauses(sql) {
+        let first = word(c.first()).unwrap_or_default();
+        if !matches!(first.as_str(), "ADD" | "MODIFY" | "CHANGE") {
+            continue;
+        }
+        let mut i = 1;
+        if c.get(i).is_some_and(|x| x.is("COLUMN")) {
+            i += 1;
+        }
+        i = skip_if(&c, i);
+        let mut definitions: Vec<&[Token]> = Vec::new();
+        if first == "ADD" && matches!(c.get(i), Some(Token::Punct('('))) {
+            let (mut depth, mut start) = (0usize, i + 1);
+            for (k, t) in c.iter().enumerate().skip(i + 1) {
+                match t {
+                    Token::Punct('(') => depth += 1,
+                    Token::Punct(')') if depth == 0 => {
+                        definitions.push(&c[start..k]);
+                        break;
+                    }
+                    Token::Punct(')') => depth -= 1,
+                    Token::Punct(',') if depth == 0 => {
+                        definitions.push(&c[start..k]);
+                        start = k + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            if first == "CHANGE" {
+                i += 1; // the old name
+            }
+            definitions.push(c.get(i..).unwrap_or_default());
+        }
+        for d in definitions {
+            if d.first()
+                .and_then(Token::name)
+                .is_some_and(|n| n.eq_ignore_ascii_case(column))
+            {
+                found = word(d.get(1)).or(found);
+            }
+        }
+    }
+    found
+}
+
+/// The type the last of `statements` that defines `column` declares ([`declared_type`]).
+pub fn declared_type_in(statements: &[String], column: &str) -> Option<String> {
+    statements
+        .iter()
+        .rev()
+        .find_map(|s| declared_type(s, column))
+}
+
 /// What the rows already in a table took for a column an ALTER added.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Added {
@@ -575,5 +638,26 @@ mod tests {
             added("ALTER TABLE t MODIFY email VARCHAR(9) DEFAULT 'a'", "email"),
             None
         );
+    }
+
+    #[test]
+    fn the_type_an_alter_declares_for_a_column() {
+        let sql = "ALTER TABLE t ADD COLUMN `a` INET4 NOT NULL DEFAULT '1.2.3.4' AFTER id, \
+                   MODIFY COLUMN b inet6 NULL, CHANGE c `d` UUID, ADD (e JSON, f INT(11)), \
+                   ADD INDEX i (a), DROP COLUMN g";
+        assert_eq!(declared_type(sql, "a").as_deref(), Some("INET4"));
+        assert_eq!(declared_type(sql, "B").as_deref(), Some("INET6"));
+        assert_eq!(declared_type(sql, "d").as_deref(), Some("UUID"));
+        assert_eq!(declared_type(sql, "c"), None, "renamed away");
+        assert_eq!(declared_type(sql, "e").as_deref(), Some("JSON"));
+        assert_eq!(declared_type(sql, "f").as_deref(), Some("INT"));
+        assert_eq!(declared_type(sql, "g"), None);
+        assert_eq!(declared_type("CREATE TABLE t (a INET4)", "a"), None);
+        let later = vec![
+            sql.to_string(),
+            "ALTER TABLE t MODIFY a BINARY(4)".to_string(),
+        ];
+        assert_eq!(declared_type_in(&later, "a").as_deref(), Some("BINARY"));
+        assert_eq!(declared_type_in(&later, "b").as_deref(), Some("INET6"));
     }
 }

@@ -33,7 +33,12 @@ impl Capture {
         // were written; information_schema says what they are now.
         let from_binlog = self.server.has_row_metadata;
         let known = self.last_schema.get(&(database.clone(), table.clone()));
-        let schema = match schema::from_table_map(&tme, current.as_ref(), known) {
+        let waiting: &[String] = self
+            .ddl_pending
+            .iter()
+            .find(|p| p.database == database && p.table == table)
+            .map_or(&[], |p| p.statements.as_slice());
+        let schema = match schema::from_table_map(&tme, current.as_ref(), known, waiting) {
             Some(s) => {
                 // Its charsets may be ones no table has now (a column changed since).
                 let charsets: Vec<&str> = s.columns.iter().map(|c| c.charset.as_str()).collect();
