@@ -1065,6 +1065,49 @@ async fn a_column_added_and_dropped_while_behind_keeps_the_type_its_statement_de
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
+/// And after a restart, for a column a statement read since dropped (information_schema no
+/// longer has it): the type comes from the checkpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_column_dropped_while_the_capture_was_down_keeps_its_type() {
+    let db = unique("sluice_t_cap_down_dropped");
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY, a INET4)"),
+        format!("INSERT INTO `{db}`.t VALUES (1, '10.0.0.1')"),
+    ])
+    .await;
+    let topic = cap.topic(&db, "t");
+    events_of(topic.clone(), |m| count_rows(m) >= 1).await;
+    cap.stop_ok();
+    sql(&[
+        format!("INSERT INTO `{db}`.t VALUES (2, '10.0.0.2')"),
+        format!("ALTER TABLE `{db}`.t DROP COLUMN a"),
+    ])
+    .await;
+    cap.restart();
+    let events = events_of(topic, |m| {
+        row_events(m)
+            .iter()
+            .any(|e| op(e) == Op::Insert && int_key(e) == 2)
+    })
+    .await;
+    let rows: Vec<Vec<sluice_proto::v1::Value>> = row_events(&events)
+        .into_iter()
+        .filter(|e| op(e) == Op::Insert)
+        .map(|e| e.after.unwrap().values)
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            vec![value::int(1), value::text("10.0.0.1")],
+            vec![value::int(2), value::text("10.0.0.2")]
+        ]
+    );
+    cap.stop_ok();
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
 /// A checkpoint committed after another connector's transaction began, while that one is left
 /// open (its capture killed mid-write), is read: the read waits for the broker to end the open
 /// one rather than stopping at the partition's last stable offset and starting without it.

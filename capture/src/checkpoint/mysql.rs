@@ -43,6 +43,13 @@ pub struct Checkpoint {
     /// The binlog generation of the versions published (`mysql.generation`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: u8,
+    /// Per table (`db.table`), its columns of a type the binlog logs as another (INET4, INET6,
+    /// UUID as BINARY; JSON as a BLOB) and that type, as the capture last published them: a
+    /// restart reading rows behind a statement that since dropped or renamed such a column
+    /// (information_schema no longer has it) still publishes them in their type.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub typed_columns:
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     /// Fields of a newer capture's checkpoint that this build does not know: kept as they are
     /// when the checkpoint is written again (`sluice position set`).
     #[serde(flatten)]
@@ -106,6 +113,7 @@ mod tests {
             snapshots_pending: vec![],
             ddl_pending: vec![],
             generation: 0,
+            typed_columns: Default::default(),
             unknown: Unknown::new(),
         };
         let text = serde_json::to_string(&c).unwrap();
@@ -123,6 +131,22 @@ mod tests {
         let text = serde_json::to_string(&g).unwrap();
         assert!(text.contains("\"generation\":3"), "{text}");
         assert_eq!(serde_json::from_str::<Checkpoint>(&text).unwrap(), g);
+        // Columns the binlog logs as another type, by table.
+        let mut typed = Checkpoint {
+            typed_columns: Default::default(),
+            ..c.clone()
+        };
+        typed
+            .typed_columns
+            .entry("db.t".into())
+            .or_default()
+            .insert("a".into(), "COLUMN_TYPE_INET4".into());
+        let text = serde_json::to_string(&typed).unwrap();
+        assert!(
+            text.contains(r#""typed_columns":{"db.t":{"a":"COLUMN_TYPE_INET4"}}"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Checkpoint>(&text).unwrap(), typed);
         // With a snapshot under way.
         let mut tables = std::collections::BTreeMap::new();
         tables.insert(

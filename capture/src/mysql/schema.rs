@@ -228,6 +228,15 @@ pub fn parse_members(sql_type: &str) -> Vec<String> {
     members
 }
 
+/// Whether the binlog logs a column of type `t` as another (MariaDB's INET4/INET6/UUID as
+/// BINARY, JSON as a BLOB): its type must come from elsewhere.
+pub fn logged_as_another(t: ColumnType) -> bool {
+    matches!(
+        t,
+        ColumnType::Inet4 | ColumnType::Inet6 | ColumnType::Uuid | ColumnType::Json
+    )
+}
+
 /// The schema a table map carries when the server logs `binlog_row_metadata=FULL` (MySQL 8,
 /// MariaDB 10.5+): names, signedness, charsets, ENUM/SET members and the primary key, exactly
 /// as they were when the rows were written. `None` without column names (MINIMAL/NO_LOG).

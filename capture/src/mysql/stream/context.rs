@@ -70,6 +70,10 @@ pub struct Capture {
     /// The schema of each table's last rows read (or last DDL published) since start: the
     /// "before" of its next DDL event.
     pub(super) last_schema: HashMap<(String, String), TableSchema>,
+    /// The columns of a type the binlog logs as another, per table, from the checkpoint
+    /// resumed from (as schemas of those columns only): what the capture knew of them before
+    /// its restart, for tables it has read no schema of since.
+    pub(super) typed_restored: HashMap<(String, String), TableSchema>,
     pub(super) snapshot_metrics: Arc<SnapshotMetrics>,
     /// XA transactions (see `xa`): the rows of the one being read, and those prepared and not
     /// committed or rolled back yet.

@@ -11,6 +11,7 @@
 
 use sluice_common::clock::{now_micros, now_secs};
 use sluice_proto::v1;
+use std::collections::BTreeMap;
 
 use super::context::{Capture, TxState};
 use crate::checkpoint::mysql::Checkpoint;
@@ -106,8 +107,38 @@ impl Capture {
             snapshots_pending: self.snapshots_pending.clone(),
             ddl_pending: self.ddl_pending.clone(),
             generation: self.generation,
+            typed_columns: self.typed_columns(),
             unknown: Default::default(),
         }
+    }
+
+    /// The columns the binlog logs as another type, per table, from the schemas last published
+    /// (and those restored at start that no schema has replaced since).
+    fn typed_columns(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        let mut add = |s: &v1::TableSchema| {
+            let cols: BTreeMap<String, String> = s
+                .columns
+                .iter()
+                .filter_map(|c| {
+                    crate::mysql::schema::logged_as_another(c.r#type())
+                        .then(|| (c.name.clone(), c.r#type().as_str_name().to_string()))
+                })
+                .collect();
+            let key = format!("{}.{}", s.database, s.table);
+            if cols.is_empty() {
+                out.remove(&key);
+            } else {
+                out.insert(key, cols);
+            }
+        };
+        for s in self.typed_restored.values() {
+            add(s);
+        }
+        for s in self.last_schema.values() {
+            add(s);
+        }
+        out
     }
 
     /// The GTID set read so far, as text (empty: not known).

@@ -100,6 +100,7 @@ impl Capture {
             ddl_pending: Vec::new(),
             ddl_schemas: HashMap::new(),
             last_schema: HashMap::new(),
+            typed_restored: HashMap::new(),
             snapshot_metrics,
             xa: Default::default(),
             generation: 0,
@@ -132,6 +133,10 @@ impl Capture {
             // Read from the server (and generation) the checkpoint was written reading.
             p.generation.get_or_insert(self.generation);
         }
+        self.typed_restored = checkpoint
+            .as_ref()
+            .map(|c| typed_restored(&c.typed_columns))
+            .unwrap_or_default();
         self.resume = self.start_position(checkpoint).await?;
         self.log_captured_tables().await?;
         if self.gtid_set.is_none() && !self.resume.file.is_empty() {
@@ -663,4 +668,43 @@ fn parse_mysql_gtid_set(set: &str) -> Result<Vec<mysql_async::Sid<'static>>, Str
         out.push(sid);
     }
     Ok(out)
+}
+
+/// The checkpoint's typed columns as schemas of those columns only, by table.
+fn typed_restored(
+    typed: &std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+) -> HashMap<(String, String), v1::TableSchema> {
+    let mut out = HashMap::new();
+    for (name, cols) in typed {
+        let Some((db, table)) = name.split_once('.') else {
+            continue;
+        };
+        let columns = cols
+            .iter()
+            .filter_map(|(c, t)| {
+                let t = v1::ColumnType::from_str_name(t)?;
+                let mut col = v1::Column {
+                    name: c.clone(),
+                    length: match t {
+                        v1::ColumnType::Inet4 => 4,
+                        v1::ColumnType::Inet6 | v1::ColumnType::Uuid => 16,
+                        _ => 0,
+                    },
+                    ..Default::default()
+                };
+                col.set_type(t);
+                Some(col)
+            })
+            .collect();
+        out.insert(
+            (db.to_string(), table.to_string()),
+            v1::TableSchema {
+                database: db.to_string(),
+                table: table.to_string(),
+                columns,
+                ..Default::default()
+            },
+        );
+    }
+    out
 }

@@ -32,7 +32,11 @@ impl Capture {
         // With binlog_row_metadata=FULL the table map says what the columns were when the rows
         // were written; information_schema says what they are now.
         let from_binlog = self.server.has_row_metadata;
-        let known = self.last_schema.get(&(database.clone(), table.clone()));
+        let here = (database.clone(), table.clone());
+        let known = self
+            .last_schema
+            .get(&here)
+            .or_else(|| self.typed_restored.get(&here));
         let waiting: &[String] = self
             .ddl_pending
             .iter()
