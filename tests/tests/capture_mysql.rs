@@ -347,6 +347,9 @@ async fn kill_9_and_restart_loses_nothing() {
     ])
     .await;
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    // The writer starts once the capture is up (its first checkpoint stored): its start, which
+    // waits on the broker, is no part of the race below.
+    wait_first_checkpoint(&cap, Duration::from_secs(60)).await;
     const N: i64 = 3000;
     let writer_db = db.clone();
     let writer = tokio::spawn(async move {
