@@ -120,10 +120,8 @@ impl Capture {
             let cols: BTreeMap<String, String> = s
                 .columns
                 .iter()
-                .filter_map(|c| {
-                    crate::mysql::schema::logged_as_another(c.r#type())
-                        .then(|| (c.name.clone(), c.r#type().as_str_name().to_string()))
-                })
+                .filter(|c| crate::mysql::schema::logged_as_another(c.r#type()))
+                .map(|c| (c.name.clone(), c.r#type().as_str_name().to_string()))
                 .collect();
             let key = format!("{}.{}", s.database, s.table);
             if cols.is_empty() {
