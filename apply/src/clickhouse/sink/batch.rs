@@ -455,6 +455,15 @@ impl Sink {
         Ok(())
     }
 
+    /// The table whose rows ClickHouse refused for good in the last write, and its answer.
+    fn take_refused(&self) -> Option<(String, String)> {
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .refused
+            .take()
+    }
+
     /// Wait for the batch being written, if any, and store its offsets.
     pub(super) async fn settle(&mut self) -> Result<(), ApplyError> {
         let (task, failed) = {
@@ -462,13 +471,7 @@ impl Sink {
             (f.task.take(), f.failed.take())
         };
         if let Some(why) = failed {
-            let refused = self
-                .in_flight
-                .lock()
-                .expect("in-flight lock")
-                .refused
-                .take();
-            if let Some((name, why)) = refused {
+            if let Some((name, why)) = self.take_refused() {
                 return Err(self.stop_refused(&name, &why).await);
             }
             return Err(ApplyError::definite(
@@ -486,13 +489,7 @@ impl Sink {
             let offsets = match written {
                 Ok(offsets) => offsets,
                 Err(e) => {
-                    let refused = self
-                        .in_flight
-                        .lock()
-                        .expect("in-flight lock")
-                        .refused
-                        .take();
-                    return Err(match refused {
+                    return Err(match self.take_refused() {
                         Some((name, why)) => self.stop_refused(&name, &why).await,
                         None => e,
                     });

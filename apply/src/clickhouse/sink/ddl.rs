@@ -322,15 +322,7 @@ impl Sink {
                         }
                         return Ok(());
                     }
-                    let change = self
-                        .apply_rebuild(&name, Rebuild::Table, "rename", event.version, new, None, &[], true)
-                        .await?;
-                    let change = ColumnChanges {
-                        born: true,
-                        ..change.unwrap_or_default()
-                    };
-                    self.record_applied(&name, event.version, &change).await?;
-                    Ok(())
+                    self.made_again(&name, "rename", event.version, new).await
                 }
                 "create" => {
                     let Some(new) = &ddl.schema else { return Ok(()) };
@@ -392,15 +384,7 @@ impl Sink {
                     // A table of this name made again in the source while its target holds
                     // another's rows (a DROP the target kept, or missed while both stages were
                     // down): the target is made again for it.
-                    let change = self
-                        .apply_rebuild(&name, Rebuild::Table, "create", event.version, new, None, &[], true)
-                        .await?;
-                    let change = ColumnChanges {
-                        born: true,
-                        ..change.unwrap_or_default()
-                    };
-                    self.record_applied(&name, event.version, &change).await?;
-                    Ok(())
+                    self.made_again(&name, "create", event.version, new).await
                 }
                 _ => Ok(()),
             }
@@ -428,6 +412,26 @@ impl Sink {
 }
 
 impl Sink {
+    /// Target `name` made again for the table statement `kind` (`version`) put under its name
+    /// (schema `new`), and noted as born there.
+    async fn made_again(
+        &mut self,
+        name: &str,
+        kind: &str,
+        version: u64,
+        new: &TableSchema,
+    ) -> Result<(), Refusal> {
+        let change = self
+            .apply_rebuild(name, Rebuild::Table, kind, version, new, None, &[], true)
+            .await?;
+        let change = ColumnChanges {
+            born: true,
+            ..change.unwrap_or_default()
+        };
+        self.record_applied(name, version, &change).await?;
+        Ok(())
+    }
+
     /// `sluice_apply_ddl_total{kind, outcome}`.
     fn count_ddl(&self, kind: &str, outcome: &str) {
         self.metrics.ddl.with_label_values(&[kind, outcome]).inc();
