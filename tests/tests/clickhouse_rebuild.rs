@@ -393,3 +393,64 @@ async fn an_alter_read_behind_then_a_swap_reaches_the_renamed_table() {
     b.equal().await;
     b.finish().await;
 }
+
+/// A statement read behind the server reaches the mirror at its place in the stream, not at its
+/// table's next row: the table here gets no row after it, and the server is never idle (a
+/// writer on another table every 20 ms), so neither a row nor a caught-up capture publishes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_read_behind_reaches_the_mirror_without_a_row_of_its_table() {
+    let mut b = Bed::start(
+        "sluice_t_rb_norow",
+        &[
+            "CREATE TABLE `{db}`.q (id INT PRIMARY KEY, x INT, gone INT)".into(),
+            "CREATE TABLE `{db}`.busy (id INT AUTO_INCREMENT PRIMARY KEY, v INT)".into(),
+            "INSERT INTO `{db}`.q VALUES (1, 10, 1), (2, 20, 2)".into(),
+        ],
+    )
+    .await;
+    b.rows("q", 2).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (stop, db) = (stop.clone(), b.db.clone());
+        async move {
+            let mut my = mysql().await;
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                my.query_drop(format!("INSERT INTO `{db}`.busy (v) VALUES (1)"))
+                    .await
+                    .unwrap();
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            n
+        }
+    });
+    b.sql(&[
+        "CREATE TABLE `{db}`.bulk (id INT PRIMARY KEY, pad CHAR(100))",
+        "INSERT INTO `{db}`.bulk SELECT seq, REPEAT('x', 100) FROM `{db}`.seq_1_to_30000",
+        "ALTER TABLE `{db}`.q ADD COLUMN c VARCHAR(10) NULL, DROP COLUMN gone",
+    ])
+    .await;
+    let sql = format!(
+        "SELECT name FROM system.columns WHERE database = '{}' AND table = 'q' \
+         AND name IN ('c', 'gone') ORDER BY name",
+        b.ch_db
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let names = clickhouse_tsv(&sql).await.unwrap_or_default();
+        if names.trim() == "c" {
+            break;
+        }
+        assert!(
+            !writer.is_finished() && Instant::now() < deadline,
+            "the mirror of q has {names:?} of (c, gone), not c alone, while the server is busy"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let n = writer.await.unwrap();
+    assert!(n > 0);
+    b.equal().await;
+    b.finish().await;
+}

@@ -61,9 +61,13 @@ pub struct Capture {
     pub(super) snapshots_done: Vec<String>,
     /// Snapshots asked for by the stream itself (renames), in the checkpoint until done.
     pub(super) snapshots_pending: Vec<crate::checkpoint::mysql::PendingSnapshot>,
-    /// DDL read while behind the server, by table: published at the table's next table map
+    /// DDL read while behind the server, by table: published at the table's next table map,
+    /// or once the stream reaches a position information_schema's schema is known to hold at
     /// (in the checkpoint until then).
     pub(super) ddl_pending: Vec<crate::checkpoint::mysql::PendingDdl>,
+    /// For tables in `ddl_pending`: information_schema's schema and the binlog position it
+    /// holds at (see `Capture::publish_ddl_reached`).
+    pub(super) ddl_brackets: HashMap<(String, String), super::ddl::DdlBracket>,
     /// The schema the last DDL event of a table carried, read from information_schema when the
     /// capture was caught up: checked against the table's next table map.
     pub(super) ddl_schemas: HashMap<(String, String), TableSchema>,

@@ -15,6 +15,7 @@ use super::context::Capture;
 use crate::checkpoint::mysql::{PendingDdl, PendingSnapshot};
 use crate::error::CaptureError;
 use crate::mysql::ddl::TableRef;
+use crate::mysql::position::BinlogPos;
 use crate::mysql::rebuild::{self, Rebuild};
 use mysql_async::prelude::Queryable;
 
@@ -104,7 +105,7 @@ impl Capture {
                 } else {
                     // (an earlier DDL's schema is not the next rows' to check against)
                     self.ddl_schemas.remove(&here);
-                    tracing::info!(database = %db, table = %table, kind, "DDL read behind the server: published with the table's next rows");
+                    tracing::info!(database = %db, table = %table, kind, "DDL read behind the server: published with the table's next rows, or once the stream reaches where its schema is known");
                     let before = self
                         .last_schema
                         .get(&here)
@@ -190,6 +191,85 @@ impl Capture {
             self.schema_conn.query_first(self.server.status_sql).await?;
         let at = row.and_then(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)));
         Ok(at.is_some_and(|(file, pos)| file == self.file && pos == end))
+    }
+
+    /// Statements read behind the server wait for the table's next rows, whose table map says
+    /// the schema after them; a table no row reaches would make them wait as long as the
+    /// server is never idle. So each waiting table takes, once per change of what waits,
+    /// information_schema's schema and then the server's binlog position: that schema holds at
+    /// that position (a statement shows in information_schema only once it is logged). When
+    /// the stream reaches the position with nothing more of the table read (a statement, a
+    /// rename or a drop changes what waits and voids the bracket; rows publish the statements
+    /// first), it is the schema after the statements, which are published with it: at their
+    /// place among the table's events, within the capture's lag, without a row.
+    pub(super) async fn publish_ddl_reached(&mut self) -> Result<(), CaptureError> {
+        if self.ddl_pending.is_empty() || self.skip_until.is_some() {
+            self.ddl_brackets.clear();
+            return Ok(());
+        }
+        let here = BinlogPos {
+            file: self.file.clone(),
+            pos: self.read_to,
+        };
+        let (mut due, mut take) = (Vec::new(), Vec::new());
+        for p in &self.ddl_pending {
+            let key = (p.database.clone(), p.table.clone());
+            match self.ddl_brackets.get(&key) {
+                Some(b) if b.waiting == DdlBracket::waiting_of(p) => {
+                    if !self.before_pos(&here, &b.at) {
+                        due.push(key);
+                    }
+                }
+                _ => take.push(key),
+            }
+        }
+        self.ddl_brackets.retain(|k, _| {
+            self.ddl_pending
+                .iter()
+                .any(|p| (&p.database, &p.table) == (&k.0, &k.1))
+        });
+        for key in take {
+            self.schemas.remove(&key);
+            let schema = self.schema_of(&key.0, &key.1).await?;
+            let row: Option<mysql_async::Row> =
+                self.schema_conn.query_first(self.server.status_sql).await?;
+            let Some(at) = row.and_then(|r| {
+                Some(BinlogPos {
+                    file: r.get::<String, _>(0)?,
+                    pos: r.get::<u64, _>(1)?,
+                })
+            }) else {
+                continue;
+            };
+            let Some(p) = self
+                .ddl_pending
+                .iter()
+                .find(|p| (&p.database, &p.table) == (&key.0, &key.1))
+            else {
+                continue;
+            };
+            tracing::debug!(database = %key.0, table = %key.1, at = %format!("{}:{}", at.file, at.pos), "statements read behind the server: published once the stream reaches the position their schema was read at");
+            let waiting = DdlBracket::waiting_of(p);
+            self.ddl_brackets.insert(
+                key,
+                DdlBracket {
+                    at,
+                    waiting,
+                    schema,
+                },
+            );
+        }
+        for key in due {
+            let Some(b) = self.ddl_brackets.remove(&key) else {
+                continue;
+            };
+            if let Some(s) = &b.schema {
+                // (checked against the table map of its next rows, as a caught-up DDL's)
+                self.ddl_schemas.insert(key.clone(), s.clone());
+            }
+            self.publish_pending_ddl(&key.0, &key.1, b.schema).await?;
+        }
+        Ok(())
     }
 
     /// Publish the DDL of `db.table` read while behind the server, with the schema its next
@@ -464,6 +544,21 @@ impl Capture {
             .with_label_values(&[db, table, label])
             .inc();
         Ok(())
+    }
+}
+
+/// information_schema's schema of a table whose statements wait (`schema`, `None`: no such
+/// table), read before the server's binlog position `at`; valid while what waits is `waiting`.
+pub(super) struct DdlBracket {
+    at: BinlogPos,
+    waiting: (String, u64, usize),
+    schema: Option<v1::TableSchema>,
+}
+
+impl DdlBracket {
+    /// What identifies the statements waiting: the last one's place and their number.
+    fn waiting_of(p: &PendingDdl) -> (String, u64, usize) {
+        (p.file.clone(), p.start, p.statements.len())
     }
 }
 

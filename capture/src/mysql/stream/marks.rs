@@ -57,6 +57,7 @@ impl Capture {
             file: self.file.clone(),
             pos: end,
         };
+        self.publish_ddl_reached().await?;
         self.mark_now().await
     }
 

@@ -98,6 +98,7 @@ impl Capture {
             snapshots_done: Vec::new(),
             snapshots_pending: Vec::new(),
             ddl_pending: Vec::new(),
+            ddl_brackets: HashMap::new(),
             ddl_schemas: HashMap::new(),
             last_schema: HashMap::new(),
             typed_restored: HashMap::new(),
