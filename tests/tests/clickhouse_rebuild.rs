@@ -454,3 +454,64 @@ async fn a_statement_read_behind_reaches_the_mirror_without_a_row_of_its_table()
     b.equal().await;
     b.finish().await;
 }
+
+/// Partition clauses that remove, replace or add rows without row events: the tables they
+/// touch are read again into targets made again, so each ends with exactly its source's rows;
+/// a table made a partition is as dropped, a partition made a table gets a target of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn partition_statements_are_followed_by_reading_their_tables_again() {
+    let mut b = Bed::start(
+        "sluice_t_rb_part",
+        &[
+            "CREATE TABLE `{db}`.p (id INT PRIMARY KEY, v VARCHAR(10)) PARTITION BY RANGE (id) \
+             (PARTITION p0 VALUES LESS THAN (10), PARTITION p1 VALUES LESS THAN (20), \
+             PARTITION p2 VALUES LESS THAN (30), PARTITION p3 VALUES LESS THAN (40))"
+                .into(),
+            "CREATE TABLE `{db}`.x (id INT PRIMARY KEY, v VARCHAR(10))".into(),
+            "CREATE TABLE `{db}`.c (id INT PRIMARY KEY, v VARCHAR(10))".into(),
+            "INSERT INTO `{db}`.p VALUES (1, 'a'), (5, 'b'), (12, 'c'), (15, 'd'), (22, 'e'), \
+             (25, 'f'), (35, 'g')"
+                .into(),
+            "INSERT INTO `{db}`.x VALUES (11, 'x1'), (13, 'x2')".into(),
+            "INSERT INTO `{db}`.c VALUES (41, 'c1'), (42, 'c2')".into(),
+        ],
+    )
+    .await;
+    b.rows("p", 7).await;
+    b.rows("x", 2).await;
+    b.rows("c", 2).await;
+    b.sql(&[
+        "ALTER TABLE `{db}`.p TRUNCATE PARTITION p0",
+        "ALTER TABLE `{db}`.p EXCHANGE PARTITION p1 WITH TABLE `{db}`.x",
+        "ALTER TABLE `{db}`.p CONVERT PARTITION p2 TO TABLE `{db}`.conv",
+        "ALTER TABLE `{db}`.p CONVERT TABLE `{db}`.c TO PARTITION p4 VALUES LESS THAN (50)",
+        "ALTER TABLE `{db}`.p DROP PARTITION p3",
+        "INSERT INTO `{db}`.p VALUES (2, 'new')",
+        "UPDATE `{db}`.x SET v = 'd2' WHERE id = 15",
+        "INSERT INTO `{db}`.conv VALUES (29, 'conv')",
+    ])
+    .await;
+    // p: 2, 11, 13 (from x), 41, 42 (from c); x: 12, 15 (from p); conv: 22, 25, 29.
+    b.rows("p", 5).await;
+    b.rows("x", 2).await;
+    b.rows("conv", 3).await;
+    b.equal().await;
+    let sql = |t: &str| {
+        format!(
+            "SELECT id, v FROM {}.{t} FINAL WHERE _deleted = 0 ORDER BY id",
+            b.ch_db
+        )
+    };
+    assert_eq!(
+        clickhouse_tsv(&sql("p")).await.unwrap(),
+        "2\tnew\n11\tx1\n13\tx2\n41\tc1\n42\tc2\n"
+    );
+    assert_eq!(clickhouse_tsv(&sql("x")).await.unwrap(), "12\tc\n15\td2\n");
+    assert_eq!(
+        clickhouse_tsv(&sql("conv")).await.unwrap(),
+        "22\te\n25\tf\n29\tconv\n"
+    );
+    // c is gone from the source, as dropped: its target keeps its rows (tables.drop = keep).
+    assert_eq!(clickhouse_tsv(&sql("c")).await.unwrap(), "41\tc1\n42\tc2\n");
+    b.finish().await;
+}

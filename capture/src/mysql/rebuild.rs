@@ -12,7 +12,10 @@
 //!   table, and the rows read again overwrite the old ones (their versions are higher).
 //! - [`Rebuild::Table`]: the primary key changed (added, dropped, other columns, a key column
 //!   renamed or redefined): a target ordered by the old key cannot hold the new table, and is
-//!   made again from the schema after the statement before the rows read again fill it.
+//!   made again from the schema after the statement before the rows read again fill it. The
+//!   same for partition clauses that remove, replace or add rows without row events
+//!   (`TRUNCATE/DROP/EXCHANGE PARTITION`, `CONVERT PARTITION/TABLE`): no row event says which
+//!   rows went.
 //!
 //! Statements that change no stored value (an index, a default for later rows, a column added
 //! as NULL, a type widened so that every value stays as it was, a column renamed or dropped)
@@ -54,6 +57,17 @@ pub fn after_alter(
         .flat_map(|s| alter::clause_kinds(s))
         .collect();
     let mut verdict = Rebuild::None;
+    // Partition clauses that remove, replace or add rows without row events: the target made
+    // again holds exactly the rows read again.
+    if let Some(clause) = statements
+        .iter()
+        .find_map(|s| crate::mysql::ddl::rows_changed_without_row_events(s))
+        .map(|(clause, _)| clause)
+    {
+        verdict = verdict.and(Rebuild::Table(format!(
+            "{clause} adds or removes rows without row events"
+        )));
+    }
     if kinds.contains(&Clause::Rows) {
         verdict = verdict.and(Rebuild::Rows(
             "it may rewrite stored values (CONVERT TO CHARACTER SET, or a clause this capture \
@@ -399,6 +413,37 @@ mod tests {
             &alter(&t(members(&["a", "b"])), &t(members(&["b", "a"])), modify),
             "type"
         ));
+    }
+
+    #[test]
+    fn partition_clauses_that_move_rows_make_the_table_again() {
+        let t = schema(vec![id()], &[0]);
+        for sql in [
+            "ALTER TABLE t TRUNCATE PARTITION p0",
+            "ALTER TABLE t DROP PARTITION p0, p1",
+            "ALTER TABLE t EXCHANGE PARTITION p1 WITH TABLE x",
+            "ALTER TABLE t CONVERT PARTITION p2 TO TABLE y",
+            "ALTER TABLE t CONVERT TABLE c TO PARTITION p4 VALUES LESS THAN (50)",
+        ] {
+            assert!(
+                matches!(alter(&t, &t, sql), Rebuild::Table(why) if why.contains("without row events")),
+                "{sql}"
+            );
+            // Among statements read behind the server, and with the schema before unknown.
+            let statements = ["ALTER TABLE t ADD INDEX (id)".to_string(), sql.to_string()];
+            assert!(matches!(
+                after_alter(None, &t, &statements),
+                Rebuild::Table(_)
+            ));
+        }
+        // Clauses that keep every row need nothing.
+        for sql in [
+            "ALTER TABLE t ADD PARTITION (PARTITION p9 VALUES LESS THAN (100))",
+            "ALTER TABLE t REORGANIZE PARTITION p0 INTO (PARTITION a VALUES LESS THAN (5))",
+            "ALTER TABLE t REMOVE PARTITIONING",
+        ] {
+            assert_eq!(alter(&t, &t, sql), Rebuild::None, "{sql}");
+        }
     }
 
     #[test]

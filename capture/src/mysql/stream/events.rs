@@ -402,19 +402,47 @@ impl Capture {
                     let mut refused = tables.clone();
                     self.apply_ddl(kind, &sql, &default_db, tables, renamed_to, start, end, ts)
                         .await?;
-                    if let Some((clause, others)) = moved {
-                        let reason = format!(
-                            "{clause} adds or removes rows without row events, so the target \
-                             cannot follow it. Empty the target table, then re-snapshot the \
-                             table (snapshot.request_id and snapshot.tables in the capture's \
-                             configuration) and restart the apply stage"
-                        );
-                        refused.extend(others);
-                        for t in &refused {
-                            let db = t.database.clone().unwrap_or_else(|| default_db.clone());
-                            self.refuse_table(&db, &t.table, &sql, &reason, start, ts)
-                                .await?;
+                    match moved {
+                        // A tablespace discarded cannot be read (nor read again) until one
+                        // is imported, whose rows come from a file: no rebuild can follow.
+                        Some((clause, others)) if clause.contains("TABLESPACE") => {
+                            let reason = format!(
+                                "{clause} adds or removes rows without row events, and the \
+                                 table cannot be read again meanwhile, so the target cannot \
+                                 follow it. Once the tablespace is imported, empty the target \
+                                 table, then re-snapshot the table (snapshot.request_id and \
+                                 snapshot.tables in the capture's configuration) and restart \
+                                 the apply stage"
+                            );
+                            refused.extend(others);
+                            for t in &refused {
+                                let db = t.database.clone().unwrap_or_else(|| default_db.clone());
+                                self.refuse_table(&db, &t.table, &sql, &reason, start, ts)
+                                    .await?;
+                            }
                         }
+                        // The statement's table is rebuilt (its ALTER event says so); the
+                        // other table of an exchange, or a partition made a table, is too;
+                        // a table made a partition is gone, as dropped.
+                        Some((clause, others)) if !others.is_empty() => {
+                            let kind = if clause == "CONVERT TABLE" {
+                                "drop"
+                            } else {
+                                "alter"
+                            };
+                            self.apply_ddl(
+                                kind,
+                                &sql,
+                                &default_db,
+                                others,
+                                Vec::new(),
+                                start,
+                                end,
+                                ts,
+                            )
+                            .await?;
+                        }
+                        _ => {}
                     }
                 }
                 self.commit(end).await?;
