@@ -515,3 +515,60 @@ async fn partition_statements_are_followed_by_reading_their_tables_again() {
     assert_eq!(clickhouse_tsv(&sql("c")).await.unwrap(), "41\tc1\n42\tc2\n");
     b.finish().await;
 }
+
+/// A keyless table's change log, rebuilt after an ALTER that gave its rows a value: it keeps
+/// every row it had, a row of `_op = 'rebuild'` marks the statement, and the rows above it are
+/// the table's rows read again with the server's values, then the changes after.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_log_marks_where_the_rows_read_again_begin() {
+    let mut b = Bed::start(
+        "sluice_t_rb_log",
+        &[
+            "CREATE TABLE `{db}`.l (v INT, s VARCHAR(5))".into(),
+            "INSERT INTO `{db}`.l VALUES (1, 'a'), (2, 'b'), (2, 'b')".into(),
+        ],
+    )
+    .await;
+    b.rows("l", 3).await;
+    b.sql(&[
+        "ALTER TABLE `{db}`.l ADD COLUMN c INT NOT NULL DEFAULT 5",
+        "INSERT INTO `{db}`.l VALUES (3, 'c', 6)",
+    ])
+    .await;
+    // 3 rows before, the marker, the 3 rows read again, the new one (which the rebuild may
+    // also have read: then it is there twice, once as a change and once read again).
+    let after = |what: &str| {
+        format!(
+            "SELECT {what} FROM {ch}.l FINAL WHERE _version > (SELECT max(_version) FROM \
+             {ch}.l WHERE _op = 'rebuild') ORDER BY v, _op",
+            ch = b.ch_db
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let rows = clickhouse_tsv(&after("v, s, c, _op")).await.unwrap_or_default();
+        let read_again = "1\ta\t5\tsnapshot\n2\tb\t5\tsnapshot\n2\tb\t5\tsnapshot\n";
+        if rows == format!("{read_again}3\tc\t6\tinsert\n")
+            || rows == format!("{read_again}3\tc\t6\tinsert\n3\tc\t6\tsnapshot\n")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after the marker: {rows:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let markers = format!(
+        "SELECT count() FROM {}.l FINAL WHERE _op = 'rebuild'",
+        b.ch_db
+    );
+    assert_eq!(clickhouse_tsv(&markers).await.unwrap().trim(), "1");
+    let before = format!(
+        "SELECT v, s, _op FROM {ch}.l FINAL WHERE _version < (SELECT max(_version) FROM \
+         {ch}.l WHERE _op = 'rebuild') ORDER BY v",
+        ch = b.ch_db
+    );
+    assert_eq!(
+        clickhouse_tsv(&before).await.unwrap(),
+        "1\ta\tinsert\n2\tb\tinsert\n2\tb\tinsert\n"
+    );
+    b.finish().await;
+}

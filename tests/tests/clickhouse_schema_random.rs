@@ -6,7 +6,9 @@
 //! converts, expressions, `CURRENT_TIMESTAMP`), NOT NULL without one, generated columns
 //! (VIRTUAL and PERSISTENT), narrowing MODIFYs under a permissive `sql_mode`, renames, drops,
 //! several clauses in one ALTER, primary key changes (other columns, none, back), TRUNCATE, DROP
-//! + CREATE, RENAME TABLE swaps and `CREATE TABLE ... LIKE` copies.
+//! then CREATE, RENAME TABLE swaps, `CREATE TABLE ... LIKE` copies, and partitions (a table
+//! partitioned by range, partitions truncated, dropped or exchanged with a new table,
+//! partitioning removed).
 //!
 //! At the end `sluice verify` compares every table cell for cell: each one is equal to its
 //! source (every source column in the target), or stopped for a reason on the list of the
@@ -368,6 +370,8 @@ struct Table {
     name: String,
     cols: Vec<Col>,
     key: Key,
+    /// Partitioned by range of `id` (partitions p0, p1, p2: some may be dropped since).
+    partitioned: bool,
 }
 
 impl Table {
@@ -464,6 +468,24 @@ fn upsert(rng: &mut Rng, db: &str, t: &Table) -> Vec<String> {
 }
 
 /// A stage stopped now: SIGTERM or SIGKILL.
+/// Whether the server takes CREATE TABLE `sql` of `db`.`table` (a DEFAULT drawn may be one
+/// strict mode refuses): tried as a temporary table, which a row-format binlog does not log.
+async fn accepted(my: &mut mysql_async::Conn, sql: &str, db: &str, table: &str) -> bool {
+    let probe = sql.replacen(
+        &format!("CREATE TABLE `{db}`.`{table}`"),
+        &format!("CREATE TEMPORARY TABLE `{db}`.`probe`"),
+        1,
+    );
+    assert_ne!(probe, sql);
+    let ok = my.query_drop(&probe).await.is_ok();
+    if ok {
+        my.query_drop(format!("DROP TEMPORARY TABLE `{db}`.`probe`"))
+            .await
+            .unwrap();
+    }
+    ok
+}
+
 fn halt(p: &mut CaptureProcess, rng: &mut Rng) -> &'static str {
     if rng.chance(50) {
         let _ = p.stop();
@@ -561,10 +583,23 @@ async fn a_storm_of_schema_changes_leaves_every_table_equal_or_stopped_for_a_lis
              PRIMARY KEY ({pk}))",
             defs.join(", ")
         );
-        (Table { name, cols, key }, sql)
+        (
+            Table {
+                name,
+                cols,
+                key,
+                partitioned: false,
+            },
+            sql,
+        )
     };
     for i in 0..4 {
-        let (t, sql) = create(&mut rng, format!("t{i}"), &mut next_col);
+        let (t, sql) = loop {
+            let (t, sql) = create(&mut rng, format!("t{i}"), &mut next_col);
+            if accepted(&mut my, &sql, &db, &t.name).await {
+                break (t, sql);
+            }
+        };
         my.query_drop(&sql)
             .await
             .unwrap_or_else(|e| panic!("seed {seed}: {sql}: {e}"));
@@ -701,7 +736,12 @@ async fn a_storm_of_schema_changes_leaves_every_table_equal_or_stopped_for_a_lis
             statements.push(format!("TRUNCATE TABLE {name}"));
         } else if roll < 77 {
             // Dropped and made again under its name, with other columns.
-            let (t, sql) = create(&mut rng, tables[ti].name.clone(), &mut next_col);
+            let (t, sql) = loop {
+                let (t, sql) = create(&mut rng, tables[ti].name.clone(), &mut next_col);
+                if accepted(&mut my, &sql, &db, &t.name).await {
+                    break (t, sql);
+                }
+            };
             statements.push(format!("DROP TABLE {name}"));
             statements.push(sql);
             after = Some(Box::new(move |ts: &mut Vec<Table>| ts[ti] = t));
@@ -737,8 +777,56 @@ async fn a_storm_of_schema_changes_leaves_every_table_equal_or_stopped_for_a_lis
             after = Some(Box::new(move |ts: &mut Vec<Table>| {
                 ts.push(Table { name: copy, ..src })
             }));
-        } else if roll < 85 {
+        } else if roll < 83 {
             statements.push(format!("CREATE INDEX i{step} ON {name} (k)"));
+        } else if roll < 86 {
+            // Partitions: rows removed or moved without row events (p0, p1 or p2 may be gone
+            // already: the server refuses, nothing changed).
+            may_fail = true;
+            if !tables[ti].partitioned {
+                statements.push(format!(
+                    "ALTER TABLE {name} PARTITION BY RANGE (id) (PARTITION p0 VALUES LESS THAN \
+                     (13), PARTITION p1 VALUES LESS THAN (26), PARTITION p2 VALUES LESS THAN \
+                     MAXVALUE)"
+                ));
+                after = Some(Box::new(move |ts: &mut Vec<Table>| {
+                    ts[ti].partitioned = true
+                }));
+            } else {
+                match rng.below(8) {
+                    0..=3 => statements.push(format!(
+                        "ALTER TABLE {name} TRUNCATE PARTITION p{}",
+                        rng.below(3)
+                    )),
+                    4 => statements.push(format!(
+                        "ALTER TABLE {name} DROP PARTITION p{}",
+                        rng.below(2)
+                    )),
+                    5 | 6 => {
+                        // Partition p1 exchanged with a new empty table: its rows move there.
+                        let x = format!("x{step}");
+                        statements.push(format!("CREATE TABLE `{db}`.`{x}` LIKE {name}"));
+                        statements.push(format!("ALTER TABLE `{db}`.`{x}` REMOVE PARTITIONING"));
+                        statements.push(format!(
+                            "ALTER TABLE {name} EXCHANGE PARTITION p1 WITH TABLE `{db}`.`{x}`"
+                        ));
+                        let t = tables[ti].clone();
+                        after = Some(Box::new(move |ts: &mut Vec<Table>| {
+                            ts.push(Table {
+                                name: x,
+                                partitioned: false,
+                                ..t
+                            })
+                        }));
+                    }
+                    _ => {
+                        statements.push(format!("ALTER TABLE {name} REMOVE PARTITIONING"));
+                        after = Some(Box::new(move |ts: &mut Vec<Table>| {
+                            ts[ti].partitioned = false
+                        }));
+                    }
+                }
+            }
         } else if roll < 92 {
             let what = if capture_up {
                 capture_up = false;

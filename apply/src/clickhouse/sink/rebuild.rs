@@ -5,8 +5,9 @@
 //! the statement, and nothing is refused for what its values would be:
 //! - `ROWS`: the target's columns are made to fit: dropped, renamed, widened in place, or
 //!   dropped and added again in the new type where no widening holds the values; added ones
-//!   take the type's default until the rows read again bring theirs.
-//! - `TABLE` (the key changed): a mirror ordered by the old key cannot hold the new table; it
+//!   take the type's default until the rows read again bring theirs. A change log gets a row
+//!   of `_op = 'rebuild'` at the statement: the snapshot rows above it are the rows read again.
+//! - `TABLE` (the key changed, or a partition clause removed or added rows): a mirror ordered by the old key cannot hold the new table; it
 //!   is made again from the schema after the statement (a change log of a table that keeps no
 //!   key keeps its rows, as it has no key to reorder). Rows of the table's other partitions
 //!   older than the statement, written after the target was made again (an instance behind),
@@ -77,6 +78,18 @@ impl Sink {
                     super::ddl::remember_history(target, &mut change, was, new, statements);
                 }
                 return Ok(Some(change));
+            }
+        }
+        if rebuild == Rebuild::Rows && mode == Mode::Changelog {
+            // A change log keeps every row it had: a row of `_op = 'rebuild'` at the
+            // statement tells the rows read again (snapshot rows above it) from changes. Once
+            // per copy, as for a new key (the copies collapse into one row).
+            let columns = match self.targets.get(name) {
+                Some(t) => t.columns.clone(),
+                None => self.describe(name).await?,
+            };
+            if !columns.is_empty() && !columns.contains_key(&self.config.tables.deleted_column) {
+                self.remove_rows_before(name, kind, version, false).await?;
             }
         }
         if !first {
