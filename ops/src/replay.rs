@@ -23,8 +23,11 @@
 //!   again, until none is left behind.
 //! - Either way, a row older than a later TRUNCATE, DROP, RENAME or CREATE of its table (in its
 //!   partition: those statements go to every partition) is not replayed: the target no longer
-//!   holds rows from before the statement. Source statements themselves are not replayed (the
-//!   remedy of a refused statement is done by hand, as its reason says); the listing shows them.
+//!   holds rows from before the statement. Source statements are not replayed (the remedy of
+//!   a refused statement is done by hand, as its reason says; the listing shows them), except
+//!   a MySQL/MariaDB statement dead-lettered because its table was stopped: apply-clickhouse
+//!   did not apply it, so it is written again in its place among the rows, and applied by its
+//!   version (a TRUNCATE, DROP or RENAME removes only rows older than itself).
 //! - A dead letter whose source events the topic no longer holds (retention) is refused: what
 //!   followed it cannot be read.
 
@@ -77,6 +80,8 @@ pub struct EventInfo {
     pub ddl_kind: Option<String>,
     /// A MongoDB change (written by apply-mongo).
     pub mongo: bool,
+    /// Read from a MySQL/MariaDB binlog (its position is a binlog's).
+    pub binlog: bool,
 }
 
 impl EventInfo {
@@ -87,6 +92,10 @@ impl EventInfo {
                 op: Op::try_from(e.op).ok(),
                 ddl_kind: e.ddl.as_ref().map(|d| d.kind.clone()),
                 mongo: e.mongo.is_some(),
+                binlog: matches!(
+                    e.position.as_ref().and_then(|p| p.kind.as_ref()),
+                    Some(sluice_proto::v1::position::Kind::Binlog(_))
+                ),
             },
             Err(_) => EventInfo::default(),
         }
@@ -192,7 +201,26 @@ pub fn plan_partition(
     let mut histories: HashMap<&[u8], i64> = HashMap::new();
     let mut offers: BTreeMap<i64, Reoffer> = BTreeMap::new();
     for d in selected {
-        if !d.event.is_row() {
+        // A MySQL/MariaDB statement dead-lettered because its table was stopped: written
+        // again in its place among the table's rows. apply-clickhouse applies it by its
+        // version (a copy already applied, or older than what the target holds, changes
+        // nothing; a TRUNCATE or DROP removes only rows older than itself).
+        let stopped_statement = d.event.binlog
+            && matches!(d.event.op, Some(Op::Ddl | Op::Truncate))
+            && d.kind.as_deref() == Some("table_stopped");
+        if stopped_statement && d.offset >= log_start {
+            plan.replayed.push(d.at);
+            offers.insert(
+                d.offset,
+                Reoffer {
+                    offset: d.offset,
+                    key: d.key.clone(),
+                    payload: d.payload.clone(),
+                },
+            );
+            continue;
+        }
+        if !d.event.is_row() && !stopped_statement {
             let why = match d.event.op {
                 None => "not a change event this build can read".to_string(),
                 Some(Op::Ddl | Op::Truncate) => format!(

@@ -1701,3 +1701,147 @@ async fn many_tables_on_one_topic_each_arrive_whole_in_their_own_target() {
     assert_eq!(mine, [format!("{prefix}.{db}")], "the capture's topics");
     finish(&db, &mut [&mut cap, &mut a, &mut b]).await;
 }
+
+/// The statements of a stopped table are dead-lettered with its rows, and the documented
+/// resume (the stop deleted, the table's dead letters replayed) applies them in order: rows a
+/// TRUNCATE removed stay removed, a column added with a default and a renamed column hold the
+/// source's values.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_tables_statements_are_applied_in_order_when_it_is_taken_up_again() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_stopddl", "_mirror").await;
+    let mut c = mysql().await;
+    c.query_drop(format!("CREATE DATABASE `{db}`"))
+        .await
+        .unwrap();
+    c.query_drop(format!(
+        "CREATE TABLE `{db}`.dated (id INT PRIMARY KEY, d DATE NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    let dlq = unique("dlq");
+    let group = unique("g");
+    let mut a = CaptureProcess::apply_clickhouse_with(&cap.prefix, &m_db, &dlq, &group, "");
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.dated VALUES (1, '2020-01-01'), (3, '2021-01-01')"
+    ))
+    .await
+    .unwrap();
+    let rows = |sql: String| async move {
+        sluice_tests::capture::clickhouse_tsv(&sql)
+            .await
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rows(format!("SELECT count() FROM {m_db}.dated FINAL"))
+        .await
+        .trim()
+        != "2"
+    {
+        assert!(Instant::now() < deadline, "rows 1 and 3 never arrived");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A date no ClickHouse date type holds stops the table.
+    c.query_drop("SET SESSION sql_mode = CONCAT(@@sql_mode, ',ALLOW_INVALID_DATES')")
+        .await
+        .unwrap();
+    c.query_drop(format!("INSERT INTO `{db}`.dated VALUES (2, '2021-02-30')"))
+        .await
+        .unwrap();
+    let stopped = format!("SELECT target FROM {m_db}._sluice_stopped");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !rows(stopped.clone()).await.contains("dated") {
+        assert!(Instant::now() < deadline, "the table never stopped");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // While it is stopped: a TRUNCATE (which removes the refused row too), rows, a column
+    // added with a default (the capture reads the table again), a column renamed.
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.dated VALUES (5, '2023-01-01'); TRUNCATE TABLE `{db}`.dated; \
+         INSERT INTO `{db}`.dated VALUES (8, '2024-01-08'), (9, '2024-01-09'); \
+         ALTER TABLE `{db}`.dated ADD COLUMN n INT NOT NULL DEFAULT 7; \
+         ALTER TABLE `{db}`.dated RENAME COLUMN d TO dd; \
+         INSERT INTO `{db}`.dated VALUES (10, '2024-01-10', 10)"
+    ))
+    .await
+    .unwrap();
+    sluice_tests::capture::wait_snapshot_done(cap.metrics_port, Duration::from_secs(60)).await;
+    // Every event read (the applier's lag 0 for a while).
+    let mut quiet = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while quiet < 10 {
+        let lag =
+            sluice_tests::capture::metric_at(a.metrics_port, "sluice_apply_consumer_lag_messages");
+        quiet = if lag == Some(0.0) { quiet + 1 } else { 0 };
+        assert!(Instant::now() < deadline, "lag {lag:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let letters = tokio::task::spawn_blocking({
+        let dlq = dlq.clone();
+        move || dead_letters(&dlq, usize::MAX)
+    })
+    .await
+    .unwrap();
+    assert!(
+        letters
+            .iter()
+            .any(|(_, r)| r.contains("its truncate statement") && r.contains("is not applied")),
+        "{letters:?}"
+    );
+    assert_eq!(
+        rows(format!("SELECT id FROM {m_db}.dated FINAL ORDER BY id")).await,
+        "1\n3\n",
+        "nothing written while stopped"
+    );
+    a.stop_ok();
+
+    // Taken up again as docs/operations.md says.
+    sluice_tests::capture::clickhouse_tsv(&format!(
+        "ALTER TABLE {m_db}._sluice_stopped DELETE WHERE target = 'dated'"
+    ))
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rows(stopped.clone()).await.contains("dated") {
+        assert!(Instant::now() < deadline, "the stop is still there");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut a = CaptureProcess::apply_clickhouse_with(&cap.prefix, &m_db, &dlq, &group, "");
+    let table = format!("{db}.dated");
+    let (code, out, err) = sluice_tests::capture::sluice(&[
+        "dead-letters",
+        "replay",
+        "--topic",
+        &dlq,
+        "--table",
+        &table,
+        "--reason",
+        "table_stopped",
+    ]);
+    // (rows older than the TRUNCATE are not written again, and said so: exit status 1)
+    let not_replayed: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("not replayed"))
+        .collect();
+    assert!(
+        not_replayed
+            .iter()
+            .all(|l| l.contains("superseded by a later truncate")),
+        "{out}{err}"
+    );
+    assert_eq!(
+        code,
+        Some(i32::from(!not_replayed.is_empty())),
+        "{out}{err}"
+    );
+    let (code, report, err) =
+        tokio::task::block_in_place(|| sluice_tests::capture::verify(&cap, &a, &[]));
+    assert_eq!(code, Some(0), "{report:#}\n{err}");
+    assert_eq!(
+        rows(format!(
+            "SELECT id, dd, n FROM {m_db}.dated FINAL WHERE _deleted = 0 ORDER BY id"
+        ))
+        .await,
+        "8\t2024-01-08\t7\n9\t2024-01-09\t7\n10\t2024-01-10\t10\n"
+    );
+    finish(&db, &mut [&mut cap, &mut a]).await;
+}

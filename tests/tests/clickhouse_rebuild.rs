@@ -546,7 +546,9 @@ async fn a_change_log_marks_where_the_rows_read_again_begin() {
     };
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let rows = clickhouse_tsv(&after("v, s, c, _op")).await.unwrap_or_default();
+        let rows = clickhouse_tsv(&after("v, s, c, _op"))
+            .await
+            .unwrap_or_default();
         let read_again = "1\ta\t5\tsnapshot\n2\tb\t5\tsnapshot\n2\tb\t5\tsnapshot\n";
         if rows == format!("{read_again}3\tc\t6\tinsert\n")
             || rows == format!("{read_again}3\tc\t6\tinsert\n3\tc\t6\tsnapshot\n")

@@ -783,6 +783,16 @@ async fn a_storm_of_schema_changes_leaves_every_table_equal_or_stopped_for_a_lis
             // Partitions: rows removed or moved without row events (p0, p1 or p2 may be gone
             // already: the server refuses, nothing changed).
             may_fail = true;
+            // Mostly a table partitioned already.
+            let partitioned: Vec<usize> = (0..tables.len())
+                .filter(|&i| tables[i].partitioned)
+                .collect();
+            let ti = if !partitioned.is_empty() && rng.chance(75) {
+                *pick(&mut rng, &partitioned)
+            } else {
+                ti
+            };
+            let name = format!("`{db}`.`{}`", tables[ti].name);
             if !tables[ti].partitioned {
                 statements.push(format!(
                     "ALTER TABLE {name} PARTITION BY RANGE (id) (PARTITION p0 VALUES LESS THAN \

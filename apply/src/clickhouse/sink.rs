@@ -383,6 +383,25 @@ impl Sink {
         match row.op() {
             Op::Ddl | Op::Truncate => {
                 let event = ChangeEvent::decode(payload).map_err(undecodable)?;
+                let name = self.target_name(&event.database, &event.table);
+                if let Some(why) = self.stopped.get(&name) {
+                    // Not applied while the table is stopped, and not lost: dead-lettered
+                    // like its rows, so that the documented resume (the stop deleted, the
+                    // table's dead letters replayed) applies it in order with them.
+                    let kind = event.ddl.as_ref().map_or("truncate", |d| d.kind.as_str());
+                    let statement = event.ddl.as_ref().map_or("", |d| d.statement.as_str());
+                    tracing::warn!(table = %name, kind, statement, stopped = %why, "DDL of a stopped table dead-lettered, not applied");
+                    self.count_ddl(kind, "skipped");
+                    return Err(BadEvent::new(
+                        Reason::TableStopped,
+                        format!(
+                            "table {name} is stopped: {why}; its {kind} statement {statement:?} \
+                             is not applied meanwhile: `sluice dead-letters replay` applies it, \
+                             in order with the table's rows, once the table is taken up again"
+                        ),
+                    )
+                    .into());
+                }
                 // Ordered with the rows of this partition: write what came before.
                 self.flush(shutdown).await?;
                 self.settle().await?;

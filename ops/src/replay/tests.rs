@@ -116,6 +116,59 @@ fn rows_before_a_statement_that_empties_the_table_are_not_replayed() {
     assert_eq!(plan_partition(&[&d], 0, &log).reoffers.len(), 1);
 }
 
+/// A MySQL statement dead-lettered because its table was stopped is written again in its place
+/// among the rows (a TRUNCATE too: rows before it are superseded by it); not a MongoDB one, nor
+/// one dead-lettered for another reason, nor one the topic no longer holds.
+#[test]
+fn a_stopped_tables_mysql_statements_are_written_again_in_place() {
+    let binlog = |mut e: ChangeEvent| {
+        e.position = Some(sluice_proto::v1::Position {
+            kind: Some(sluice_proto::v1::position::Kind::Binlog(Default::default())),
+        });
+        e.encode_to_vec()
+    };
+    let of = |payload: Vec<u8>| ChangeEvent::decode(payload.as_slice()).unwrap();
+    let log = vec![
+        source(1, "k1", binlog(of(event("db.t", Op::Insert, false, None)))),
+        source(
+            2,
+            "",
+            binlog(of(event("db.t", Op::Truncate, false, Some("truncate")))),
+        ),
+        source(3, "k2", binlog(of(event("db.t", Op::Insert, false, None)))),
+        source(
+            4,
+            "",
+            binlog(of(event("db.t", Op::Ddl, false, Some("alter")))),
+        ),
+        source(5, "k2", binlog(of(event("db.t", Op::Update, false, None)))),
+        source(6, "", event("db.c", Op::Ddl, true, Some("drop"))),
+    ];
+    let stopped = |at: i64, e: &SourceEvent| DeadLetter {
+        kind: Some("table_stopped".into()),
+        ..letter(at, e)
+    };
+    let letters: Vec<DeadLetter> = log.iter().zip(0..).map(|(e, i)| stopped(i, e)).collect();
+    let all: Vec<&DeadLetter> = letters.iter().collect();
+    let plan = plan_partition(&all, 0, &log);
+    let offsets: Vec<i64> = plan.reoffers.iter().map(|o| o.offset).collect();
+    assert_eq!(offsets, vec![2, 3, 4, 5]);
+    let why: Vec<&str> = plan.skipped.iter().map(|(_, w)| w.as_str()).collect();
+    assert!(why[0].contains("superseded by a later truncate"), "{why:?}");
+    assert!(why[1].contains("source statement (drop)"), "{why:?}");
+    // Another reason: not written again.
+    let refused = letter(9, &log[3]);
+    assert!(plan_partition(&[&refused], 0, &log).reoffers.is_empty());
+    // Gone from the topic: refused, named.
+    let plan = plan_partition(&[&letters[3]], 5, &log[4..]);
+    assert!(plan.reoffers.is_empty());
+    assert!(
+        plan.skipped[0].1.contains("no longer holds offset 4"),
+        "{:?}",
+        plan.skipped
+    );
+}
+
 /// Statements, undecodable events and events the topic no longer holds are refused, named.
 #[test]
 fn what_cannot_be_replayed_is_named() {

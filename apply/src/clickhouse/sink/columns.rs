@@ -110,9 +110,11 @@ impl Sink {
         self.refresh_distributed(table).await
     }
 
-    /// Rename column `from` of target `table` to `to` (of type `t`): `RENAME COLUMN` (20.4+);
-    /// before it, the column added under its new name, its values copied by a mutation
-    /// (`ALTER TABLE ... UPDATE`, waited for), and the old one dropped. (With several
+    /// Rename column `from` of target `table` to `to` (of type `t`) at statement `version`:
+    /// `RENAME COLUMN` (20.4+); before it, the column added under its new name, its values
+    /// copied by a mutation (`ALTER TABLE ... UPDATE`, waited for) into the rows older than the
+    /// statement (newer rows came with the new name's values: a statement replayed after
+    /// them, or a rename cut short by a restart, keeps them), and the old one dropped. (With several
     /// instances, a row of the old name another instance writes between the copy and the drop
     /// loses that column's value: an ALTER that renames is best applied with one instance, or
     /// on a server with `RENAME COLUMN`.)
@@ -122,10 +124,20 @@ impl Sink {
         from: &str,
         to: &str,
         t: &ChType,
+        version: u64,
     ) -> Result<(), Refusal> {
         let db = ident(&self.config.clickhouse.database);
         let local = ident(&self.config.cluster.local(table));
         let on = self.config.cluster.on();
+        let versioned = self
+            .targets
+            .get(table)
+            .is_some_and(|t| t.columns.contains_key(&self.config.tables.version_column));
+        let older = if versioned {
+            format!("{} < {version}", ident(&self.config.tables.version_column))
+        } else {
+            "1".to_string()
+        };
         let steps = if self.features.rename_column {
             vec![format!(
                 "ALTER TABLE {db}.{local}{on} RENAME COLUMN {} TO {}",
@@ -140,7 +152,7 @@ impl Sink {
                     t.sql()
                 ),
                 format!(
-                    "ALTER TABLE {db}.{local}{on} UPDATE {} = {} WHERE 1",
+                    "ALTER TABLE {db}.{local}{on} UPDATE {} = {} WHERE {older}",
                     ident(to),
                     ident(from)
                 ),

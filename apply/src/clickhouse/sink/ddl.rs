@@ -109,12 +109,7 @@ impl Sink {
         self.plans.clear();
         let name = self.target_name(&event.database, &event.table);
         let statement = ddl.statement.clone();
-        if let Some(why) = self.stopped.get(&name) {
-            // Nothing more is written to a stopped table, its DDL included.
-            tracing::warn!(table = %name, statement = %statement, stopped = %why, "DDL of a stopped table not applied");
-            self.count_ddl(&ddl.kind, "skipped");
-            return Ok(());
-        }
+        // (a stopped table's DDL is dead-lettered before it gets here)
         let result: Result<(), Refusal> = async {
             match ddl.kind.as_str() {
                 "alter" => {
@@ -208,7 +203,8 @@ impl Sink {
                     }
                     for (from, to) in &change.renamed {
                         let t = target.columns.get(from).cloned().unwrap_or(ChType::String);
-                        self.rename_column(&name, from, to, &t).await?;
+                        self.rename_column(&name, from, to, &t, event.version)
+                            .await?;
                         if let Some(t) = target.columns.remove(from) {
                             target.columns.insert(to.clone(), t);
                         }
@@ -433,7 +429,7 @@ impl Sink {
     }
 
     /// `sluice_apply_ddl_total{kind, outcome}`.
-    fn count_ddl(&self, kind: &str, outcome: &str) {
+    pub(super) fn count_ddl(&self, kind: &str, outcome: &str) {
         self.metrics.ddl.with_label_values(&[kind, outcome]).inc();
     }
 }

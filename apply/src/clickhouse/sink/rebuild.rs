@@ -111,7 +111,7 @@ impl Sink {
         // one is dropped and added again under its new name, which only the rename makes.
         for (from, to) in &change.renamed {
             let t = target.columns.get(from).cloned().unwrap_or(ChType::String);
-            self.rename_column(name, from, to, &t).await?;
+            self.rename_column(name, from, to, &t, version).await?;
             if let Some(t) = target.columns.remove(from) {
                 target.columns.insert(to.clone(), t);
             }
