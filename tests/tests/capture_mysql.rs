@@ -1068,6 +1068,46 @@ async fn a_column_added_and_dropped_while_behind_keeps_the_type_its_statement_de
     sql(&[format!("DROP DATABASE `{db}`")]).await;
 }
 
+/// A table made by `CREATE TABLE ... LIKE` another, and dropped and made again with other
+/// columns, all while the capture was down: the rows of the copy keep the types of the table
+/// it copied (as the capture knew them), not raw bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_made_like_another_read_behind_keeps_the_copied_types() {
+    let db = unique("sluice_t_cap_behind_like");
+    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
+    sql(&[
+        format!("CREATE DATABASE `{db}`"),
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY, u UUID)"),
+        format!("INSERT INTO `{db}`.t VALUES (1, '6ccd780c-baba-1026-9564-5b8c656024db')"),
+    ])
+    .await;
+    events_of(cap.topic(&db, "t"), |m| count_rows(m) >= 1).await;
+    wait_first_checkpoint(&cap, Duration::from_secs(60)).await;
+    cap.stop_ok();
+    sql(&[
+        format!("CREATE TABLE `{db}`.c LIKE `{db}`.t"),
+        format!("INSERT INTO `{db}`.c SELECT * FROM `{db}`.t"),
+        format!("DROP TABLE `{db}`.c"),
+        format!("CREATE TABLE `{db}`.c (id INT PRIMARY KEY, v INT)"),
+    ])
+    .await;
+    cap.restart();
+    let events = events_of(cap.topic(&db, "c"), |m| count_rows(m) >= 1).await;
+    let row = row_events(&events)
+        .into_iter()
+        .find(|e| op(e) == Op::Insert)
+        .expect("the insert");
+    assert_eq!(
+        row.after.as_ref().unwrap().values,
+        vec![
+            value::int(1),
+            value::text("6ccd780c-baba-1026-9564-5b8c656024db"),
+        ]
+    );
+    cap.stop_ok();
+    sql(&[format!("DROP DATABASE `{db}`")]).await;
+}
+
 /// And after a restart, for a column a statement read since dropped (information_schema no
 /// longer has it): the type comes from the checkpoint.
 #[tokio::test(flavor = "multi_thread")]

@@ -273,6 +273,26 @@ pub fn classify(sql: &str) -> Statement {
     }
 }
 
+/// The table `CREATE TABLE t LIKE src` (or `(LIKE src)`) copies the definition of: `src`.
+/// `None` for any other statement.
+pub fn created_like(sql: &str) -> Option<TableRef> {
+    let words = Words::new(sql);
+    let w = |i: usize| words.w(i);
+    let mut i = 1;
+    while matches!(w(i), "OR" | "REPLACE" | "TEMPORARY") {
+        i += 1;
+    }
+    if w(0) != "CREATE" || w(i) != "TABLE" {
+        return None;
+    }
+    let (_, next) = words.table(words.skip_if(i + 1))?;
+    let at = if w(next) == "(" { next + 1 } else { next };
+    if w(at) != "LIKE" {
+        return None;
+    }
+    words.table(at + 1).map(|(t, _)| t)
+}
+
 /// An `ALTER TABLE` clause that removes, replaces or adds rows without logging them as row
 /// events (`TRUNCATE/DROP/EXCHANGE PARTITION`, MariaDB's `CONVERT PARTITION/TABLE`, `DISCARD` or
 /// `IMPORT TABLESPACE`): the clause, and the other tables whose rows it moves (`EXCHANGE
@@ -329,6 +349,24 @@ mod tests {
             database: db.map(str::to_string),
             table: table.to_string(),
         }
+    }
+
+    #[test]
+    fn the_table_a_create_like_copies() {
+        assert_eq!(
+            created_like("CREATE TABLE `db`.`t5` LIKE `db`.`t1`"),
+            Some(t(Some("db"), "t1"))
+        );
+        assert_eq!(
+            created_like("create table if not exists t5 (like t1)"),
+            Some(t(None, "t1"))
+        );
+        assert_eq!(
+            created_like("CREATE TABLE t5 (id INT) SELECT * FROM t1"),
+            None
+        );
+        assert_eq!(created_like("CREATE TABLE t5 (likes INT)"), None);
+        assert_eq!(created_like("ALTER TABLE t5 ADD COLUMN c INT"), None);
     }
 
     #[test]

@@ -33,15 +33,27 @@ impl Capture {
         // were written; information_schema says what they are now.
         let from_binlog = self.server.has_row_metadata;
         let here = (database.clone(), table.clone());
-        let known = self
-            .last_schema
-            .get(&here)
-            .or_else(|| self.typed_restored.get(&here));
         let waiting: &[String] = self
             .ddl_pending
             .iter()
             .find(|p| p.database == database && p.table == table)
             .map_or(&[], |p| p.statements.as_slice());
+        // A table made by `CREATE TABLE ... LIKE src` read behind the server, not known yet:
+        // its columns are src's as last known (the statement declares no type).
+        let like = waiting
+            .iter()
+            .find_map(|s| crate::mysql::ddl::created_like(s))
+            .map(|t| (t.database.unwrap_or_else(|| database.clone()), t.table));
+        let known = self
+            .last_schema
+            .get(&here)
+            .or_else(|| self.typed_restored.get(&here))
+            .or_else(|| {
+                let src = like.as_ref()?;
+                self.last_schema
+                    .get(src)
+                    .or_else(|| self.typed_restored.get(src))
+            });
         let schema = match schema::from_table_map(&tme, current.as_ref(), known, waiting) {
             Some(s) => {
                 // Its charsets may be ones no table has now (a column changed since).
