@@ -205,8 +205,11 @@ pub fn plan_partition(
         // again in its place among the table's rows. apply-clickhouse applies it by its
         // version (a copy already applied, or older than what the target holds, changes
         // nothing; a TRUNCATE or DROP removes only rows older than itself).
+        // (not a refusal: written again it could only stop the table again; its remedy is
+        // the table copied again)
         let stopped_statement = d.event.binlog
             && matches!(d.event.op, Some(Op::Ddl | Op::Truncate))
+            && d.event.ddl_kind.as_deref() != Some("refused")
             && d.kind.as_deref() == Some("table_stopped");
         if stopped_statement && d.offset >= log_start {
             plan.replayed.push(d.at);

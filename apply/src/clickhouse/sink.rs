@@ -392,15 +392,23 @@ impl Sink {
                     let statement = event.ddl.as_ref().map_or("", |d| d.statement.as_str());
                     tracing::warn!(table = %name, kind, statement, stopped = %why, "DDL of a stopped table dead-lettered, not applied");
                     self.count_ddl(kind, "skipped");
-                    return Err(BadEvent::new(
-                        Reason::TableStopped,
+                    let message = if kind == "refused" {
+                        // (another partition's copy of the refusal that stopped it, or a
+                        // later one: either way the remedy is the table copied again)
+                        let reason = event.ddl.as_ref().map_or("", |d| d.reason.as_str());
                         format!(
-                            "table {name} is stopped: {why}; its {kind} statement {statement:?} \
-                             is not applied meanwhile: `sluice dead-letters replay` applies it, \
-                             in order with the table's rows, once the table is taken up again"
-                        ),
-                    )
-                    .into());
+                            "table {name} is stopped: {why}; the source refused it at \
+                             {statement:?}: {reason}"
+                        )
+                    } else {
+                        format!(
+                            "table {name} is stopped: {why}; its {kind} statement \
+                             {statement:?} is not applied meanwhile: `sluice dead-letters \
+                             replay` applies it, in order with the table's rows, once the table \
+                             is taken up again"
+                        )
+                    };
+                    return Err(BadEvent::new(Reason::TableStopped, message).into());
                 }
                 // Ordered with the rows of this partition: write what came before.
                 self.flush(shutdown).await?;

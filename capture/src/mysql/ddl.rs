@@ -97,6 +97,30 @@ impl Words {
 /// Classify a statement of a QUERY event.
 pub fn classify(sql: &str) -> Statement {
     let words = Words::new(sql);
+    // `WITH cte AS (...) UPDATE/DELETE ...` (MySQL 8): the statement after the common table
+    // expressions, at the top level (not the SELECTs inside them).
+    if words.w(0) == "WITH" {
+        let mut depth = 0i32;
+        for k in 1..words.upper.len() {
+            match words.w(k) {
+                "(" => depth += 1,
+                ")" => depth -= 1,
+                "UPDATE" | "DELETE" | "INSERT" | "REPLACE" if depth == 0 => {
+                    return classify_words(Words {
+                        t: words.t[k..].to_vec(),
+                        upper: words.upper[k..].to_vec(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        return Statement::Other;
+    }
+    classify_words(words)
+}
+
+/// [`classify`], of a statement's tokens.
+fn classify_words(words: Words) -> Statement {
     let w = |i: usize| words.w(i);
     match w(0) {
         "BEGIN" => return Statement::Transaction(TxControl::Begin),
@@ -273,6 +297,26 @@ pub fn classify(sql: &str) -> Statement {
     }
 }
 
+/// Every name in `text` (a view's definition, a trigger's body) that could be a table: each
+/// name, qualified by the one before it where a dot joins them, else in `default_db`. More
+/// than the tables it writes (columns too): the caller keeps those it knows as tables.
+pub fn names_in(text: &str, default_db: &str) -> Vec<(String, String)> {
+    let t = tokens(text);
+    let mut out = Vec::new();
+    for i in 0..t.len() {
+        if t[i].name().is_none() {
+            continue;
+        }
+        if let Some((q, _)) = qualified_at(&t, i) {
+            let db = q.database.unwrap_or_else(|| default_db.to_string());
+            if !out.contains(&(db.clone(), q.name.clone())) {
+                out.push((db, q.name));
+            }
+        }
+    }
+    out
+}
+
 /// The table `CREATE TABLE t LIKE src` (or `(LIKE src)`) copies the definition of: `src`.
 /// `None` for any other statement.
 pub fn created_like(sql: &str) -> Option<TableRef> {
@@ -349,6 +393,67 @@ mod tests {
             database: db.map(str::to_string),
             table: table.to_string(),
         }
+    }
+
+    #[test]
+    fn the_names_a_view_or_a_trigger_may_write() {
+        let names = names_in(
+            "select `db`.`t`.`id` AS `id` from (`db`.`t` join `other`.`u`)",
+            "db",
+        );
+        for want in [("db", "t"), ("other", "u")] {
+            assert!(
+                names.contains(&(want.0.to_string(), want.1.to_string())),
+                "{names:?}"
+            );
+        }
+        let names = names_in("BEGIN INSERT INTO audit VALUES (NEW.id); END", "db");
+        assert!(
+            names.contains(&("db".to_string(), "audit".to_string())),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn names_beyond_ascii_are_read_whole() {
+        assert_eq!(
+            classify("TRUNCATE TABLE `db`.`café` /* ünïcode */"),
+            Statement::Ddl {
+                kind: "truncate",
+                tables: vec![t(Some("db"), "café")],
+                renamed_to: vec![],
+            }
+        );
+        assert_eq!(
+            classify("UPDATE `naïve` SET s = 'ça' WHERE id = 1"),
+            Statement::Dml {
+                tables: vec![t(None, "naïve")]
+            }
+        );
+    }
+
+    #[test]
+    fn a_row_change_after_common_table_expressions_is_one() {
+        assert_eq!(
+            classify(
+                "WITH c AS (SELECT id FROM db.src WHERE x > (SELECT 1)) \
+                 UPDATE db.t SET v = 1 WHERE id IN (SELECT id FROM c)"
+            ),
+            Statement::Dml {
+                tables: vec![t(Some("db"), "t")]
+            }
+        );
+        assert_eq!(
+            classify("with recursive c(n) as (select 1 union all select n + 1 from c where n < 5) delete from `t` where id in (select n from c)"),
+            Statement::Dml {
+                tables: vec![t(None, "t")]
+            }
+        );
+        // A SELECT, and an UPDATE inside a CTE's parentheses only: not a row change.
+        assert_eq!(
+            classify("WITH c AS (SELECT 1) SELECT * FROM c"),
+            Statement::Other
+        );
     }
 
     #[test]

@@ -143,6 +143,11 @@ fn a_stopped_tables_mysql_statements_are_written_again_in_place() {
         ),
         source(5, "k2", binlog(of(event("db.t", Op::Update, false, None)))),
         source(6, "", event("db.c", Op::Ddl, true, Some("drop"))),
+        source(
+            7,
+            "",
+            binlog(of(event("db.t", Op::Ddl, false, Some("refused")))),
+        ),
     ];
     let stopped = |at: i64, e: &SourceEvent| DeadLetter {
         kind: Some("table_stopped".into()),
@@ -156,6 +161,7 @@ fn a_stopped_tables_mysql_statements_are_written_again_in_place() {
     let why: Vec<&str> = plan.skipped.iter().map(|(_, w)| w.as_str()).collect();
     assert!(why[0].contains("superseded by a later truncate"), "{why:?}");
     assert!(why[1].contains("source statement (drop)"), "{why:?}");
+    assert!(why[2].contains("source statement (refused)"), "{why:?}");
     // Another reason: not written again.
     let refused = letter(9, &log[3]);
     assert!(plan_partition(&[&refused], 0, &log).reoffers.is_empty());

@@ -475,6 +475,62 @@ impl Capture {
 }
 
 impl Capture {
+    /// The captured tables a row change of `db.table` logged as a statement may also have
+    /// written: through it when it is a view (the tables its definition names), or by its
+    /// triggers (the tables their bodies name), and so on through those; as information_schema
+    /// has them now. Over-counted rather than missed: any name there that is a captured table.
+    pub(super) async fn tables_behind(
+        &mut self,
+        db: &str,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, CaptureError> {
+        let mut todo = vec![(db.to_string(), table.to_string())];
+        let mut seen: Vec<(String, String)> = todo.clone();
+        let mut out = Vec::new();
+        while let Some((d, t)) = todo.pop() {
+            if seen.len() > 1000 {
+                break;
+            }
+            let texts: Vec<String> = self
+                .schema_conn
+                .exec(
+                    "SELECT VIEW_DEFINITION FROM information_schema.VIEWS \
+                     WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
+                     UNION ALL SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS \
+                     WHERE EVENT_OBJECT_SCHEMA = ? AND EVENT_OBJECT_TABLE = ?",
+                    (&d, &t, &d, &t),
+                )
+                .await?;
+            for text in texts {
+                for n in crate::mysql::ddl::names_in(&text, &d) {
+                    if seen.contains(&n) {
+                        continue;
+                    }
+                    seen.push(n.clone());
+                    // (a keyword or a column is no table)
+                    let exists: Option<String> = self
+                        .schema_conn
+                        .exec_first(
+                            "SELECT TABLE_TYPE FROM information_schema.TABLES \
+                             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                            (&n.0, &n.1),
+                        )
+                        .await?;
+                    if exists.is_none() {
+                        continue;
+                    }
+                    if self.filter.wants(&n.0, &n.1) {
+                        out.push(n.clone());
+                    }
+                    todo.push(n);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Capture {
     /// A row event of `db.table` larger than `publish.max_message_bytes` (`size` bytes, the
     /// row `key`, or its place when the table has no key): refused with the key named, rather
     /// than handed to the producer, whose failure would stop the capture at the same row after

@@ -477,6 +477,15 @@ impl Capture {
                         let db = t.database.clone().unwrap_or_else(|| default_db.clone());
                         self.refuse_table(&db, &t.table, &sql, reason, start, ts)
                             .await?;
+                        // Through a view, or by a trigger: other tables changed too.
+                        for (odb, ot) in self.tables_behind(&db, &t.table).await? {
+                            let why = format!(
+                                "{reason} (the statement wrote {db}.{}, a view or a table with \
+                                 triggers whose definition names this table)",
+                                t.table
+                            );
+                            self.refuse_table(&odb, &ot, &sql, &why, start, ts).await?;
+                        }
                     }
                 }
                 if self.tx.is_none() {
