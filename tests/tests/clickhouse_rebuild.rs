@@ -574,3 +574,32 @@ async fn a_change_log_marks_where_the_rows_read_again_begin() {
     );
     b.finish().await;
 }
+
+/// A table made and given a partition's rows by an exchange, all read behind the server before
+/// any row of it: it is read once made, and holds those rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_made_and_given_a_partition_while_behind_holds_its_rows() {
+    let mut b = Bed::start(
+        "sluice_t_rb_partbehind",
+        &[
+            "CREATE TABLE `{db}`.p (id INT PRIMARY KEY, v VARCHAR(10)) PARTITION BY RANGE (id) \
+             (PARTITION p0 VALUES LESS THAN (10), PARTITION p1 VALUES LESS THAN MAXVALUE)"
+                .into(),
+            "INSERT INTO `{db}`.p VALUES (1, 'a'), (12, 'b'), (15, 'c')".into(),
+        ],
+    )
+    .await;
+    b.rows("p", 3).await;
+    b.sql(&[
+        "CREATE TABLE `{db}`.bulk (id INT PRIMARY KEY, pad CHAR(100))",
+        "INSERT INTO `{db}`.bulk SELECT seq, REPEAT('x', 100) FROM `{db}`.seq_1_to_30000",
+        "CREATE TABLE `{db}`.y LIKE `{db}`.p",
+        "ALTER TABLE `{db}`.y REMOVE PARTITIONING",
+        "ALTER TABLE `{db}`.p EXCHANGE PARTITION p1 WITH TABLE `{db}`.y",
+    ])
+    .await;
+    b.rows("y", 2).await;
+    b.rows("p", 1).await;
+    b.equal().await;
+    b.finish().await;
+}

@@ -308,6 +308,18 @@ impl Capture {
                 let r = rebuild::after_alter(before.as_ref(), after, &p.statements);
                 self.queue_rebuild(db, table, r, &p.file, p.start)
             }
+            // A table made and then given rows without row events (a partition exchanged into
+            // it) before its first rows were read: read once it is made.
+            ("create", Some(after))
+                if p.statements
+                    .iter()
+                    .skip(1)
+                    .any(|s| crate::mysql::ddl::rows_changed_without_row_events(s).is_some()) =>
+            {
+                let later = p.statements.get(1..).unwrap_or_default();
+                let r = rebuild::after_alter(None, after, later);
+                self.queue_rebuild(db, table, r, &p.file, p.start)
+            }
             _ => (0, String::new()),
         };
         let at = (
