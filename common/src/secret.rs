@@ -123,10 +123,34 @@ fn redact_query(s: &str) -> String {
         .split('&')
         .map(|p| match p.split_once('=') {
             Some((k, v)) if is_secret_name(k) && !v.is_empty() => format!("{k}={MASK}"),
+            // MongoDB's `KEY:value,KEY:value` list (`AWS_SESSION_TOKEN:...`): the values of
+            // the keys that name a secret.
+            Some((k, v)) if k.eq_ignore_ascii_case("authMechanismProperties") => {
+                format!("{k}={}", redact_properties(v))
+            }
             _ => p.to_string(),
         })
         .collect();
     format!("{head}{}", params.join("&"))
+}
+
+/// `KEY:value,KEY:value` (the `:` maybe percent-encoded) with the values of secret keys masked.
+fn redact_properties(v: &str) -> String {
+    v.split(',')
+        .map(|kv| {
+            let split = kv.split_once(':').map(|(k, v)| (k, ":", v)).or_else(|| {
+                let i = kv.to_ascii_lowercase().find("%3a")?;
+                Some((&kv[..i], &kv[i..i + 3], &kv[i + 3..]))
+            });
+            match split {
+                Some((k, sep, v)) if is_secret_name(k) && !v.is_empty() => {
+                    format!("{k}{sep}{MASK}")
+                }
+                _ => kv.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A key or parameter name that holds a secret: a password, a secret, a private key or a
@@ -192,6 +216,14 @@ mod tests {
                 "mongodb://a:27017/?tls=true&tlsCertificateKeyFilePassword=***",
             ),
             ("http://127.0.0.1:8123", "http://127.0.0.1:8123"),
+            (
+                "mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:tok3n,SERVICE_NAME:svc",
+                "mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:***,SERVICE_NAME:svc",
+            ),
+            (
+                "mongodb://h/?authMechanismProperties=AWS_SESSION_TOKEN%3Atok3n",
+                "mongodb://h/?authMechanismProperties=AWS_SESSION_TOKEN%3A***",
+            ),
             (
                 "https://u:pw@ch.example:8443/?x=1",
                 "https://u:***@ch.example:8443/?x=1",

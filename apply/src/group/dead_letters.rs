@@ -92,7 +92,10 @@ impl DeadLetters {
     ) -> Result<(), String> {
         let reason = bad.message.as_str();
         let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
-        tracing::warn!(at = %where_, reason, "dead-lettering an event");
+        // The reason may quote the row (its key, a value): in the dead letter, where `sluice
+        // dead-letters show` reads it, and in the log only at debug level.
+        tracing::warn!(at = %where_, reason = bad.reason.label(), topic = %self.topic, "dead-lettering an event (`sluice dead-letters show` prints why)");
+        tracing::debug!(at = %where_, reason, "dead-lettering an event");
         let partition = m.partition().to_string();
         let offset = m.offset().to_string();
         let headers = OwnedHeaders::new()

@@ -19,6 +19,7 @@ impl Sink {
         mode: Mode,
         s: &TableSchema,
     ) -> Result<(), Refusal> {
+        super::target::key_in_range(s)?;
         let m = &self.config.tables;
         let cluster = &self.config.cluster;
         let source = format!("{}.{}", s.database, s.table);

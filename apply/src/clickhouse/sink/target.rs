@@ -154,7 +154,10 @@ impl Sink {
             self.schemas.remember(&s);
         }
         match self.schemas.get(event.schema_id).await {
-            Ok(Some(s)) => Ok(s),
+            Ok(Some(s)) => {
+                key_in_range(&s)?;
+                Ok(s)
+            }
             Ok(None) => Err(BadEvent::new(
                 Reason::UnknownSchema,
                 format!(
@@ -527,9 +530,57 @@ impl Sink {
     }
 }
 
+/// A schema whose primary key names a column it does not have (a damaged or foreign schema
+/// record) is refused for the event, not indexed out of range.
+pub(super) fn key_in_range(s: &TableSchema) -> Result<(), Refusal> {
+    match s
+        .primary_key
+        .iter()
+        .find(|i| **i as usize >= s.columns.len())
+    {
+        Some(i) => Err(BadEvent::new(
+            Reason::UnknownSchema,
+            format!(
+                "schema {} of {}.{} names column {i} in its primary key, but has {} columns: \
+                 the schema record is damaged or not sluice's",
+                sluice_proto::schema_record_key(s.schema_id),
+                s.database,
+                s.table,
+                s.columns.len()
+            ),
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schema_whose_key_names_a_missing_column_is_refused() {
+        let mut s = TableSchema {
+            database: "db".into(),
+            table: "t".into(),
+            columns: vec![sluice_proto::v1::Column {
+                name: "id".into(),
+                ..Default::default()
+            }],
+            primary_key: vec![0],
+            ..Default::default()
+        };
+        assert!(key_in_range(&s).is_ok());
+        s.primary_key = vec![0, 3];
+        match key_in_range(&s) {
+            Err(Refusal::Bad(b)) => assert!(
+                b.message.contains("names column 3") && b.message.contains("has 1 columns"),
+                "{}",
+                b.message
+            ),
+            other => panic!("{:?}", other.map_err(|_| ())),
+        }
+    }
 
     #[test]
     fn a_column_renamed_and_then_dropped_is_gone_under_its_first_name_too() {
