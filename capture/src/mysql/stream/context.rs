@@ -67,7 +67,7 @@ pub struct Capture {
     pub(super) ddl_pending: Vec<crate::checkpoint::mysql::PendingDdl>,
     /// For tables in `ddl_pending`: information_schema's schema and the binlog position it
     /// holds at (see `Capture::publish_ddl_reached`).
-    pub(super) ddl_brackets: HashMap<(String, String), super::ddl::DdlBracket>,
+    pub(super) ddl_brackets: HashMap<(String, String), DdlBracket>,
     /// The schema the last DDL event of a table carried, read from information_schema when the
     /// capture was caught up: checked against the table's next table map.
     pub(super) ddl_schemas: HashMap<(String, String), TableSchema>,
@@ -154,4 +154,19 @@ pub(super) struct ServerInfo {
     /// The statement giving the binlog's current file and position on this server
     /// ([`crate::mysql::binlog_status_sql`]).
     pub(super) status_sql: &'static str,
+}
+
+/// information_schema's schema of a table whose statements wait (`schema`, `None`: no such
+/// table), read before the server's binlog position `at`; valid while what waits is `waiting`.
+pub(super) struct DdlBracket {
+    pub(super) at: BinlogPos,
+    pub(super) waiting: (String, u64, usize),
+    pub(super) schema: Option<TableSchema>,
+}
+
+impl DdlBracket {
+    /// What identifies the statements waiting: the last one's place and their number.
+    pub(super) fn waiting_of(p: &crate::checkpoint::mysql::PendingDdl) -> (String, u64, usize) {
+        (p.file.clone(), p.start, p.statements.len())
+    }
 }

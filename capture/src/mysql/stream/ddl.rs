@@ -11,7 +11,7 @@ use prost::Message;
 use sluice_proto::event_key;
 use sluice_proto::v1::{self, Op};
 
-use super::context::Capture;
+use super::context::{Capture, DdlBracket};
 use crate::checkpoint::mysql::{PendingDdl, PendingSnapshot};
 use crate::error::CaptureError;
 use crate::mysql::ddl::TableRef;
@@ -612,21 +612,6 @@ impl Capture {
             .with_label_values(&[db, table, label])
             .inc();
         Ok(())
-    }
-}
-
-/// information_schema's schema of a table whose statements wait (`schema`, `None`: no such
-/// table), read before the server's binlog position `at`; valid while what waits is `waiting`.
-pub(super) struct DdlBracket {
-    at: BinlogPos,
-    waiting: (String, u64, usize),
-    schema: Option<v1::TableSchema>,
-}
-
-impl DdlBracket {
-    /// What identifies the statements waiting: the last one's place and their number.
-    fn waiting_of(p: &PendingDdl) -> (String, u64, usize) {
-        (p.file.clone(), p.start, p.statements.len())
     }
 }
 
