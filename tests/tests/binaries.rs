@@ -381,3 +381,36 @@ fn the_readme_checks_pass_on_the_test_bed() {
     }
     assert!(!t.contains("[FAIL]"), "{t}");
 }
+
+/// A MySQL URL whose port accepts connections and never speaks MySQL: `--check` says so
+/// within the connect timeout (it printed nothing, for ever), naming the server, after the
+/// Kafka line.
+#[test]
+fn a_port_that_does_not_speak_mysql_fails_the_check_in_bounded_time() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    let cfg = config_for("capture-mysql", "");
+    let url = format!("mysql://sluice:sluice@127.0.0.1:{port}");
+    // (bounded from outside too: before, it never returned)
+    let o = Command::new("timeout")
+        .arg("120")
+        .arg(bin("capture-mysql"))
+        .args(["-c", cfg.path().to_str().unwrap(), "--check"])
+        .env("SLUICE__MYSQL__URL", &url)
+        .output()
+        .expect("run capture-mysql");
+    let out = text(&o);
+    assert_ne!(o.status.code(), Some(124), "killed by timeout: {out}");
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("[ok  ] kafka"), "{out}");
+    assert!(
+        out.contains(&format!("no MySQL handshake from 127.0.0.1:{port}")),
+        "{out}"
+    );
+}

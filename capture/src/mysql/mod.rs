@@ -1,6 +1,7 @@
 //! capture-mysql: configuration and preflight checks against the source server.
 
 pub mod charset;
+pub mod connect;
 pub mod ddl;
 pub mod decode;
 pub mod gtid;
@@ -418,7 +419,7 @@ pub fn connect_error(e: &mysql_async::Error, mysql: &MysqlConfig) -> String {
 pub async fn preflight(config: &Config) -> Vec<Check> {
     let mut checks = vec![config.kafka.check("capture-mysql").await];
     let opts = config.mysql.opts().expect("validated at load");
-    let mut conn = match mysql_async::Conn::new(opts).await {
+    let mut conn = match connect::connect(opts).await {
         Ok(c) => c,
         Err(e) => {
             checks.push(Check::fail(
@@ -549,7 +550,7 @@ async fn privilege_checks(conn: &mut mysql_async::Conn, version: &str) -> Vec<Ch
     if let Some((file, pos)) = &at {
         let opts = conn.opts().clone();
         let dump = async {
-            let c = mysql_async::Conn::new(opts).await?;
+            let c = connect::connect(opts).await?;
             let request = mysql_async::BinlogStreamRequest::new(0)
                 .with_non_blocking()
                 .with_filename(file.as_bytes())

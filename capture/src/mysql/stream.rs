@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mysql_async::binlog::events::Event;
-use mysql_async::{BinlogStream, Conn};
+use mysql_async::BinlogStream;
 use prometheus::Registry;
 use sluice_common::Shutdown;
 
@@ -124,7 +124,7 @@ impl Capture {
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                     // The schema connection may be gone too.
-                    if let Ok(c) = Conn::new(self.opts.clone()).await {
+                    if let Ok(c) = crate::mysql::connect::connect(self.opts.clone()).await {
                         self.schema_conn = c;
                     }
                 }

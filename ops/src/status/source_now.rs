@@ -40,7 +40,7 @@ pub async fn mysql_source_now(
     at: &str,
 ) -> Result<SourceNow, String> {
     use mysql_async::prelude::Queryable;
-    let mut conn = mysql_async::Conn::new(config.opts()?)
+    let mut conn = sluice_capture::mysql::connect::connect(config.opts()?)
         .await
         .map_err(|e| sluice_capture::mysql::connect_error(&e, config))?;
     let at_now = sluice_capture::mysql::binlog_position(&mut conn)

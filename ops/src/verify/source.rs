@@ -21,8 +21,7 @@ impl Source {
             "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ".to_string(),
         ]);
         let pool = mysql_async::Pool::new(opts);
-        let mut conn = pool
-            .get_conn()
+        let mut conn = sluice_capture::mysql::connect::from_pool(&pool)
             .await
             .map_err(|e| sluice_capture::mysql::connect_error(&e, config))?;
         let version: Option<String> = conn
@@ -38,8 +37,7 @@ impl Source {
     }
 
     pub(super) async fn conn(&self) -> Result<mysql_async::Conn, String> {
-        self.pool
-            .get_conn()
+        sluice_capture::mysql::connect::from_pool(&self.pool)
             .await
             .map_err(|e| format!("the source: {e}"))
     }

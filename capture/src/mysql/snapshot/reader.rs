@@ -89,7 +89,7 @@ async fn read_inner(
     limit: u64,
     mariadb: bool,
 ) -> Result<(), Stop> {
-    let mut conn = pool.get_conn().await.map_err(my)?;
+    let mut conn = crate::mysql::connect::from_pool(pool).await.map_err(my)?;
     prepare(&mut conn).await.map_err(my)?;
     let mut at = begin_snapshot(&mut conn, mariadb).await.map_err(my)?;
     // Inside the transaction: the statement below holds the table's metadata lock, so the

@@ -39,7 +39,7 @@ impl Capture {
         registry: &Registry,
     ) -> Result<(Self, Option<Checkpoint>), CaptureError> {
         let opts = config.mysql.opts().expect("validated at load");
-        let mut schema_conn = Conn::new(opts.clone()).await?;
+        let mut schema_conn = crate::mysql::connect::connect(opts.clone()).await?;
         let server = server_info(&mut schema_conn).await?;
         let filter = Filter::new(&config.filter, SYSTEM_DATABASES)
             .map_err(|(k, m)| CaptureError::definite(Origin::Config, format!("{k}: {m}")))?;
@@ -498,7 +498,7 @@ impl Capture {
 
     /// The timestamp of the first timed event of a binlog file, read with a short dump.
     async fn file_created(&self, file: &str) -> Result<Option<u32>, CaptureError> {
-        let mut conn = Conn::new(self.opts.clone()).await?;
+        let mut conn = crate::mysql::connect::connect(self.opts.clone()).await?;
         if self.server.mariadb {
             conn.query_drop("SET @mariadb_slave_capability = 4").await?;
         }
@@ -585,7 +585,7 @@ impl Capture {
         heartbeat: Duration,
     ) -> Result<BinlogStream, CaptureError> {
         self.check_history(false).await?;
-        let mut conn = Conn::new(self.opts.clone()).await?;
+        let mut conn = crate::mysql::connect::connect(self.opts.clone()).await?;
         // Both names: MySQL 8.0.26+ reads the `source_` ones first, older servers and MariaDB
         // the `master_` ones (which the driver sets for the checksum).
         conn.query_drop(format!(
