@@ -414,3 +414,35 @@ fn a_port_that_does_not_speak_mysql_fails_the_check_in_bounded_time() {
         "{out}"
     );
 }
+
+/// The same for a ClickHouse URL whose port never answers HTTP.
+#[test]
+fn a_port_that_does_not_answer_http_fails_the_clickhouse_check_in_bounded_time() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    let cfg = config_for("apply-clickhouse", "");
+    let url = format!("http://127.0.0.1:{port}");
+    let o = Command::new("timeout")
+        .arg("120")
+        .arg(bin("apply-clickhouse"))
+        .args(["-c", cfg.path().to_str().unwrap(), "--check"])
+        .env("SLUICE__CLICKHOUSE__URL", &url)
+        .output()
+        .expect("run apply-clickhouse");
+    let out = text(&o);
+    assert_ne!(o.status.code(), Some(124), "killed by timeout: {out}");
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("[ok  ] kafka"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "no answer from http://127.0.0.1:{port} within 15 s"
+        )),
+        "{out}"
+    );
+}

@@ -357,6 +357,8 @@ impl ClickhouseConfig {
         };
         let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
         http.set_keepalive(Some(std::time::Duration::from_secs(60)));
+        // (a host that drops the SYN: said, not waited on for the kernel's minutes)
+        http.set_connect_timeout(Some(std::time::Duration::from_secs(10)));
         http.enforce_http(false);
         Ok(hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
@@ -481,7 +483,28 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
             return checks;
         }
     };
-    match client.query("SELECT version()").fetch_one::<String>().await {
+    // A port that accepts connections and never answers HTTP: said within the limit.
+    let limit = std::time::Duration::from_secs(15);
+    let version = match tokio::time::timeout(
+        limit,
+        client.query("SELECT version()").fetch_one::<String>(),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => {
+            checks.push(Check::fail(
+                "clickhouse",
+                format!(
+                    "no answer from {} within {} s (is it ClickHouse's HTTP interface?)",
+                    sluice_common::secret::redact_uri(&config.clickhouse.url),
+                    limit.as_secs()
+                ),
+            ));
+            return checks;
+        }
+    };
+    match version {
         Ok(v) => {
             checks.push(Check::pass(
                 "clickhouse",
