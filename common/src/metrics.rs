@@ -90,21 +90,38 @@ pub fn probe(listen: SocketAddr, timeout: std::time::Duration) -> Result<(), Str
 }
 
 /// Whether the process does its work: `None` healthy, or why not (waiting for a server it
-/// cannot reach). Shared by the binary's work and the `/healthz` answer.
+/// cannot reach, tables stopped). Shared by the binary's work and the `/healthz` answer.
+/// Several conditions may hold at once, each set and cleared under its own name.
 #[derive(Clone, Default)]
-pub struct Health(std::sync::Arc<std::sync::RwLock<Option<String>>>);
+pub struct Health(
+    std::sync::Arc<std::sync::RwLock<std::collections::BTreeMap<&'static str, String>>>,
+);
 
 impl Health {
-    /// Degraded, for `why`.
+    /// Degraded, for `why` (the process's main condition: a server it waits for).
     pub fn degrade(&self, why: impl Into<String>) {
-        *self.0.write().expect("health lock") = Some(why.into());
+        self.set("", Some(why.into()));
     }
-    /// Healthy again.
+    /// The main condition cleared.
     pub fn restore(&self) {
-        *self.0.write().expect("health lock") = None;
+        self.set("", None);
     }
+    /// Condition `name` holds for `why` (`None`: it no longer holds).
+    pub fn set(&self, name: &'static str, why: Option<String>) {
+        let mut m = self.0.write().expect("health lock");
+        match why {
+            Some(w) => {
+                m.insert(name, w);
+            }
+            None => {
+                m.remove(name);
+            }
+        }
+    }
+    /// Why not healthy: every condition that holds, `; `-separated.
     pub fn degraded(&self) -> Option<String> {
-        self.0.read().expect("health lock").clone()
+        let m = self.0.read().expect("health lock");
+        (!m.is_empty()).then(|| m.values().cloned().collect::<Vec<_>>().join("; "))
     }
 }
 
@@ -245,7 +262,20 @@ mod tests {
             e.contains("503") && e.contains("waiting for ClickHouse"),
             "{e}"
         );
+        // Two conditions: both said; the outage's end leaves the other.
+        health.set("stopped", Some("1 table stopped: db.t".into()));
+        let e = probe_now().await.unwrap().unwrap_err();
+        assert!(
+            e.contains("waiting for ClickHouse") && e.contains("1 table stopped: db.t"),
+            "{e}"
+        );
         health.restore();
+        let e = probe_now().await.unwrap().unwrap_err();
+        assert!(
+            e.contains("1 table stopped") && !e.contains("waiting"),
+            "{e}"
+        );
+        health.set("stopped", None);
         assert_eq!(probe_now().await.unwrap(), Ok(()));
         shutdown.trigger();
         server.await.unwrap();

@@ -1792,20 +1792,34 @@ async fn a_stopped_tables_statements_are_applied_in_order_when_it_is_taken_up_ag
         "1\n3\n",
         "nothing written while stopped"
     );
-    a.stop_ok();
+    // Seen: in /healthz and in a metric.
+    let (code, body) = healthz(a.metrics_port);
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("1 table(s) stopped: dated"), "{body}");
+    assert_eq!(
+        metric_at(a.metrics_port, "sluice_apply_stopped_tables"),
+        Some(1.0)
+    );
 
-    // Taken up again as docs/operations.md says.
+    // Taken up again as docs/operations.md says, the applier running.
     sluice_tests::capture::clickhouse_tsv(&format!(
         "ALTER TABLE {m_db}._sluice_stopped DELETE WHERE target = 'dated'"
     ))
     .await
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while rows(stopped.clone()).await.contains("dated") {
-        assert!(Instant::now() < deadline, "the stop is still there");
+    while healthz(a.metrics_port).0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "still degraded: {:?}",
+            healthz(a.metrics_port)
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let mut a = CaptureProcess::apply_clickhouse_with(&cap.prefix, &m_db, &dlq, &group, "");
+    assert_eq!(
+        metric_at(a.metrics_port, "sluice_apply_stopped_tables"),
+        Some(0.0)
+    );
     let table = format!("{db}.dated");
     let (code, out, err) = sluice_tests::capture::sluice(&[
         "dead-letters",
@@ -1843,5 +1857,7 @@ async fn a_stopped_tables_statements_are_applied_in_order_when_it_is_taken_up_ag
         .await,
         "8\t2024-01-08\t7\n9\t2024-01-09\t7\n10\t2024-01-10\t10\n"
     );
-    finish(&db, &mut [&mut cap, &mut a]).await;
+    let out = a.stop_ok();
+    assert!(out.contains("table taken up again"), "{out}");
+    finish(&db, &mut [&mut cap]).await;
 }

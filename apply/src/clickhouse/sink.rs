@@ -88,6 +88,8 @@ pub struct Sink {
     dead: DeadLetters,
     schemas: SchemaCache,
     targets: HashMap<String, Target>,
+    /// `/healthz`: degraded while a table is stopped (and while the target is out).
+    health: sluice_common::metrics::Health,
     /// Target name -> why it is stopped (a DDL that could not be applied, or a table the
     /// source refused): its later events are dead-lettered with the reason.
     stopped: HashMap<String, String>,
@@ -308,7 +310,7 @@ impl Sink {
             version_column: config.tables.version_column.clone(),
             rows: metrics.rows.clone(),
             outage: crate::group::Outage::new(
-                health,
+                health.clone(),
                 std::time::Duration::from_millis(config.errors.degraded_after_ms),
             ),
             server: sluice_common::secret::redact_uri(&config.clickhouse.url),
@@ -332,6 +334,7 @@ impl Sink {
             targets: HashMap::new(),
             stopped: HashMap::new(),
             stopped_read_at: std::time::Instant::now(),
+            health,
             part_key: Default::default(),
             applied: HashMap::new(),
             plans: HashMap::new(),

@@ -1,7 +1,7 @@
 //! What apply-clickhouse counts (the names are in docs/apply-clickhouse.md), besides the
 //! consumer group's own ([`GroupMetrics`]).
 
-use prometheus::{Histogram, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::group::{GroupMetrics, SinkMetrics};
 
@@ -17,6 +17,8 @@ pub(super) struct Metrics {
     /// DDL and TRUNCATE events, by `kind` (the event's: alter, truncate, drop, rename,
     /// renamed, create, refused) and `outcome` (applied, stopped, skipped).
     pub(super) ddl: IntCounterVec,
+    /// Target tables stopped (`tables.stopped_table`), as last read.
+    pub(super) stopped_tables: IntGauge,
     pub(super) group: GroupMetrics,
 }
 
@@ -49,8 +51,14 @@ impl Metrics {
             ),
             &["kind", "outcome"],
         )?;
+        let stopped_tables = IntGauge::new(
+            "sluice_apply_stopped_tables",
+            "Target tables stopped (their events dead-lettered until their row is deleted from \
+             tables.stopped_table), as this instance last read them.",
+        )?;
         r.register(Box::new(rows.clone()))?;
         r.register(Box::new(ddl.clone()))?;
+        r.register(Box::new(stopped_tables.clone()))?;
         Ok(Self {
             rows,
             batch_rows,
@@ -59,6 +67,7 @@ impl Metrics {
             dead_letters,
             latency,
             ddl,
+            stopped_tables,
             group: GroupMetrics::new(r)?,
         })
     }

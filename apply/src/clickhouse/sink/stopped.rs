@@ -81,13 +81,36 @@ impl Sink {
                 tracing::warn!(table = %target, %reason, "table stopped: its events are dead-lettered (delete its row from {} to take it up again)", self.config.tables.stopped_table);
             }
         }
+        for target in self.stopped.keys() {
+            if !now.contains_key(target) {
+                tracing::info!(table = %target, "table taken up again (its row was deleted from {}): its events are written from here on; replay its dead letters (`sluice dead-letters replay --table ...`) or copy it again", self.config.tables.stopped_table);
+            }
+        }
         if now != self.stopped {
             // Cached plans would let a newly stopped table's rows through.
             self.plans.clear();
             self.stopped = now;
         }
         self.stopped_read_at = Instant::now();
+        self.said_stopped();
         Ok(())
+    }
+
+    /// The stopped tables in the metric and in `/healthz`.
+    fn said_stopped(&self) {
+        self.metrics.stopped_tables.set(self.stopped.len() as i64);
+        let why = (!self.stopped.is_empty()).then(|| {
+            let mut names: Vec<&str> = self.stopped.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            format!(
+                "{} table(s) stopped: {} (why: {}.{}; its events are dead-lettered)",
+                names.len(),
+                names.join(", "),
+                self.config.clickhouse.database,
+                self.config.tables.stopped_table
+            )
+        });
+        self.health.set("stopped", why);
     }
 
     /// Stop target `name` for `reason`: kept in memory and in ClickHouse.
@@ -105,6 +128,7 @@ impl Sink {
         self.stopped.insert(name.to_string(), reason.to_string());
         // Cached plans would let its later rows through.
         self.plans.clear();
+        self.said_stopped();
         Ok(())
     }
 }
