@@ -1815,7 +1815,39 @@ async fn a_row_event_of_a_newer_contract_stops_its_collection() {
         .collect()
         .await;
     assert_eq!(ids, vec![1], "only the document before the refused event");
-    stop_all(&mut [&mut app]).await;
+    // Seen: in /healthz and in a metric; gone when its record is deleted, and said.
+    let healthz = |port: u16| {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}"])
+            .arg(format!("http://127.0.0.1:{port}/healthz"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let h = healthz(app.metrics_port);
+    assert!(
+        h.ends_with("503") && h.contains(&format!("1 collection(s) stopped: {db}.c")),
+        "{h}"
+    );
+    assert_eq!(
+        sluice_tests::capture::metric_at(app.metrics_port, "sluice_apply_stopped_tables"),
+        Some(1.0)
+    );
+    stops
+        .delete_one(doc! { "_id": format!("{db}.c") })
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !healthz(app.metrics_port).ends_with("200") {
+        assert!(Instant::now() < deadline, "{}", healthz(app.metrics_port));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        sluice_tests::capture::metric_at(app.metrics_port, "sluice_apply_stopped_tables"),
+        Some(0.0)
+    );
+    let out = app.stop_ok();
+    assert!(out.contains("collection taken up again"), "{out}");
     dst.database(&db).drop().await.unwrap();
 }
 

@@ -148,10 +148,15 @@ impl Sink {
         let mut applied = AppliedDdl::new(&client, &config.mongodb.meta_database);
         applied.read().await?;
         let outage = crate::group::Outage::new(
-            health,
+            health.clone(),
             Duration::from_millis(config.errors.degraded_after_ms),
         );
-        let mut stopped = Stopped::new(&client, &config.mongodb.meta_database);
+        let mut stopped = Stopped::new(
+            &client,
+            &config.mongodb.meta_database,
+            health,
+            metrics.stopped.clone(),
+        );
         stopped.read().await?;
         Ok(Self {
             client,
@@ -484,6 +489,13 @@ impl BatchSink for Sink {
     }
 
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        if self.batch().events == 0 {
+            // Idle: a collection taken up again (or stopped by another instance) is seen
+            // without waiting for an event (its /healthz and gauge with it).
+            if let Err(e) = self.stopped.refresh().await {
+                tracing::debug!(error = %e, "reading the stopped collections again failed");
+            }
+        }
         self.flush(shutdown).await
     }
 

@@ -545,6 +545,11 @@ impl BatchSink for Sink {
     }
 
     async fn write_held(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
+        if self.batch().rows == 0 {
+            // Idle: a table taken up again (or stopped by another instance) is seen without
+            // waiting for a row (its /healthz and gauge with it).
+            self.reread_stopped_if_due().await;
+        }
         self.flush(shutdown).await
     }
 

@@ -116,15 +116,41 @@ pub(super) struct Stopped {
     /// Target namespace -> why, and the version from which its events are not applied.
     reasons: HashMap<String, (String, u64)>,
     read_at: Option<Instant>,
+    /// Said in `/healthz` (degraded while one is stopped) and in a gauge.
+    health: sluice_common::metrics::Health,
+    gauge: prometheus::IntGauge,
 }
 
 impl Stopped {
-    pub(super) fn new(client: &mongodb::Client, meta_database: &str) -> Self {
+    pub(super) fn new(
+        client: &mongodb::Client,
+        meta_database: &str,
+        health: sluice_common::metrics::Health,
+        gauge: prometheus::IntGauge,
+    ) -> Self {
         Self {
             log: StopLog::new(client, meta_database),
             reasons: HashMap::new(),
             read_at: None,
+            health,
+            gauge,
         }
+    }
+
+    /// The stopped collections in the gauge and in `/healthz`.
+    fn said(&self) {
+        self.gauge.set(self.reasons.len() as i64);
+        let why = (!self.reasons.is_empty()).then(|| {
+            let mut names: Vec<&str> = self.reasons.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            format!(
+                "{} collection(s) stopped: {} (why: {}; their events are dead-lettered)",
+                names.len(),
+                names.join(", "),
+                self.log.name
+            )
+        });
+        self.health.set("stopped", why);
     }
 
     /// Load the stopped collections (a restart keeps them stopped; a record deleted takes its
@@ -141,8 +167,14 @@ impl Stopped {
                 reasons.insert(ns.to_string(), (reason.to_string(), version));
             }
         }
+        for ns in self.reasons.keys() {
+            if !reasons.contains_key(ns) {
+                tracing::info!(collection = %ns, "collection taken up again (its document was deleted from {}): its events are written from here on", self.log.name);
+            }
+        }
         self.reasons = reasons;
         self.read_at = Some(Instant::now());
+        self.said();
         Ok(())
     }
 
@@ -178,6 +210,7 @@ impl Stopped {
     pub(super) fn remember(&mut self, ns: String, reason: String, version: u64) {
         let e = self.reasons.entry(ns).or_insert((reason, version));
         e.1 = e.1.min(version);
+        self.said();
     }
 
     /// Record `ns` stopped from `version`, and remember it.

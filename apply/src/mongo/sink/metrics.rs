@@ -2,7 +2,7 @@
 //! skipped, the source commands applied, and the end-to-end latency. The names are part of
 //! the documented interface (docs/apply-mongo.md#metrics).
 
-use prometheus::{Histogram, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::group::{GroupMetrics, SinkMetrics};
 
@@ -16,6 +16,8 @@ pub(super) struct Metrics {
     pub(super) stale: IntCounter,
     pub(super) ddl: IntCounterVec,
     pub(super) latency: Histogram,
+    /// Target collections stopped (`stopped_collections`), as last read.
+    pub(super) stopped: IntGauge,
     pub(super) group: GroupMetrics,
 }
 
@@ -55,6 +57,12 @@ impl Metrics {
             r.register(Box::new(c.clone()))?;
         }
         r.register(Box::new(stale.clone()))?;
+        let stopped = IntGauge::new(
+            "sluice_apply_stopped_tables",
+            "Target collections stopped (their events dead-lettered until their document is \
+             deleted from stopped_collections), as this instance last read them.",
+        )?;
+        r.register(Box::new(stopped.clone()))?;
         Ok(Self {
             writes,
             batch_events,
@@ -64,6 +72,7 @@ impl Metrics {
             stale,
             ddl,
             latency,
+            stopped,
             group: GroupMetrics::new(r)?,
         })
     }
