@@ -1821,6 +1821,28 @@ async fn a_stopped_tables_statements_are_applied_in_order_when_it_is_taken_up_ag
         Some(0.0)
     );
     let table = format!("{db}.dated");
+    // A dry run says what it would do, and does nothing.
+    let (_, out, err) = sluice_tests::capture::sluice(&[
+        "dead-letters",
+        "replay",
+        "--topic",
+        &dlq,
+        "--table",
+        &table,
+        "--reason",
+        "table_stopped",
+        "--dry-run",
+    ]);
+    assert!(
+        out.contains("dry run (nothing written): ")
+            && out.contains(" dead letters would be replayed"),
+        "{out}{err}"
+    );
+    assert_eq!(
+        rows(format!("SELECT id FROM {m_db}.dated FINAL ORDER BY id")).await,
+        "1\n3\n",
+        "nothing written by a dry run"
+    );
     let (code, out, err) = sluice_tests::capture::sluice(&[
         "dead-letters",
         "replay",

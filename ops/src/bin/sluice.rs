@@ -482,9 +482,18 @@ async fn run(command: Command) -> Result<bool, String> {
                     letters::key_text(d)
                 );
             }
+            let (replayed, written) = if dry_run {
+                ("would be replayed", "would be written again")
+            } else {
+                ("replayed", "written again")
+            };
             println!(
-                "{}{} dead letters replayed, {} events written again{}, {} not replayed",
-                if dry_run { "dry run: " } else { "" },
+                "{}{} dead letters {replayed}, {} events {written}{}, {} not replayed",
+                if dry_run {
+                    "dry run (nothing written): "
+                } else {
+                    ""
+                },
                 o.replayed,
                 o.written,
                 if o.rewritten > 0 {
