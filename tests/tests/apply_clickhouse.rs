@@ -464,14 +464,9 @@ async fn clickhouse_down_then_up_loses_nothing() {
     };
     let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let prefix = cap.prefix.clone();
-    let mut mirror = apply_to(
-        &server.url(),
-        &prefix,
-        &m_db,
-        "mirror",
-        &unique("g"),
-        "[batch]\nmax_wait_ms = 100\n[errors]\ndegraded_after_ms = 1000\n",
-    );
+    let group = unique("g");
+    let extra = "[batch]\nmax_wait_ms = 100\n[errors]\ndegraded_after_ms = 1000\n";
+    let mut mirror = apply_to(&server.url(), &prefix, &m_db, "mirror", &group, extra);
     let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
     // A UInt64 over the live rows of a mirror table (0 while the server is away).
@@ -545,6 +540,20 @@ async fn clickhouse_down_then_up_loses_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // SIGTERM while what is in hand cannot be written: the stage stops without it, saying
+    // so, exit 1 (nothing of it committed: a new instance reads it again).
+    let (code, first) = mirror.stop();
+    assert_eq!(code, Some(1), "{first}");
+    // (an INSERT's batch, or the lookup of a target before it: either is read again)
+    assert!(
+        first.contains("ClickHouse: stopping") && first.contains("read again on restart"),
+        "{first}"
+    );
+    assert!(
+        first.contains("retrying"),
+        "the outage was retried: {first}"
+    );
+    mirror = apply_to(&server.url(), &prefix, &m_db, "mirror", &group, extra);
     server.resume();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -569,11 +578,12 @@ async fn clickhouse_down_then_up_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let out = mirror.stop_ok();
-    assert!(out.contains("retrying"), "the outage was retried: {out}");
-    assert!(
-        !out.contains("dead-lettering"),
-        "nothing was dead-lettered: {out}"
-    );
+    for log in [&first, &out] {
+        assert!(
+            !log.contains("dead-lettering"),
+            "nothing was dead-lettered: {log}"
+        );
+    }
     cap.stop_ok();
     c.query_drop(format!("DROP DATABASE `{db}`")).await.unwrap();
 }
