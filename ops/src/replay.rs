@@ -176,6 +176,17 @@ pub struct Reoffer {
     pub payload: Vec<u8>,
 }
 
+impl Reoffer {
+    /// Dead letter `d`'s event, to write again where it was read.
+    fn of(d: &DeadLetter) -> Self {
+        Reoffer {
+            offset: d.offset,
+            key: d.key.clone(),
+            payload: d.payload.clone(),
+        }
+    }
+}
+
 /// What a replay does in one source partition.
 #[derive(Debug, Default)]
 pub struct PartitionPlan {
@@ -213,14 +224,7 @@ pub fn plan_partition(
             && d.kind.as_deref() == Some("table_stopped");
         if stopped_statement && d.offset >= log_start {
             plan.replayed.push(d.at);
-            offers.insert(
-                d.offset,
-                Reoffer {
-                    offset: d.offset,
-                    key: d.key.clone(),
-                    payload: d.payload.clone(),
-                },
-            );
+            offers.insert(d.offset, Reoffer::of(d));
             continue;
         }
         if !d.event.is_row() && !stopped_statement {
@@ -268,14 +272,7 @@ pub fn plan_partition(
                 histories.entry(key.as_slice()).or_insert(d.offset);
             }
             _ => {
-                offers.insert(
-                    d.offset,
-                    Reoffer {
-                        offset: d.offset,
-                        key: d.key.clone(),
-                        payload: d.payload.clone(),
-                    },
-                );
+                offers.insert(d.offset, Reoffer::of(d));
             }
         }
     }

@@ -387,14 +387,7 @@ fn the_readme_checks_pass_on_the_test_bed() {
 /// Kafka line.
 #[test]
 fn a_port_that_does_not_speak_mysql_fails_the_check_in_bounded_time() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for s in listener.incoming() {
-            held.push(s);
-        }
-    });
+    let port = silent_port();
     let cfg = config_for("capture-mysql", "");
     let url = format!("mysql://sluice:sluice@127.0.0.1:{port}");
     // (bounded from outside too: before, it never returned)
@@ -418,14 +411,7 @@ fn a_port_that_does_not_speak_mysql_fails_the_check_in_bounded_time() {
 /// The same for a ClickHouse URL whose port never answers HTTP.
 #[test]
 fn a_port_that_does_not_answer_http_fails_the_clickhouse_check_in_bounded_time() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for s in listener.incoming() {
-            held.push(s);
-        }
-    });
+    let port = silent_port();
     let cfg = config_for("apply-clickhouse", "");
     let url = format!("http://127.0.0.1:{port}");
     let o = Command::new("timeout")
@@ -445,4 +431,17 @@ fn a_port_that_does_not_answer_http_fails_the_clickhouse_check_in_bounded_time()
         )),
         "{out}"
     );
+}
+
+/// A local port that accepts connections and never says anything on them.
+fn silent_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    port
 }
