@@ -54,17 +54,33 @@ impl Bed {
         }
     }
 
-    /// Wait until mirror table `t` holds `n` rows.
-    async fn rows(&self, t: &str, n: u64) {
-        let sql = format!("SELECT count() FROM {}.`{t}` FINAL", self.ch_db);
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let count = || async { clickhouse_tsv(&sql).await.unwrap_or_else(|e| e.to_string()) };
-        while count().await.trim() != n.to_string() {
-            assert!(
-                Instant::now() < deadline,
-                "{t}: {} rows, not {n}",
-                count().await
+    /// Wait until target table `t` holds `n` rows (a mirror's deleted ones not counted: 18.16
+    /// keeps them, marked, under `FINAL`); else fail with what it holds and both stages' logs.
+    async fn rows(&mut self, t: &str, n: u64) {
+        let db = &self.ch_db;
+        let count = || async {
+            let marked = format!(
+                "SELECT count() FROM system.columns WHERE database = '{db}' AND table = '{t}' \
+                 AND name = '_deleted'"
             );
+            let live = match clickhouse_tsv(&marked).await.as_deref().map(str::trim) {
+                Ok("1") => "WHERE _deleted = 0",
+                _ => "",
+            };
+            let sql = format!("SELECT count() FROM {db}.`{t}` FINAL {live}");
+            clickhouse_tsv(&sql).await.unwrap_or_else(|e| e.to_string())
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while count().await.trim() != n.to_string() {
+            if Instant::now() > deadline {
+                let all = format!("SELECT * FROM {}.`{t}` FINAL", self.ch_db);
+                let held = clickhouse_tsv(&all).await.unwrap_or_else(|e| e.to_string());
+                let (capture, apply) = (self.capture.stop().1, self.apply.stop().1);
+                panic!(
+                    "{t}: {} rows, not {n}; it holds:\n{held}\ncapture's log:\n{capture}\napply's log:\n{apply}",
+                    count().await.trim()
+                );
+            }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
