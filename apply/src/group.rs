@@ -5,7 +5,9 @@
 //! - `context`: the consumer's context, what happens at a rebalance;
 //! - `run`: the run loop ([`run`]) over a [`BatchSink`], and a consumer replaced after a fatal
 //!   error;
-//! - `watcher`: the lag watcher and the topic finder beside each consumer;
+//! - `watcher`: the lag watcher, the topic finder and the membership watch beside each
+//!   consumer;
+//! - `membership`: whether the consumer is still in its group, from the broker's side;
 //! - `metrics`: the group's and the sinks' metrics;
 //! - `health`: when `/healthz` says the target is out ([`Outage`]);
 //! - `dead_letters`: events that can never be written ([`DeadLetters`]);
@@ -15,6 +17,7 @@ mod context;
 mod dead_letters;
 mod health;
 mod lifecycle;
+mod membership;
 mod metrics;
 mod offsets;
 mod run;

@@ -174,6 +174,12 @@ impl CaptureProcess {
         log
     }
 
+    /// Keep `log` (what [`Self::stop`] returned) before what the next run logs, so that the
+    /// log the last stop returns holds every run's.
+    pub fn keep_log(&mut self, log: String) {
+        self.earlier = log;
+    }
+
     /// kill -9.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -616,9 +622,20 @@ pub async fn clickhouse_tsv(sql: &str) -> clickhouse::error::Result<String> {
 
 /// A process's `/metrics` page (none while it does not answer).
 pub fn scrape(port: u16) -> Option<String> {
+    page(port, "/metrics")
+}
+
+/// A process's `/healthz` answer, status line included (none while it does not answer).
+pub fn healthz(port: u16) -> Option<String> {
+    page(port, "/healthz")
+}
+
+fn page(port: u16, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)

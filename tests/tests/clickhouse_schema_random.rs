@@ -488,7 +488,9 @@ async fn accepted(my: &mut mysql_async::Conn, sql: &str, db: &str, table: &str) 
 
 fn halt(p: &mut CaptureProcess, rng: &mut Rng) -> &'static str {
     if rng.chance(50) {
-        let _ = p.stop();
+        // Its log is kept for a failure's message, with the next run's.
+        let (_, log) = p.stop();
+        p.keep_log(log);
         "stopped"
     } else {
         p.kill();

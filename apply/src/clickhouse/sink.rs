@@ -262,16 +262,20 @@ fn consumer(
     batch: &Arc<Mutex<Batch>>,
     in_flight: &Arc<Mutex<InFlight>>,
     writer: &Writer,
+    health: &sluice_common::metrics::Health,
 ) -> Result<StreamConsumer<Context>, ApplyError> {
-    let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(
-        metrics.group.clone(),
-        ChDrain {
-            batch: batch.clone(),
-            in_flight: in_flight.clone(),
-            writer: writer.clone(),
-            runtime: tokio::runtime::Handle::current(),
-        },
-    ))?;
+    let consumer: StreamConsumer<Context> = cc.create_with_context(
+        GroupContext::new(
+            metrics.group.clone(),
+            ChDrain {
+                batch: batch.clone(),
+                in_flight: in_flight.clone(),
+                writer: writer.clone(),
+                runtime: tokio::runtime::Handle::current(),
+            },
+        )
+        .watching(&config.consumer.group_id, health),
+    )?;
     subscribe(&consumer, &config.consumer.topics)?;
     Ok(consumer)
 }
@@ -315,7 +319,7 @@ impl Sink {
             ),
             server: sluice_common::secret::redact_uri(&config.clickhouse.url),
         };
-        let consumer = consumer(&cc, &config, &metrics, &batch, &in_flight, &writer)?;
+        let consumer = consumer(&cc, &config, &metrics, &batch, &in_flight, &writer, &health)?;
         let dead = DeadLetters::start(
             &config.kafka,
             "apply-clickhouse",

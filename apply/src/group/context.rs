@@ -28,6 +28,13 @@ pub struct GroupContext<D> {
     /// The capture incarnations seen per partition: records of a taken-over capture arriving
     /// after its successor's are skipped ([`crate::incarnation`]).
     pub incarnations: crate::incarnation::Incarnations,
+    /// The group, and the stage's `/healthz`, for the membership watch
+    /// ([`super::membership`]); without them the consumer is not watched.
+    pub group: Option<String>,
+    pub health: Option<sluice_common::metrics::Health>,
+    /// Set by the membership watch: the consumer is out of its group, and why; the run loop
+    /// replaces it.
+    out_of_group: std::sync::Mutex<Option<String>>,
 }
 
 impl<D> GroupContext<D> {
@@ -39,7 +46,27 @@ impl<D> GroupContext<D> {
             expired_flag: Default::default(),
             retired: Default::default(),
             incarnations: Default::default(),
+            group: None,
+            health: None,
+            out_of_group: Default::default(),
         }
+    }
+
+    /// Watched as a member of `group` ([`super::membership`]), said in `health`.
+    pub fn watching(mut self, group: &str, health: &sluice_common::metrics::Health) -> Self {
+        self.group = Some(group.to_string());
+        self.health = Some(health.clone());
+        self
+    }
+
+    /// The consumer is out of its group for `why`: the run loop replaces it.
+    pub(super) fn out_of_group(&self, why: String) {
+        *self.out_of_group.lock().expect("out-of-group lock") = Some(why);
+    }
+
+    /// Why the consumer must be replaced, if the membership watch found it out of its group.
+    pub(super) fn take_out_of_group(&self) -> Option<String> {
+        self.out_of_group.lock().expect("out-of-group lock").take()
     }
 
     /// This consumer is being replaced: from now on its rebalances leave the sink alone.

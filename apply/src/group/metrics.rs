@@ -18,6 +18,9 @@ use super::offsets::Offsets;
 pub struct GroupMetrics {
     pub lag: IntGaugeVec,
     pub assigned: IntGauge,
+    /// `sluice_apply_unheld_partitions`: partitions of the subscribed topics no member of the
+    /// group holds ([`super::membership`]).
+    pub unheld: IntGauge,
     /// `sluice_apply_lag_seconds`: how far behind the source the target is.
     pub lag_seconds: prometheus::Gauge,
     /// `sluice_apply_consumer_rejoins_total`: consumers replaced after a fatal error.
@@ -56,12 +59,20 @@ impl GroupMetrics {
             "How old the oldest event not yet written is, over the partitions this instance \
              holds (0 when every event is written); it grows while the target refuses writes.",
         )?;
+        let unheld = IntGauge::new(
+            "sluice_apply_unheld_partitions",
+            "Partitions of the subscribed topics that no member of the consumer group holds, as \
+             the broker says (looked at every 5 s): above 0 for long, their events are not \
+             being written.",
+        )?;
         r.register(Box::new(lag.clone()))?;
         r.register(Box::new(assigned.clone()))?;
+        r.register(Box::new(unheld.clone()))?;
         let rejoins = IntCounter::new(
             "sluice_apply_consumer_rejoins_total",
-            "Times the Kafka consumer hit a fatal error (fenced: another member with the same \
-             consumer.instance_id, or a session that timed out) and a new one joined the group.",
+            "Times the Kafka consumer was replaced and a new one joined the group: after a fatal \
+             error (fenced: another member with the same consumer.instance_id, or a session that \
+             timed out), or out of its group for 30 s while partitions were held by no member.",
         )?;
         let stale_capture_records = IntCounter::new(
             "sluice_apply_stale_capture_records_total",
@@ -75,6 +86,7 @@ impl GroupMetrics {
         Ok(Self {
             lag,
             assigned,
+            unheld,
             lag_seconds,
             rejoins,
             stale_capture_records,

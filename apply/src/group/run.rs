@@ -136,6 +136,24 @@ impl Pace {
     }
 }
 
+/// Replace the sink's consumer by a new one of the same settings ([`BatchSink::rejoin`]), with
+/// its own watcher; the old one is closed (it leaves the group).
+async fn replace<S: BatchSink>(
+    sink: &mut S,
+    consumer: &mut Arc<StreamConsumer<GroupContext<S::Drain>>>,
+    watcher: &mut Watcher,
+) -> Result<(), ApplyError> {
+    watcher.stop().await;
+    let old = sink.rejoin().await?;
+    *consumer = sink.consumer();
+    // (the last reference: closing it leaves the group, on a thread of its own)
+    close_within(old, "replaced").await;
+    consumer.context().metrics.rejoins.inc();
+    *watcher = Watcher::start(consumer);
+    tracing::info!("a new Kafka consumer joined the group");
+    Ok(())
+}
+
 async fn run_loop<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), ApplyError> {
     let mut consumer = sink.consumer();
     let mut watcher = Watcher::start(&consumer);
@@ -148,6 +166,19 @@ async fn run_loop<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(),
         // Events expired unread at the assignment: nothing more is handled or stored.
         if let Some(why) = consumer.context().expired() {
             return Err(stop(why));
+        }
+        // Out of its group for long (the membership watch): replaced, as a restart would.
+        if let Some(why) = consumer.context().take_out_of_group() {
+            tracing::error!(
+                %why,
+                "the Kafka consumer is out of its group and did not come back by itself: a new \
+                 consumer joins the group now, as a restart would; the events not yet committed \
+                 are read and written again"
+            );
+            match replace(sink, &mut consumer, &mut watcher).await {
+                Ok(()) => continue,
+                Err(e) => break Err(e),
+            }
         }
         // A message already fetched is taken without arming a timer; the batch's deadline is
         // checked against the clock only every 64 such messages (it is a bound on waiting, not
@@ -253,17 +284,9 @@ async fn run_loop<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(),
                 _ = shutdown.wait() => break Ok(()),
                 _ = tokio::time::sleep(REJOIN_AFTER) => {}
             }
-            watcher.stop().await;
-            let old = match sink.rejoin().await {
-                Ok(old) => old,
-                Err(e) => break Err(e),
-            };
-            consumer = sink.consumer();
-            // (the last reference: closing it leaves the group, on a thread of its own)
-            close_within(old, "replaced").await;
-            consumer.context().metrics.rejoins.inc();
-            watcher = Watcher::start(&consumer);
-            tracing::info!("a new Kafka consumer joined the group");
+            if let Err(e) = replace(sink, &mut consumer, &mut watcher).await {
+                break Err(e);
+            }
         }
     };
     watcher.stop().await;

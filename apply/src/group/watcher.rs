@@ -1,5 +1,6 @@
-//! The tasks beside each consumer: the lag watcher ([`super::metrics`]) and the topic finder
-//! that lets a new consumer see a new pipeline's topics at once.
+//! The tasks beside each consumer: the lag watcher ([`super::metrics`]), the topic finder
+//! that lets a new consumer see a new pipeline's topics at once, and the membership watch
+//! ([`super::membership`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,12 +11,13 @@ use super::context::GroupContext;
 use super::metrics::watch_lag;
 use super::offsets::Drain;
 
-/// The lag watcher of one consumer and its topic finder ([`find_topics`]), stopped when
-/// dropped.
+/// The lag watcher of one consumer, its topic finder ([`find_topics`]) and its membership
+/// watch, stopped when dropped.
 pub(super) struct Watcher {
     lag: Option<tokio::task::JoinHandle<()>>,
     finder: Option<tokio::task::JoinHandle<()>>,
-    /// Tells the finder to stop (it ends a metadata request in flight first, which holds the
+    membership: Option<tokio::task::JoinHandle<()>>,
+    /// Tells the finder and the membership watch to stop (it ends a metadata request in flight first, which holds the
     /// consumer).
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -30,11 +32,15 @@ impl Watcher {
                 Duration::from_secs(10),
             ))),
             finder: Some(tokio::spawn(find_topics(consumer.clone(), stop.clone()))),
+            membership: Some(tokio::spawn(super::membership::watch(
+                consumer.clone(),
+                stop.clone(),
+            ))),
             stop,
         }
     }
 
-    /// Stop both, and wait until they let go of their consumer.
+    /// Stop them all, and wait until they let go of their consumer.
     pub(super) async fn stop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(task) = self.lag.take() {
@@ -44,6 +50,11 @@ impl Watcher {
         if let Some(task) = self.finder.take() {
             let _ = task.await;
         }
+        if let Some(task) = self.membership.take() {
+            // (asleep, or in a request of at most a few seconds)
+            task.abort();
+            let _ = task.await;
+        }
     }
 }
 
@@ -51,6 +62,9 @@ impl Drop for Watcher {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(task) = &self.lag {
+            task.abort();
+        }
+        if let Some(task) = &self.membership {
             task.abort();
         }
     }

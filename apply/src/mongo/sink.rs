@@ -94,16 +94,20 @@ fn consumer(
     batch: &Arc<Mutex<Batch>>,
     writer: &Writer,
     failed: &Arc<Mutex<Option<String>>>,
+    health: &sluice_common::metrics::Health,
 ) -> Result<StreamConsumer<Context>, ApplyError> {
-    let consumer: StreamConsumer<Context> = cc.create_with_context(GroupContext::new(
-        metrics.group.clone(),
-        MongoDrain {
-            batch: batch.clone(),
-            writer: writer.clone(),
-            runtime: tokio::runtime::Handle::current(),
-            failed: failed.clone(),
-        },
-    ))?;
+    let consumer: StreamConsumer<Context> = cc.create_with_context(
+        GroupContext::new(
+            metrics.group.clone(),
+            MongoDrain {
+                batch: batch.clone(),
+                writer: writer.clone(),
+                runtime: tokio::runtime::Handle::current(),
+                failed: failed.clone(),
+            },
+        )
+        .watching(&config.consumer.group_id, health),
+    )?;
     subscribe(&consumer, &config.consumer.topics)?;
     Ok(consumer)
 }
@@ -144,7 +148,15 @@ impl Sink {
             ),
         );
         let drain_failed = Arc::new(Mutex::new(None));
-        let consumer = consumer(&cc, &config, &metrics, &batch, &writer, &drain_failed)?;
+        let consumer = consumer(
+            &cc,
+            &config,
+            &metrics,
+            &batch,
+            &writer,
+            &drain_failed,
+            &health,
+        )?;
         let mut applied = AppliedDdl::new(&client, &config.mongodb.meta_database);
         applied.read().await?;
         let outage = crate::group::Outage::new(
@@ -510,6 +522,8 @@ impl BatchSink for Sink {
         );
         self.writer.fence.forget();
         *self.drain_failed.lock().expect("failed lock") = None;
+        // (the stage's `/healthz`, which the old consumer's membership watch spoke to)
+        let health = self.consumer.context().health.clone().unwrap_or_default();
         let new = consumer(
             &self.consumer_config,
             &self.config,
@@ -517,6 +531,7 @@ impl BatchSink for Sink {
             &self.batch,
             &self.writer,
             &self.drain_failed,
+            &health,
         )?;
         Ok(std::mem::replace(&mut self.consumer, Arc::new(new)))
     }

@@ -578,6 +578,7 @@ impl BatchSink for Sink {
             &self.batch,
             &self.in_flight,
             &self.writer,
+            &self.health,
         )?;
         Ok(std::mem::replace(&mut self.consumer, Arc::new(new)))
     }

@@ -1,0 +1,134 @@
+//! Appliers that lost their group session come back by themselves: the broker is stopped for
+//! longer than the consumers' session timeout (every member's session times out and its
+//! partitions are revoked as lost), then started again; each applier holds partitions again
+//! within seconds, and the rows written meanwhile reach the mirror.
+//!
+//! It restarts the broker, so it runs only against the test bed's own (skipped, and says so,
+//! when `SLUICE_KAFKA_BROKERS` names another).
+
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use sluice_tests::capture::{healthz, metric_at, CaptureProcess};
+use sluice_tests::faults::{testbed, testbed_broker};
+use sluice_tests::to_clickhouse::*;
+use sluice_tests::{unique, w1_insert};
+
+/// The partitions each applier holds now (its `sluice_apply_assigned_partitions`).
+fn held(appliers: &[&CaptureProcess]) -> Vec<i64> {
+    appliers
+        .iter()
+        .map(|a| {
+            metric_at(a.metrics_port, "sluice_apply_assigned_partitions").unwrap_or(-1.0) as i64
+        })
+        .collect()
+}
+
+/// Wait until the appliers hold `total` partitions between them, each at least one; the time
+/// it took.
+async fn every_applier_holds_partitions(
+    appliers: &[&CaptureProcess],
+    total: i64,
+    limit: Duration,
+    what: &str,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let now = held(appliers);
+        if now.iter().all(|&n| n > 0) && now.iter().sum::<i64>() == total {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what}: the appliers hold {now:?} partitions {:?} on (of {total}, each at least one)",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partitions_again() {
+    if !testbed_broker() {
+        println!("skipped: it restarts the broker, and SLUICE_KAFKA_BROKERS names one the test bed did not start");
+        return;
+    }
+    let (db, m_db, mut cap) = pipeline("sluice_t_rejoin", "_mirror").await;
+    let mut c = w1_source(&db).await;
+    c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
+    let group = unique("g");
+    let mut a = apply(&cap.prefix, &m_db, "mirror", &group, "");
+    let mut b = apply(&cap.prefix, &m_db, "mirror", &group, "");
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    // The W1 topic has 3 partitions.
+    every_applier_holds_partitions(&[&a, &b], 3, Duration::from_secs(60), "before").await;
+
+    // Down for three times the session timeout (10 s): each member's session times out, and
+    // its partitions are lost.
+    // (started again however the test ends: later tests need it)
+    struct Restart;
+    impl Drop for Restart {
+        fn drop(&mut self) {
+            testbed(&["start", "kafka"]);
+        }
+    }
+    tokio::task::spawn_blocking(|| testbed(&["stop", "kafka"]))
+        .await
+        .unwrap();
+    let restart = Restart;
+    // 15 s after the broker's last answer (looked for every 5 s, each look up to 3 s a
+    // request), each applier's /healthz says so.
+    let down = Instant::now();
+    for (name, p) in [("a", &a), ("b", &b)] {
+        loop {
+            let h = healthz(p.metrics_port).unwrap_or_default();
+            if h.starts_with("HTTP/1.1 503") && h.contains("no answer from the Kafka brokers") {
+                break;
+            }
+            assert!(
+                down.elapsed() < Duration::from_secs(28),
+                "applier {name}'s /healthz {:?} into the outage: {h}",
+                down.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(down.elapsed())).await;
+    c.query_drop(w1_insert(&db, 101, 50)).await.unwrap();
+    tokio::task::spawn_blocking(move || drop(restart))
+        .await
+        .unwrap();
+    let took = every_applier_holds_partitions(
+        &[&a, &b],
+        3,
+        Duration::from_secs(60),
+        "after the broker came back",
+    )
+    .await;
+    println!("every applier held partitions again {took:?} after the broker was back");
+    converge(&db, &m_db, Duration::from_secs(60)).await;
+    // Healthy again, and no partition left unheld.
+    for (name, p) in [("a", &a), ("b", &b)] {
+        let start = Instant::now();
+        loop {
+            let h = healthz(p.metrics_port).unwrap_or_default();
+            let unheld = metric_at(p.metrics_port, "sluice_apply_unheld_partitions");
+            if h.starts_with("HTTP/1.1 200") && unheld == Some(0.0) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "applier {name}: {unheld:?} unheld partitions, /healthz: {h}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    for (name, p) in [("a", &mut a), ("b", &mut b)] {
+        let log = p.stop_ok();
+        assert!(
+            log.contains("the partitions were lost") || log.contains("rebalance: revoked"),
+            "applier {name} never lost its partitions, so the test tried nothing:\n{log}"
+        );
+    }
+    finish(&db, &mut [&mut cap]).await;
+}
