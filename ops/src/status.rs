@@ -13,12 +13,16 @@
 //! The source's own current position (and so the capture's lag behind it) is not read here:
 //! the capture exports it as metrics (`sluice_capture_lag_seconds`).
 //!
+//! Given apply configs (`--apply-config`), it also lists their stopped tables, read from the
+//! targets.
+//!
 //! Children: `groups` (the apply groups' lag and members), `source_now` (a MySQL source's
-//! position now), `render` (the text).
+//! position now), `stopped` (the apply stages' stopped tables), `render` (the text).
 
 mod groups;
 mod render;
 mod source_now;
+mod stopped;
 
 use std::collections::BTreeMap;
 
@@ -31,6 +35,7 @@ pub(crate) use groups::consumer;
 pub use groups::{assignment, read_groups, Group, Member, PartitionLag};
 pub use render::{duration_text, text};
 pub use source_now::{binlog_bytes_between, mysql_source_now, SourceNow};
+pub use stopped::{of_config as stopped_of_config, Stopped};
 
 const CLIENT: &str = "sluice-status";
 
@@ -43,6 +48,10 @@ pub struct Status {
     pub dead_letter_topic: String,
     /// Dead letters by table and reason (none when the topic does not exist).
     pub dead_letters: Vec<DeadLetters>,
+    /// The stopped tables of the apply stages whose configs were given (`--apply-config`);
+    /// `None` when none was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<Vec<Stopped>>,
 }
 
 /// The dead letters of one table (or, for bytes that are no change event, of one topic) and
@@ -168,6 +177,7 @@ pub fn read(
         groups: out,
         dead_letter_topic: dead_letter_topic.to_string(),
         dead_letters,
+        stopped: None,
     })
 }
 

@@ -1810,6 +1810,31 @@ async fn a_stopped_tables_statements_are_applied_in_order_when_it_is_taken_up_ag
         metric_at(a.metrics_port, "sluice_apply_stopped_tables"),
         Some(1.0)
     );
+    // And in `sluice status` given the applier's config: since when, why, and how to take it
+    // up again.
+    let config = a.config_path().to_str().unwrap().to_string();
+    let status = |json: bool| {
+        let mut args = vec!["status", "--group", &group, "--apply-config", &config];
+        if json {
+            args.push("--json");
+        }
+        let (code, out, err) = sluice_tests::capture::sluice(&args);
+        assert_eq!(code, Some(0), "{out}{err}");
+        out
+    };
+    let text = status(false);
+    assert!(
+        text.contains(&format!(
+            "  dated (apply-clickhouse, group {group}) stopped since 20"
+        )) && text.contains("2021-02-30")
+            && text.contains(&format!(
+                "2. ALTER TABLE `{m_db}`.`_sluice_stopped` DELETE WHERE target = 'dated'"
+            )),
+        "{text}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
+    assert_eq!(json["stopped"][0]["target"], "dated", "{json:#}");
+    assert_eq!(json["stopped"][0]["group"], group.as_str(), "{json:#}");
 
     // Taken up again as docs/operations.md says, the applier running.
     sluice_tests::capture::clickhouse_tsv(&format!(
@@ -1829,6 +1854,11 @@ async fn a_stopped_tables_statements_are_applied_in_order_when_it_is_taken_up_ag
     assert_eq!(
         metric_at(a.metrics_port, "sluice_apply_stopped_tables"),
         Some(0.0)
+    );
+    let text = status(false);
+    assert!(
+        text.contains("stopped tables (of the apply configs given):\n  none"),
+        "{text}"
     );
     let table = format!("{db}.dated");
     // A dry run says what it would do, and does nothing.

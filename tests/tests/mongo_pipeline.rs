@@ -1833,6 +1833,19 @@ async fn a_row_event_of_a_newer_contract_stops_its_collection() {
         sluice_tests::capture::metric_at(app.metrics_port, "sluice_apply_stopped_tables"),
         Some(1.0)
     );
+    // And in `sluice status` given the applier's config, with the steps to take it up again.
+    let config = app.config_path().to_str().unwrap().to_string();
+    let (code, out, err) =
+        sluice_tests::capture::sluice(&["status", "--group", &group, "--apply-config", &config]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains(&format!("  {db}.c (apply-mongo, group "))
+            && out.contains("contract version 99")
+            && out.contains(&format!(
+                "stopped_collections.deleteOne({{_id: \"{db}.c\"}})"
+            )),
+        "{out}"
+    );
     stops
         .delete_one(doc! { "_id": format!("{db}.c") })
         .await

@@ -1,6 +1,6 @@
 //! `sluice`: the operator's command.
 //!
-//!     sluice status [--connector NAME] [--group G] [--json]
+//!     sluice status [--connector NAME] [--group G] [--apply-config FILE] [--json]
 //!     sluice position show (--connector NAME | --group G)
 //!     sluice position set --connector NAME (--binlog FILE:POS | --oplog SECONDS[.INC])
 //!     sluice position set --group G (--to-end | --to-start | --to-time T | --to-position FILE:POS
@@ -53,6 +53,11 @@ enum Command {
         /// position now and the binlog bytes its stored position is behind.
         #[arg(long, value_name = "FILE")]
         capture_config: Vec<std::path::PathBuf>,
+        /// An apply-clickhouse or apply-mongo config (repeatable): its stopped tables (or
+        /// collections) are listed, read from its target, with since when, why, and the
+        /// steps that take each up again.
+        #[arg(long, value_name = "FILE")]
+        apply_config: Vec<std::path::PathBuf>,
         /// One JSON document.
         #[arg(long)]
         json: bool,
@@ -348,6 +353,7 @@ async fn run(command: Command) -> Result<bool, String> {
             connector,
             group,
             capture_config,
+            apply_config,
             json,
         } => {
             let k = kafka.kafka()?;
@@ -379,6 +385,13 @@ async fn run(command: Command) -> Result<bool, String> {
                     })?;
                 c.source_now =
                     Some(sluice_ops::status::mysql_source_now(&config.mysql, &c.position).await?);
+            }
+            if !apply_config.is_empty() {
+                let mut stopped = Vec::new();
+                for path in &apply_config {
+                    stopped.extend(sluice_ops::status::stopped_of_config(path).await?);
+                }
+                status.stopped = Some(stopped);
             }
             if json {
                 println!(

@@ -174,6 +174,24 @@ pub fn text(s: &Status) -> String {
                 .unwrap_or_default()
         );
     }
+    if let Some(stopped) = &s.stopped {
+        heading(
+            &mut o,
+            "stopped tables (of the apply configs given)",
+            stopped.is_empty(),
+        );
+        for t in stopped {
+            let _ = writeln!(
+                o,
+                "  {} ({}, group {}) stopped since {}: {}",
+                t.target, t.stage, t.group, t.since, t.reason
+            );
+            let _ = writeln!(o, "    to take it up again:");
+            for (i, step) in t.resume.iter().enumerate() {
+                let _ = writeln!(o, "      {}. {step}", i + 1);
+            }
+        }
+    }
     o
 }
 
@@ -239,6 +257,7 @@ mod tests {
             groups: vec![],
             dead_letter_topic: "_dl".into(),
             dead_letters: vec![],
+            stopped: None,
         });
         assert!(text.contains("dead letters (topic _dl):\n  none"), "{text}");
         assert!(
@@ -270,6 +289,7 @@ mod tests {
             groups: vec![],
             dead_letter_topic: "_dl".into(),
             dead_letters: vec![],
+            stopped: None,
         });
         assert!(
             text.contains(
@@ -284,6 +304,39 @@ mod tests {
                  mariadb-bin.000007:1200 db.c (db.c)"
             ),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn stopped_tables_are_listed_with_the_steps_that_take_them_up_again() {
+        let status = |stopped| Status {
+            checkpoint_topic: "_cp".into(),
+            connectors: vec![],
+            groups: vec![],
+            dead_letter_topic: "_dl".into(),
+            dead_letters: vec![],
+            stopped,
+        };
+        // Not asked for (no --apply-config): not shown.
+        assert!(!text(&status(None)).contains("stopped tables"));
+        assert!(text(&status(Some(vec![])))
+            .contains("stopped tables (of the apply configs given):\n  none"));
+        let t = text(&status(Some(vec![crate::status::Stopped {
+            stage: "apply-clickhouse",
+            group: "g".into(),
+            target: "t".into(),
+            since: "2026-12-07 10:00:00".into(),
+            reason: "CHANGE COLUMN a b".into(),
+            resume: vec![
+                "fix".into(),
+                "ALTER TABLE `m`.`_sluice_stopped` DELETE WHERE target = 't'".into(),
+            ],
+        }])));
+        assert!(
+            t.contains(
+                "  t (apply-clickhouse, group g) stopped since 2026-12-07 10:00:00: CHANGE COLUMN a b\n    to take it up again:\n      1. fix\n      2. ALTER TABLE `m`.`_sluice_stopped` DELETE WHERE target = 't'\n"
+            ),
+            "{t}"
         );
     }
 
