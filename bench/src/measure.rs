@@ -187,11 +187,25 @@ pub struct Args {
 }
 
 impl Args {
-    pub fn from_env(switches: &'static [&'static str]) -> Self {
-        Self {
-            args: std::env::args().skip(1).collect(),
-            switches,
+    /// The command line, checked: `--help` (or `-h`) prints `usage` and exits 0; an argument
+    /// that is none of `options` (each followed by its value), `switches` or, when `bare`, a
+    /// bare word, prints what was wrong and `usage`, and exits 2, before anything runs.
+    pub fn from_env(
+        usage: &str,
+        options: &[&str],
+        switches: &'static [&'static str],
+        bare: bool,
+    ) -> Self {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if let Err(e) = check(&args, options, switches, bare) {
+            if e.is_empty() {
+                println!("usage: {usage}");
+                std::process::exit(0);
+            }
+            eprintln!("{e}\nusage: {usage}");
+            std::process::exit(2);
         }
+        Self { args, switches }
     }
 
     pub fn switch(&self, name: &str) -> bool {
@@ -230,6 +244,67 @@ impl Args {
             }
         }
         None
+    }
+}
+
+/// Whether `args` are all known (see [`Args::from_env`]): an empty error asks for the usage.
+fn check(args: &[String], options: &[&str], switches: &[&str], bare: bool) -> Result<(), String> {
+    let mut bares = 0;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "--help" || a == "-h" {
+            return Err(String::new());
+        } else if switches.contains(&a) {
+            i += 1;
+        } else if options.contains(&a) {
+            if i + 1 >= args.len() {
+                return Err(format!("{a} needs a value"));
+            }
+            i += 2;
+        } else if a.starts_with('-') {
+            return Err(format!("unknown argument {a}"));
+        } else if bare && bares == 0 {
+            bares += 1;
+            i += 1;
+        } else {
+            return Err(format!("unexpected argument {a}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod args_tests {
+    use super::check;
+
+    #[test]
+    fn unknown_arguments_are_refused_and_help_asks_for_the_usage() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (opts, sw) = (&["--runs"][..], &["--snapshot"][..]);
+        assert_eq!(
+            check(&v(&["--runs", "3", "--snapshot"]), opts, sw, false),
+            Ok(())
+        );
+        assert_eq!(check(&v(&["1000", "--runs", "3"]), opts, sw, true), Ok(()));
+        assert_eq!(check(&v(&["--help"]), opts, sw, false), Err(String::new()));
+        assert_eq!(check(&v(&["-h"]), opts, sw, false), Err(String::new()));
+        assert_eq!(
+            check(&v(&["--run", "3"]), opts, sw, false),
+            Err("unknown argument --run".into())
+        );
+        assert_eq!(
+            check(&v(&["--runs"]), opts, sw, false),
+            Err("--runs needs a value".into())
+        );
+        assert_eq!(
+            check(&v(&["7"]), opts, sw, false),
+            Err("unexpected argument 7".into())
+        );
+        assert_eq!(
+            check(&v(&["7", "8"]), opts, sw, true),
+            Err("unexpected argument 8".into())
+        );
     }
 }
 

@@ -201,7 +201,7 @@ where
                     }
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+                backoff = (backoff * 2).min(crate::RETRY_MAX);
                 continue;
             }
             if let Err(e) = crate::preflight::require(&checks) {

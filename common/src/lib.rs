@@ -23,6 +23,12 @@ pub mod sql;
 pub mod standby;
 pub mod topics;
 
+/// The longest wait between two tries of a server that failed (a write, a statement, a
+/// reconnection), the waits doubling from 0.5 s (1 s at a start) up to it: short, so that work
+/// resumes within seconds of the server's return, while a try of a server that is down costs
+/// one refused connection.
+pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub use app::{AppConfig, CommonArgs, Context, MetricsConfig};
 pub use config::Validate;
 pub use kafka::KafkaConfig;

@@ -11,7 +11,7 @@
 //!   tables are ReplacingMergeTree on the primary key with the event version, change-log tables
 //!   are ReplacingMergeTree on (key, version); on servers with `insert_deduplication_token`
 //!   the repeated INSERT is also dropped at once.
-//! - ClickHouse unreachable or failing: the same batch is retried with backoff (0.5 s to 30 s)
+//! - ClickHouse unreachable or failing: the same batch is retried with backoff (0.5 s to 5 s)
 //!   while nothing more is read, so memory stays bounded by one batch. Which failures are
 //!   retried is decided by the server's exception code ([`crate::error`]).
 //! - An event that can never be written (not a change event, an unknown schema, a value the

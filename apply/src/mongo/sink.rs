@@ -10,7 +10,7 @@
 //!   partitions' offsets stored.
 //! - A transient failure of the batch write (network, no primary, an election or shutdown, a
 //!   write concern timeout: by the server's code and labels, never its message) writes the
-//!   same batch again with backoff (0.5 s to 30 s) while nothing more is read. Writes are
+//!   same batch again with backoff (0.5 s to 5 s) while nothing more is read. Writes are
 //!   idempotent, so the repeated part changes nothing. Any other failure of a whole command,
 //!   an unknown server code included, stops the sink with the server's message: nothing after
 //!   the last written batch is stored, so it is all read again after the fix.
@@ -409,7 +409,7 @@ impl Sink {
                         _ = shutdown.wait() => {}
                         _ = tokio::time::sleep(backoff) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    backoff = (backoff * 2).min(sluice_common::RETRY_MAX);
                 }
             }
         };

@@ -14,8 +14,13 @@ async fn main() -> anyhow::Result<()> {
     // As the stages do: the Kafka floor step runs in this process (sluice_bench::floor).
     sluice_common::keep_memory_small();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: bench-kafka PREFIX RECORDS";
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{usage}");
+        return Ok(());
+    }
     let [prefix, records] = args.as_slice() else {
-        anyhow::bail!("usage: bench-kafka PREFIX RECORDS");
+        anyhow::bail!("{usage}");
     };
     let floor = sluice_bench::floor::measure(&kafka_brokers(), prefix, records.parse()?).await?;
     print!("{}", floor.lines(prefix));

@@ -46,7 +46,12 @@ const PROBE: u64 = 100;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = sluice_bench::measure::Args::from_env(&[]);
+    let args = sluice_bench::measure::Args::from_env(
+        "bench-recovery [--runs N] [--session-ms MS] [--only apply|capture|broker]",
+        &["--runs", "--session-ms", "--only"],
+        &[],
+        false,
+    );
     let runs = args.option("--runs", 1)?.max(1);
     let session_ms = args.option("--session-ms", 0)?;
     let only = args.text("--only");

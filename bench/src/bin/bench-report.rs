@@ -30,7 +30,12 @@ use serde_json::{json, Value};
 const MIB: f64 = 1048576.0;
 
 fn main() -> anyhow::Result<()> {
-    let args = sluice_bench::measure::Args::from_env(&[]);
+    let args = sluice_bench::measure::Args::from_env(
+        "bench-report [--runs N] [--rows R] [--docs D] [--seconds S]",
+        &["--runs", "--rows", "--docs", "--seconds"],
+        &[],
+        false,
+    );
     let runs = args.option("--runs", 3)?.max(1);
     let rows = args.option("--rows", 1_000_000)?;
     let docs = args.option("--docs", 200_000)?;

@@ -114,7 +114,13 @@ fn clickhouse_pid() -> Option<u32> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = sluice_bench::measure::Args::from_env(&["--topics-at-start"]);
+    let args = sluice_bench::measure::Args::from_env(
+        "bench-tables [--tables N] [--rate R] [--seconds S] [--only per-table|one] \
+         [--topics-at-start]",
+        &["--tables", "--rate", "--seconds", "--only"],
+        &["--topics-at-start"],
+        false,
+    );
     let tables = args.option("--tables", 1000)?.max(1);
     let rate = args.option("--rate", 10)?.max(1);
     let seconds = args.option("--seconds", 60)?.max(5);

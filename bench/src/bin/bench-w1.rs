@@ -61,8 +61,23 @@ const MIB: u64 = 1 << 20;
 async fn main() -> anyhow::Result<()> {
     // As the stages do: the Kafka floor step runs in this process (sluice_bench::floor).
     sluice_common::keep_memory_small();
-    let args =
-        sluice_bench::measure::Args::from_env(&["--snapshot", "--verify", "--sustained-only"]);
+    let args = sluice_bench::measure::Args::from_env(
+        "bench-w1 [--snapshot] [ROWS] [--tables N] [--batch B] [--every-ms T] [--seconds S] \
+         [--big-rows K] [--max-wait-ms MS] [--sustained-only] [--verify] [--verify-runs N] \
+         [--verify-parallel P]",
+        &[
+            "--tables",
+            "--batch",
+            "--every-ms",
+            "--seconds",
+            "--big-rows",
+            "--max-wait-ms",
+            "--verify-runs",
+            "--verify-parallel",
+        ],
+        &["--snapshot", "--verify", "--sustained-only"],
+        true,
+    );
     let snapshot = args.switch("--snapshot");
     let max_wait_ms = args.text("--max-wait-ms").map(|v| v.parse()).transpose()?;
     let verify = args.switch("--verify");

@@ -80,7 +80,12 @@ async fn digest(c: &mongodb::Client, db: &str, coll: &str) -> (u64, u64) {
 async fn main() -> anyhow::Result<()> {
     // As the stages do: the Kafka floor step runs in this process (sluice_bench::floor).
     sluice_common::keep_memory_small();
-    let args = sluice_bench::measure::Args::from_env(&["--snapshot"]);
+    let args = sluice_bench::measure::Args::from_env(
+        "bench-w2 [--snapshot] [DOCS] [--batch B] [--every-ms T] [--seconds S]",
+        &["--batch", "--every-ms", "--seconds"],
+        &["--snapshot"],
+        true,
+    );
     let snapshot = args.switch("--snapshot");
     let docs: i64 = args
         .first_bare()

@@ -26,7 +26,7 @@
 //!   being published keeps its id and event count; a held `partialTxn` transaction is read again
 //!   whole; an oplog entry's documents to look up are read before any of its changes is
 //!   published. A snapshot copy goes on after the last document it published; a snapshot is
-//!   never taken again. The wait is 0.5 s, doubling up to 30 s (0.5 s again once reading got
+//!   never taken again. The wait is 0.5 s, doubling up to 5 s (0.5 s again once reading got
 //!   further than at the previous failure), until shutdown. Definite errors stop the capture.
 //!   (One gap: a change stream opened at `now` on a server that reports no resume token before
 //!   its first change, as mongo-java-server, reopens at a later "now" if it fails before then.)
@@ -294,7 +294,7 @@ impl Capture {
     }
 }
 
-/// The wait before reading again after a transient failure: 0.5 s, doubling up to 30 s, and
+/// The wait before reading again after a transient failure: 0.5 s, doubling up to 5 s, and
 /// 0.5 s again once reading got further than at the previous failure.
 struct Backoff {
     next: Duration,
@@ -302,7 +302,7 @@ struct Backoff {
 
 impl Backoff {
     const FIRST: Duration = Duration::from_millis(500);
-    const MAX: Duration = Duration::from_secs(30);
+    const MAX: Duration = sluice_common::RETRY_MAX;
 
     fn next(&mut self, progressed: bool) -> Duration {
         if progressed {
@@ -325,10 +325,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_thirty_seconds_and_starts_over_after_progress() {
+    fn backoff_doubles_to_five_seconds_and_starts_over_after_progress() {
         let mut b = Backoff::default();
-        let waits: Vec<u64> = (0..8).map(|_| b.next(false).as_millis() as u64).collect();
-        assert_eq!(waits, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
+        let waits: Vec<u64> = (0..6).map(|_| b.next(false).as_millis() as u64).collect();
+        assert_eq!(waits, [500, 1000, 2000, 4000, 5000, 5000]);
         assert_eq!(b.next(true), Duration::from_millis(500));
         assert_eq!(b.next(false), Duration::from_secs(1));
     }

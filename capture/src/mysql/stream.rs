@@ -122,7 +122,7 @@ impl Capture {
                         _ = shutdown.wait() => break Ok(()),
                         _ = tokio::time::sleep(backoff) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    backoff = (backoff * 2).min(sluice_common::RETRY_MAX);
                     // The schema connection may be gone too.
                     if let Ok(c) = crate::mysql::connect::connect(self.opts.clone()).await {
                         self.schema_conn = c;

@@ -5,7 +5,7 @@
 //!   hash of the part, so an INSERT repeated after a crash or a lost answer is dropped at once.
 //! - With `cluster.write = "shards"` a part goes into its shard's per-shard table, on the first
 //!   of the shard's replicas that answers ([`Shards`]).
-//! - [`insert`]: that INSERT retried with backoff (0.5 s to 30 s) while ClickHouse is
+//! - [`insert`]: that INSERT retried with backoff (0.5 s to 5 s) while ClickHouse is
 //!   unreachable or overloaded, until written, refused for good, or shut down.
 //! - [`Sink::answered`]: the same retries for the bookkeeping around writes (reading, creating
 //!   or changing a target table): an unreachable ClickHouse never makes an event "bad".
@@ -185,7 +185,7 @@ pub(super) async fn insert(
                     _ = shutdown.wait() => {}
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                backoff = (backoff * 2).min(sluice_common::RETRY_MAX);
             }
         }
     }
@@ -225,7 +225,7 @@ impl Sink {
                         _ = self.shutdown.wait() => {}
                         _ = tokio::time::sleep(backoff) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    backoff = (backoff * 2).min(sluice_common::RETRY_MAX);
                 }
                 answer => {
                     self.writer.outage.ok();

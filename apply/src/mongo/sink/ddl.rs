@@ -362,7 +362,7 @@ impl Sink {
                 _ = shutdown.wait() => {}
                 _ = tokio::time::sleep(backoff) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(30));
+            backoff = (backoff * 2).min(sluice_common::RETRY_MAX);
         }
     }
 
