@@ -108,11 +108,19 @@ wait_for() {
 # fail the pipeline under pipefail.
 log_since() { tail -c +"$(($2 + 1))" "$1" | grep -F "$3" >/dev/null; }
 
-# Start a command detached from this shell (its own session, output to a log file).
+# Start a command detached from this shell (its own session, output to a log file), without
+# the descriptors this shell was handed (a lock the caller holds must not stay held by a server
+# started here).
 spawn() {
   local pidfile=$1 logf=$2
   shift 2
-  setsid nohup "$@" >>"$logf" 2>&1 </dev/null &
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
+    exec setsid nohup "$@" >>"$logf" 2>&1 </dev/null
+  ) &
   echo $! >"$pidfile"
 }
 

@@ -445,3 +445,67 @@ fn silent_port() -> u16 {
     });
     port
 }
+
+/// `consumer.topics` is checked at load: a pattern that does not compile, or a pattern
+/// written without its `^` (which librdkafka would take as a topic name and wait for forever),
+/// is refused naming the key and the entry; a right one is listed by `--check` with the
+/// topics it matches now.
+#[test]
+fn consumer_topics_are_checked_at_load_and_listed_by_check() {
+    for (topics, says) in [
+        (r#"["^ux\\.(ux_shop"]"#, "is not a valid pattern"),
+        (
+            r#"["ux\\.ux_shop\\..*"]"#,
+            "a name without a leading ^ is taken literally",
+        ),
+    ] {
+        let cfg = config_for(
+            "apply-clickhouse",
+            &format!("[consumer]\ngroup_id = \"g\"\ntopics = {topics}\n"),
+        );
+        let o = run(
+            "apply-clickhouse",
+            &["-c", cfg.path().to_str().unwrap(), "--check"],
+            &[],
+        );
+        let out = text(&o);
+        assert!(!o.status.success(), "{topics}: {out}");
+        assert!(
+            out.contains("consumer.topics") && out.contains(says),
+            "{topics}: {out}"
+        );
+    }
+    // A topic that exists is listed as matched.
+    let topic = sluice_tests::unique("topics_check");
+    {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", sluice_tests::kafka_brokers())
+                .create()
+                .unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let made = rt.block_on(admin.create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        ));
+        assert!(made.unwrap().iter().all(|r| r.is_ok()));
+    }
+    let cfg = config_for(
+        "apply-clickhouse",
+        &format!("[consumer]\ngroup_id = \"g\"\ntopics = [\"^{topic}$\", \"no.such.topic\"]\n"),
+    );
+    let o = run(
+        "apply-clickhouse",
+        &["-c", cfg.path().to_str().unwrap(), "--check"],
+        &[],
+    );
+    let out = text(&o);
+    assert!(
+        out.contains(&format!(
+            "consumer.topics: patterns [\"^{topic}$\"], names [\"no.such.topic\"]: 1 topics \
+             match now: {topic}"
+        )),
+        "{out}"
+    );
+}

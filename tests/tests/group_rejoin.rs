@@ -65,17 +65,30 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
 
     // Down for three times the session timeout (10 s): each member's session times out, and
     // its partitions are lost.
-    // (started again however the test ends: later tests need it)
-    struct Restart;
+    // (started again however the test ends: later tests need it; by a caller holding a file
+    // open, which the broker must not inherit)
+    let held = tempfile::NamedTempFile::new().unwrap();
+    struct Restart(std::path::PathBuf);
     impl Drop for Restart {
         fn drop(&mut self) {
-            testbed(&["start", "kafka"]);
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/testbed.sh");
+            let ok = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(format!(
+                    "exec 9>>'{}' && bash '{script}' start kafka",
+                    self.0.display()
+                ))
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                testbed(&["start", "kafka"]);
+            }
         }
     }
     tokio::task::spawn_blocking(|| testbed(&["stop", "kafka"]))
         .await
         .unwrap();
-    let restart = Restart;
+    let restart = Restart(held.path().to_path_buf());
     // 15 s after the broker's last answer (looked for every 5 s, each look up to 3 s a
     // request), each applier's /healthz says so.
     let down = Instant::now();
@@ -106,6 +119,28 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
     )
     .await;
     println!("every applier held partitions again {took:?} after the broker was back");
+    // The broker did not inherit the descriptor its starter held.
+    let status = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/testbed.sh"))
+        .arg("status")
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let pid = status
+        .lines()
+        .find(|l| l.starts_with("kafka "))
+        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "pid").nth(1))
+        .unwrap_or_else(|| panic!("no kafka pid in {status}"))
+        .to_string();
+    let inherited: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l == held.path())
+        .collect();
+    assert!(
+        inherited.is_empty(),
+        "the broker holds {inherited:?}, its starter's"
+    );
     converge(&db, &m_db, Duration::from_secs(60)).await;
     // Healthy again, and no partition left unheld.
     for (name, p) in [("a", &a), ("b", &b)] {

@@ -476,6 +476,7 @@ pub fn explain(e: &clickhouse::error::Error) -> String {
 
 pub async fn preflight(config: &Config) -> Vec<Check> {
     let mut checks = vec![config.kafka.check("apply-clickhouse").await];
+    checks.push(config.consumer.topics_check(&config.kafka).await);
     let client = match config.clickhouse.client() {
         Ok(c) => c,
         Err(e) => {

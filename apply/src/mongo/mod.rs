@@ -247,6 +247,7 @@ sluice_common::app_config!(Config);
 
 pub async fn preflight(config: &Config) -> Vec<Check> {
     let mut checks = vec![config.kafka.check("apply-mongo").await];
+    checks.push(config.consumer.topics_check(&config.kafka).await);
     let group = &config.consumer.group_id;
     checks.push(match describe_server(config.mongodb.uri.expose()).await {
         Ok((d, _)) => Check::pass("mongodb", d),
