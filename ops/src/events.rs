@@ -81,6 +81,7 @@ fn read(
     follow: bool,
     wait: Duration,
     mut each: impl FnMut(Record<'_>) -> bool,
+    enough: impl Fn() -> bool,
 ) -> bool {
     let c = consumer(brokers);
     let deadline = Instant::now() + wait;
@@ -132,7 +133,7 @@ fn read(
             }
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => {
                 at_end += 1;
-                if at_end >= partitions && !follow && Instant::now() >= deadline {
+                if at_end >= partitions && !follow && (Instant::now() >= deadline || enough()) {
                     return true;
                 }
             }
@@ -170,14 +171,21 @@ pub fn change_event(
 /// Every schema of the schema topic, by id.
 fn load_schemas(brokers: &str, topic: &str, schemas: &mut HashMap<u64, TableSchema>) {
     // No schema topic (a MongoDB-only deployment): no column names to show.
-    let _ = read(brokers, topic, false, Duration::ZERO, |rec| {
-        if let Ok(r) = SchemaRecord::decode(rec.payload) {
-            if let Some(s) = r.schema {
-                schemas.insert(s.schema_id, s);
+    let _ = read(
+        brokers,
+        topic,
+        false,
+        Duration::ZERO,
+        |rec| {
+            if let Ok(r) = SchemaRecord::decode(rec.payload) {
+                if let Some(s) = r.schema {
+                    schemas.insert(s.schema_id, s);
+                }
             }
-        }
-        true
-    });
+            true
+        },
+        || false,
+    );
 }
 
 fn render(v: &Value) -> String {
@@ -427,8 +435,35 @@ fn other_record(kind: TopicKind, r: &Record<'_>) -> (String, serde_json::Map<Str
     }
 }
 
-/// Print `args.topic`. False when the topic does not exist.
-pub fn run(args: &Args) -> bool {
+/// What [`run`] found: no such topic, or the topic and how many records it printed.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    NoTopic,
+    Printed(usize),
+}
+
+impl Outcome {
+    /// The error a script should see: no topic, or fewer records than `--count` asked for
+    /// within `--wait`.
+    pub fn error(&self, args: &Args) -> Option<String> {
+        match (self, args.count) {
+            (Outcome::NoTopic, _) => Some(format!("topic {} does not exist", args.topic)),
+            (Outcome::Printed(n), Some(want)) if *n < want && !args.follow => Some(format!(
+                "{n} of the {want} records asked for (--count) on {}{}",
+                args.topic,
+                if args.wait > 0 {
+                    format!(" arrived within --wait {} s", args.wait)
+                } else {
+                    " were there (--wait S waits for more)".into()
+                }
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Print `args.topic`: how many records (with `--merge`, lines) it printed.
+pub fn run(args: &Args) -> Outcome {
     let kind = if args.topic == args.checkpoint_topic {
         TopicKind::Checkpoints
     } else if args.topic == args.schema_topic {
@@ -441,60 +476,76 @@ pub fn run(args: &Args) -> bool {
         load_schemas(&args.brokers, &args.schema_topic, &mut schemas);
     }
     let mut printed = 0;
+    // With --merge: the lines it will print (a statement once), for --count.
+    let merged = std::cell::Cell::new(0usize);
+    let mut statements_seen = std::collections::HashSet::new();
     let wait = Duration::from_secs(args.wait);
     // With --merge: (version, partition, offset, line), printed once all is read.
     let mut held: Vec<(u64, i32, i64, String, Option<String>)> = Vec::new();
-    let found = read(&args.brokers, &args.topic, args.follow, wait, |r| {
-        let at = format!("{}@{}", r.partition, r.offset);
-        let (text, mut fields, version, ddl) = if kind != TopicKind::Changes {
-            let (t, o) = other_record(kind, &r);
-            (t, o, 0, None)
-        } else {
-            match ChangeEvent::decode(r.payload) {
-                Ok(e) => {
-                    if e.schema_id != 0 && !schemas.contains_key(&e.schema_id) {
-                        // A schema published after the schema topic was read.
-                        load_schemas(&args.brokers, &args.schema_topic, &mut schemas);
-                    }
-                    let schema = schemas.get(&e.schema_id).or(e.schema.as_ref());
-                    // A statement is written to every partition: one line for it when merged.
-                    let ddl = e.ddl.as_ref().map(|d| {
-                        format!(
-                            "{}.{}\u{0}{}\u{0}{}",
-                            e.database, e.table, e.version, d.statement
+    let found = read(
+        &args.brokers,
+        &args.topic,
+        args.follow,
+        wait,
+        |r| {
+            let at = format!("{}@{}", r.partition, r.offset);
+            let (text, mut fields, version, ddl) = if kind != TopicKind::Changes {
+                let (t, o) = other_record(kind, &r);
+                (t, o, 0, None)
+            } else {
+                match ChangeEvent::decode(r.payload) {
+                    Ok(e) => {
+                        if e.schema_id != 0 && !schemas.contains_key(&e.schema_id) {
+                            // A schema published after the schema topic was read.
+                            load_schemas(&args.brokers, &args.schema_topic, &mut schemas);
+                        }
+                        let schema = schemas.get(&e.schema_id).or(e.schema.as_ref());
+                        // A statement is written to every partition: one line for it when merged.
+                        let ddl = e.ddl.as_ref().map(|d| {
+                            format!(
+                                "{}.{}\u{0}{}\u{0}{}",
+                                e.database, e.table, e.version, d.statement
+                            )
+                        });
+                        (
+                            event_text(&e, schema),
+                            event_json(&e, schema),
+                            e.version,
+                            ddl,
                         )
-                    });
-                    (
-                        event_text(&e, schema),
-                        event_json(&e, schema),
-                        e.version,
-                        ddl,
-                    )
+                    }
+                    Err(_) => (
+                        format!("(not a change event: {} bytes)", r.payload.len()),
+                        serde_json::Map::new(),
+                        0,
+                        None,
+                    ),
                 }
-                Err(_) => (
-                    format!("(not a change event: {} bytes)", r.payload.len()),
-                    serde_json::Map::new(),
-                    0,
-                    None,
-                ),
+            };
+            let line = if args.json {
+                fields.insert("partition".into(), json!(r.partition));
+                fields.insert("offset".into(), json!(r.offset));
+                fields.insert("timestamp_ms".into(), json!(r.timestamp_ms));
+                Json::Object(fields).to_string()
+            } else {
+                format!("{at:<9} {} {text}", time_text(r.timestamp_ms))
+            };
+            if args.merge {
+                if ddl
+                    .as_ref()
+                    .is_none_or(|d| statements_seen.insert(d.clone()))
+                {
+                    merged.set(merged.get() + 1);
+                }
+                held.push((version, r.partition, r.offset, line, ddl));
+                return true;
             }
-        };
-        let line = if args.json {
-            fields.insert("partition".into(), json!(r.partition));
-            fields.insert("offset".into(), json!(r.offset));
-            fields.insert("timestamp_ms".into(), json!(r.timestamp_ms));
-            Json::Object(fields).to_string()
-        } else {
-            format!("{at:<9} {} {text}", time_text(r.timestamp_ms))
-        };
-        if args.merge {
-            held.push((version, r.partition, r.offset, line, ddl));
-            return true;
-        }
-        println!("{line}");
-        printed += 1;
-        args.count.is_none_or(|n| printed < n)
-    });
+            println!("{line}");
+            printed += 1;
+            args.count.is_none_or(|n| printed < n)
+        },
+        || args.merge && args.count.is_some_and(|n| merged.get() >= n),
+    );
     if args.merge {
         held.sort_by_key(|a| (a.0, a.1, a.2));
         let mut seen = std::collections::HashSet::new();
@@ -509,7 +560,11 @@ pub fn run(args: &Args) -> bool {
             printed += 1;
         }
     }
-    found
+    if found {
+        Outcome::Printed(printed)
+    } else {
+        Outcome::NoTopic
+    }
 }
 
 #[cfg(test)]

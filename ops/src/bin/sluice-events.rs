@@ -4,8 +4,8 @@ use clap::Parser;
 
 fn main() {
     let args = sluice_ops::events::Args::parse();
-    if !sluice_ops::events::run(&args) {
-        eprintln!("sluice-events: topic {} does not exist", args.topic);
+    if let Some(e) = sluice_ops::events::run(&args).error(&args) {
+        eprintln!("sluice-events: {e}");
         std::process::exit(1);
     }
 }

@@ -405,14 +405,16 @@ async fn run(command: Command) -> Result<bool, String> {
         }
         Command::Position(p) => position(p).await,
         Command::Events(args) => {
-            let topic = args.topic.clone();
-            let found = tokio::task::spawn_blocking(move || sluice_ops::events::run(&args))
-                .await
-                .map_err(|e| e.to_string())?;
-            if !found {
-                return Err(format!("topic {topic} does not exist"));
+            let (outcome, args) = tokio::task::spawn_blocking(move || {
+                let o = sluice_ops::events::run(&args);
+                (o, args)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            match outcome.error(&args) {
+                Some(e) => Err(e),
+                None => Ok(true),
             }
-            Ok(true)
         }
         Command::Mongo(args) => {
             sluice_ops::mongo_command::run(&args).await?;

@@ -208,6 +208,25 @@ async fn sluice_status_shows_the_captures_position_and_the_groups_lag() {
         "{out}"
     );
     assert_eq!(out.lines().count(), 3, "{out}");
+    // Fewer records than --count asked for within --wait: exit 1, saying how many came; merged,
+    // --count counts lines (the CREATE once), and enough of them end the wait.
+    let (code, out, err) = sluice(&[
+        "events", "--topic", &topic, "--count", "1000", "--wait", "1",
+    ]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        err.contains(&format!(
+            "63 of the 1000 records asked for (--count) on {topic} arrived within --wait 1 s"
+        )),
+        "{err}"
+    );
+    let started = std::time::Instant::now();
+    let (code, out, err) = sluice(&[
+        "events", "--topic", &topic, "--merge", "--count", "61", "--wait", "60",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.lines().count(), 61, "{out}");
+    println!("merged --count 61 --wait 60 took {:?}", started.elapsed());
     // The schema and checkpoint topics decoded.
     let (code, out, err) = sluice(&["events", "--topic", "_sluice_schemas"]);
     assert_eq!(code, Some(0), "{err}");
