@@ -42,6 +42,68 @@ pub fn load<T: DeserializeOwned + Validate>(path: Option<&Path>) -> Result<T, Co
     load_with_env(path, std::env::vars())
 }
 
+/// [`load`] for a tool that reads the configs of several stages under one environment (`sluice
+/// verify`, `sluice status`): an override of a section this config does not have (say
+/// `SLUICE__CLICKHOUSE__URL` while reading capture-mysql's) belongs to another stage's and is
+/// left to it. Returns the config and the sections it left; the tool checks with
+/// [`left_to_none`] that each was taken by one of the configs.
+pub fn load_own<T: DeserializeOwned + Validate>(
+    path: Option<&Path>,
+) -> Result<(T, std::collections::BTreeSet<String>), ConfigError> {
+    load_own_with_env(path, std::env::vars().collect())
+}
+
+fn load_own_with_env<T: DeserializeOwned + Validate>(
+    path: Option<&Path>,
+    env: Vec<(String, String)>,
+) -> Result<(T, std::collections::BTreeSet<String>), ConfigError> {
+    let section = |var: &str| {
+        var.strip_prefix(ENV_PREFIX)
+            .and_then(|rest| rest.split("__").next())
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    let mut left = std::collections::BTreeSet::new();
+    loop {
+        let vars = env
+            .iter()
+            .filter(|(k, _)| !k.starts_with(ENV_PREFIX) || !left.contains(&section(k)))
+            .cloned();
+        match load_with_env::<T>(path, vars) {
+            Err(ConfigError::Key {
+                origin,
+                key,
+                message,
+            }) if !key.contains('.')
+                && message.contains("unknown field")
+                && origin.starts_with("environment variable")
+                && !left.contains(&key) =>
+            {
+                let _ = origin;
+                left.insert(key);
+            }
+            other => return other.map(|c| (c, left)),
+        }
+    }
+}
+
+/// The sections every config left to another ([`load_own`]): overrides none of them takes, as
+/// `SLUICE__SECTION__KEY` names, for the error that says so.
+pub fn left_to_none(left: &[&std::collections::BTreeSet<String>]) -> Option<String> {
+    let (first, rest) = left.split_first()?;
+    let none: Vec<String> = first
+        .iter()
+        .filter(|s| rest.iter().all(|o| o.contains(*s)))
+        .map(|s| format!("{ENV_PREFIX}{}__*", s.to_ascii_uppercase()))
+        .collect();
+    (!none.is_empty()).then(|| {
+        format!(
+            "environment variables {}: no config given has that section",
+            none.join(", ")
+        )
+    })
+}
+
 /// [`load`] with an explicit environment (for tests).
 pub fn load_with_env<T: DeserializeOwned + Validate>(
     path: Option<&Path>,
@@ -288,6 +350,44 @@ mod tests {
             }
             Ok(())
         }
+    }
+
+    #[test]
+    fn a_tool_reading_several_configs_leaves_each_the_overrides_of_its_own_sections() {
+        let f = file("[kafka]\nbrokers = \"k:1\"\n");
+        let env = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let (c, left) = load_own_with_env::<Cfg>(
+            Some(f.path()),
+            env(&[
+                ("SLUICE__CLICKHOUSE__URL", "http://x"),
+                ("SLUICE__BATCH__MAX_ROWS", "7"),
+                ("SLUICE__MYSQL__URL", "mysql://y"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.batch.max_rows, 7);
+        assert_eq!(
+            left.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["clickhouse", "mysql"]
+        );
+        // A key this config's section does not have is still an error.
+        let e = load_own_with_env::<Cfg>(Some(f.path()), env(&[("SLUICE__KAFKA__BROKER", "x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SLUICE__KAFKA__BROKER"), "{e}");
+        // A section no config takes is named.
+        let other: std::collections::BTreeSet<String> = ["mysql".to_string()].into();
+        assert_eq!(
+            left_to_none(&[&left, &other]).as_deref(),
+            Some("environment variables SLUICE__MYSQL__*: no config given has that section")
+        );
+        let took_all: std::collections::BTreeSet<String> = Default::default();
+        assert_eq!(left_to_none(&[&left, &took_all]), None);
     }
 
     fn file(text: &str) -> tempfile::NamedTempFile {

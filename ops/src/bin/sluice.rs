@@ -303,7 +303,7 @@ fn filter(select: &Select, replayed: bool) -> Result<Filter, String> {
 }
 
 async fn verify(a: VerifyArgs) -> Result<u8, String> {
-    use sluice_common::config::load;
+    use sluice_common::config::{left_to_none, load_own};
     use sluice_ops::verify;
     let options = verify::Options {
         tables: a.table,
@@ -320,18 +320,21 @@ async fn verify(a: VerifyArgs) -> Result<u8, String> {
         .parse::<toml::Table>()
         .map_err(|e| format!("{}: {e}", a.capture_config.display()))?
         .contains_key("mongodb");
+    // Each config takes the environment's overrides of its own sections.
+    let both = |l1: &std::collections::BTreeSet<String>, l2| match left_to_none(&[l1, l2]) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    };
     let report = if mongo {
-        let setup = verify::mongo::Setup {
-            capture: load(Some(&a.capture_config)).map_err(|e| e.to_string())?,
-            apply: load(Some(&a.apply_config)).map_err(|e| e.to_string())?,
-        };
-        verify::mongo::run(&setup, &options).await?
+        let (capture, l1) = load_own(Some(&a.capture_config)).map_err(|e| e.to_string())?;
+        let (apply, l2) = load_own(Some(&a.apply_config)).map_err(|e| e.to_string())?;
+        both(&l1, &l2)?;
+        verify::mongo::run(&verify::mongo::Setup { capture, apply }, &options).await?
     } else {
-        let setup = verify::Setup {
-            capture: load(Some(&a.capture_config)).map_err(|e| e.to_string())?,
-            apply: load(Some(&a.apply_config)).map_err(|e| e.to_string())?,
-        };
-        verify::run(&setup, &options).await?
+        let (capture, l1) = load_own(Some(&a.capture_config)).map_err(|e| e.to_string())?;
+        let (apply, l2) = load_own(Some(&a.apply_config)).map_err(|e| e.to_string())?;
+        both(&l1, &l2)?;
+        verify::run(&verify::Setup { capture, apply }, &options).await?
     };
     if a.json {
         println!(
@@ -368,9 +371,12 @@ async fn run(command: Command) -> Result<bool, String> {
             })
             .await
             .map_err(|e| e.to_string())??;
+            // Each config takes the environment's overrides of its own sections.
+            let mut left = Vec::new();
             for path in &capture_config {
-                let config: sluice_capture::mysql::Config =
-                    sluice_common::config::load(Some(path)).map_err(|e| e.to_string())?;
+                let (config, l): (sluice_capture::mysql::Config, _) =
+                    sluice_common::config::load_own(Some(path)).map_err(|e| e.to_string())?;
+                left.push(l);
                 let c = status
                     .connectors
                     .iter_mut()
@@ -389,9 +395,17 @@ async fn run(command: Command) -> Result<bool, String> {
             if !apply_config.is_empty() {
                 let mut stopped = Vec::new();
                 for path in &apply_config {
-                    stopped.extend(sluice_ops::status::stopped_of_config(path).await?);
+                    let (s, l) = sluice_ops::status::stopped_of_config(path).await?;
+                    stopped.extend(s);
+                    left.push(l);
                 }
                 status.stopped = Some(stopped);
+            }
+            if left.len() > 1 {
+                let refs: Vec<_> = left.iter().collect();
+                if let Some(e) = sluice_common::config::left_to_none(&refs) {
+                    return Err(e);
+                }
             }
             if json {
                 println!(

@@ -119,13 +119,17 @@ pub async fn mongo(config: &sluice_apply::mongo::Config) -> Result<Vec<Stopped>,
 }
 
 /// The stopped tables of the apply stage configured by the file at `path` (with the
-/// environment's overrides): an apply-clickhouse config, or an apply-mongo one.
-pub async fn of_config(path: &std::path::Path) -> Result<Vec<Stopped>, String> {
+/// environment's overrides of its own sections: `sluice_common::config::load_own`), an
+/// apply-clickhouse config or an apply-mongo one; and the sections it left to other configs.
+pub async fn of_config(
+    path: &std::path::Path,
+) -> Result<(Vec<Stopped>, std::collections::BTreeSet<String>), String> {
+    use sluice_common::config::load_own;
     let named = |e: String| format!("{}: {e}", path.display());
-    match sluice_common::config::load::<sluice_apply::clickhouse::Config>(Some(path)) {
-        Ok(c) => clickhouse(&c).await.map_err(named),
-        Err(ch) => match sluice_common::config::load::<sluice_apply::mongo::Config>(Some(path)) {
-            Ok(c) => mongo(&c).await.map_err(named),
+    match load_own::<sluice_apply::clickhouse::Config>(Some(path)) {
+        Ok((c, left)) => Ok((clickhouse(&c).await.map_err(named)?, left)),
+        Err(ch) => match load_own::<sluice_apply::mongo::Config>(Some(path)) {
+            Ok((c, left)) => Ok((mongo(&c).await.map_err(named)?, left)),
             Err(mongo) => Err(format!(
                 "{}: neither an apply-clickhouse config ({ch}) nor an apply-mongo one ({mongo})",
                 path.display()

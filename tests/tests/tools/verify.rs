@@ -116,6 +116,34 @@ async fn sluice_verify_reports_exactly_the_rows_the_target_lost_gained_or_change
     assert_eq!(w1["rows"], rows, "{report:#}");
     assert_eq!(w1["chunks"], rows / 400 + 1, "{report:#}");
     assert_eq!(verified(&report, "types")["rows"], types, "{report:#}");
+    // With the environment overrides the README teaches, each config takes its own: the
+    // capture's [mysql] and the applier's [clickhouse]; a section neither has is named.
+    let verify_with = |env: &[(&str, String)]| {
+        let mut cmd = std::process::Command::new(sluice_tests::bin("sluice"));
+        cmd.args(["verify", "--quiet", "--capture-config"])
+            .arg(cap.config_path())
+            .arg("--apply-config")
+            .arg(a.config_path())
+            .env("SLUICE_KAFKA_BROKERS", sluice_tests::kafka_brokers());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, out) = verify_with(&[
+        ("SLUICE__MYSQL__URL", sluice_tests::mysql_url()),
+        ("SLUICE__CLICKHOUSE__URL", sluice_tests::clickhouse_url()),
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = verify_with(&[("SLUICE__CLICKHOUS__URL", "http://x".into())]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        out.contains("SLUICE__CLICKHOUS__*: no config given has that section"),
+        "{out}"
+    );
 
     let w1_table = "binlog_field_test_1";
     tamper(&m_db, w1_table, 17, &[("_deleted", "1")]).await;
