@@ -11,7 +11,8 @@
 #   deploy/testbed.sh clean                stop everything and delete the test bed's data
 #   deploy/testbed.sh tools                install the deployment files' checkers (hadolint,
 #                                          check-jsonschema, kubernetes-validate) in a
-#                                          virtualenv under the cache; print its bin folder
+#                                          virtualenv under the cache, and promtool (built
+#                                          with Go); print their bin folder
 #
 # SERVICE is one of: mariadb kafka clickhouse clickhouse-current mongo (default: all), or
 # clickhouse-cluster, which `start` starts only when named.
@@ -713,7 +714,26 @@ mongo_stop() { stop_pidfile mongo "$mongo_dir/pid"; }
 
 tools() {
   venv_install "$cache/tools" "$here/testbed/tools-requirements.txt" "the deployment checkers"
+  (
+    flock 9
+    promtool_install
+  ) 9>"$cache/promtool.lock" || exit 1
   echo "$cache/tools/bin"
+}
+
+# promtool (Prometheus's rule tester, for deploy/prometheus/alerts_test.yml): built once with Go
+# from the Go module proxy (Prometheus 3.x's module version), into the checkers' bin folder.
+promtool_version=v0.316.0
+promtool_install() {
+  local bin=$cache/tools/bin/promtool
+  [ -x "$bin" ] && [ "$(cat "$cache/tools/.promtool" 2>/dev/null)" = "$promtool_version" ] && return 0
+  command -v go >/dev/null || die "promtool is built with Go, which is not installed"
+  log "building promtool $promtool_version from the Go module proxy (once; a few minutes)"
+  GOPATH=$cache/go GOBIN=$cache/tools/bin GOFLAGS=-mod=mod \
+    go install "github.com/prometheus/prometheus/cmd/promtool@$promtool_version" \
+    >"$cache/promtool-build.log" 2>&1 ||
+    { tail -n 20 "$cache/promtool-build.log" >&2; die "cannot build promtool (log: $cache/promtool-build.log)"; }
+  echo "$promtool_version" >"$cache/tools/.promtool"
 }
 
 print_env() {

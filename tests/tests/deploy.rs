@@ -752,6 +752,79 @@ fn scheme_faults(
     faults
 }
 
+/// The alert rules (deploy/prometheus/alerts.yml) pass their promtool unit tests
+/// (alerts_test.yml: each alert fires on the series that should raise it, and not before), ask
+/// only for documented metrics, cover what stops making progress, and are loaded by the compose
+/// stack's Prometheus; promtool catches a rule that no longer fires.
+#[test]
+fn the_alert_rules_pass_their_promtool_tests_and_name_documented_metrics() {
+    let tools = tools();
+    let promtool = tools.join("promtool");
+    let (ok, out) = check(
+        &promtool,
+        &["test", "rules", "deploy/prometheus/alerts_test.yml"],
+    );
+    assert!(ok, "promtool test rules:\n{out}");
+    let rules = yaml(&tools, "deploy/prometheus/alerts.yml").remove(0);
+    let documented = documented_metrics();
+    let mut alerts = BTreeSet::new();
+    for r in rules["groups"][0]["rules"].as_array().unwrap() {
+        let expr = r["expr"].as_str().unwrap();
+        for name in metric_names_in(expr) {
+            assert!(
+                name == "up" || name.starts_with("process_") || documented.contains(&name),
+                "alert {}: {name} is not a documented metric",
+                r["alert"]
+            );
+        }
+        alerts.insert(r["alert"].as_str().unwrap().to_string());
+    }
+    for needed in [
+        "SluiceProcessDown",
+        "SluiceProcessRestarting",
+        "SluiceCaptureBehind",
+        "SluiceApplyBehind",
+        "SluiceUnheldPartitions",
+        "SluiceTableStopped",
+        "SluiceDeadLetters",
+    ] {
+        assert!(alerts.contains(needed), "no alert {needed}: {alerts:?}");
+    }
+    let prometheus = yaml(&tools, "deploy/prometheus/prometheus.yml").remove(0);
+    assert_eq!(prometheus["rule_files"][0], "alerts.yml");
+    let compose = yaml(&tools, "docker-compose.yml").remove(0);
+    assert!(compose["services"]["prometheus"]["volumes"]
+        .to_string()
+        .contains("./deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml"));
+    // A rule changed so that it no longer fires: its test fails.
+    let dir = tempfile::tempdir().unwrap();
+    let rules_text = read("deploy/prometheus/alerts.yml");
+    std::fs::write(
+        dir.path().join("alerts.yml"),
+        broken(
+            &rules_text,
+            "sluice_apply_stopped_tables) > 0",
+            "sluice_apply_stopped_tables) > 5",
+        ),
+    )
+    .unwrap();
+    std::fs::copy(
+        repo().join("deploy/prometheus/alerts_test.yml"),
+        dir.path().join("alerts_test.yml"),
+    )
+    .unwrap();
+    let out = Command::new(&promtool)
+        .args(["test", "rules", "alerts_test.yml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "promtool passed a rule that no longer fires: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 #[test]
 fn the_scheme_check_catches_a_misnamed_metric() {
     let labels = allowed_labels();
