@@ -38,6 +38,9 @@ pub struct Capture {
     pub(super) schemas: HashMap<(String, String), TableSchema>,
     /// table id -> decoder, rebuilt at each table map whose schema changed.
     pub(super) decoders: HashMap<u64, DecoderEntry>,
+    /// Table ids whose last table map named a table outside the filter: their rows events are
+    /// skipped unread, compressed ones included.
+    pub(super) unwanted: HashSet<u64>,
     pub(super) published_schemas: HashSet<u64>,
     /// Tables refused since start (`refused` events published), by database and name.
     pub(super) refused: HashSet<(String, String)>,

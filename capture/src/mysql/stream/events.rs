@@ -50,6 +50,14 @@ mod code {
     /// MariaDB's compressed events (`log_bin_compress`): QUERY_COMPRESSED_EVENT, then the
     /// compressed WRITE/UPDATE/DELETE rows events, version 1 and 2.
     pub(super) const MARIADB_COMPRESSED: std::ops::RangeInclusive<u8> = 165..=171;
+    /// Of those, the rows events: their post-header (the table id) is not compressed.
+    pub(super) const MARIADB_COMPRESSED_ROWS: std::ops::RangeInclusive<u8> = 166..=171;
+}
+
+/// The table id a rows event's post-header starts with (6 bytes, little-endian).
+fn rows_table_id(data: &[u8]) -> Option<u64> {
+    let b = data.get(..6)?;
+    Some(b.iter().rev().fold(0u64, |n, x| (n << 8) | u64::from(*x)))
 }
 
 /// Why an event of type `t` cannot be read, if it cannot: skipped, its rows would be lost, so
@@ -65,9 +73,9 @@ fn unreadable(t: u8) -> Option<&'static str> {
              (connector, mysql.start = FILE:POS) and re-snapshot the tables it wrote",
         ),
         t if code::MARIADB_COMPRESSED.contains(&t) => Some(
-            "a compressed MariaDB binlog event (a query or rows event written with \
-             log_bin_compress=ON); binlog compression is not supported: set \
-             log_bin_compress=OFF on the source",
+            "a compressed MariaDB binlog event (a query or rows event written while \
+             log_bin_compress was ON: it stays in the binlog after the setting is turned off); \
+             binlog compression is not supported: set log_bin_compress=OFF on the source",
         ),
         // A server decrypts its binlog for replicas and keeps this event to itself: events
         // after one would be read encrypted, as garbage.
@@ -111,9 +119,27 @@ impl Capture {
             self.metrics.offset.set(end as i64);
             self.read_to = end;
         }
-        if let Some(why) = unreadable(header.event_type_raw()) {
+        let t = header.event_type_raw();
+        if code::MARIADB_COMPRESSED_ROWS.contains(&t) {
+            // Rows of a table outside the filter: not this capture's to read, compressed or not.
+            if let Some(id) = rows_table_id(event.data()).filter(|id| self.unwanted.contains(id)) {
+                tracing::debug!(table_id = id, at = %format!("{}:{start}", self.file), "a compressed rows event of a table outside the filter, skipped");
+                return Ok(());
+            }
+        }
+        if let Some(why) = unreadable(t) {
+            let past = if end > start {
+                format!(
+                    ". To go on past it (its changes never reach the targets: re-snapshot the \
+                     tables it wrote), stop the capture and run `sluice position set --connector \
+                     {} --binlog {}:{end}`, then start it again",
+                    self.config.connector, self.file
+                )
+            } else {
+                String::new()
+            };
             return Err(CaptureError::source(format!(
-                "{}:{start}: {why}",
+                "{}:{start}: {why}{past}",
                 self.file
             )));
         }
@@ -668,6 +694,15 @@ impl Capture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rows_events_table_id_is_its_first_six_bytes() {
+        assert_eq!(
+            rows_table_id(&[0x12, 0x34, 0, 0, 0, 1, 0xff, 0xff]),
+            Some(0x0100_0000_3412)
+        );
+        assert_eq!(rows_table_id(&[1, 2]), None);
+    }
 
     #[test]
     fn compressed_and_encrypted_events_are_refused_not_skipped() {

@@ -78,6 +78,7 @@ impl Capture {
             publish_metrics,
             schemas: HashMap::new(),
             decoders: HashMap::new(),
+            unwanted: HashSet::new(),
             published_schemas: HashSet::new(),
             refused: HashSet::new(),
             file: String::new(),

@@ -26,8 +26,10 @@ impl Capture {
         );
         if !self.filter.wants(&database, &table) {
             self.decoders.remove(&table_id);
+            self.unwanted.insert(table_id);
             return Ok(());
         }
+        self.unwanted.remove(&table_id);
         let current = self.schema_of(&database, &table).await?;
         // With binlog_row_metadata=FULL the table map says what the columns were when the rows
         // were written; information_schema says what they are now.
