@@ -1923,3 +1923,64 @@ async fn a_stopped_tables_statements_are_applied_in_order_when_it_is_taken_up_ag
     assert!(out.contains("table taken up again"), "{out}");
     finish(&db, &mut [&mut cap]).await;
 }
+
+/// A zero date in a primary key column: a ClickHouse date type stores it as 1970-01-01, another
+/// key, so the table is stopped naming the column and the remedy, while a row whose key holds a
+/// real date is written; the same table kept as text takes the zero date exactly.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zero_date_in_a_key_stops_its_table_unless_dates_are_text() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_zerokey", "_mirror").await;
+    let mut c = mysql().await;
+    c.query_drop(format!(
+        "CREATE DATABASE `{db}`; \
+         CREATE TABLE `{db}`.k (id INT, d DATE NOT NULL, PRIMARY KEY (id, d)); \
+         CREATE TABLE `{db}`.kt (id INT, d DATETIME(6) NOT NULL, PRIMARY KEY (id, d))"
+    ))
+    .await
+    .unwrap();
+    let dlq = unique("dlq");
+    let group = unique("g");
+    let mut a = CaptureProcess::apply_clickhouse_with(
+        &cap.prefix,
+        &m_db,
+        &dlq,
+        &group,
+        &format!("[tables.temporal_tables]\n\"{db}.kt\" = \"text\"\n"),
+    );
+    c.query_drop("SET SESSION sql_mode = ''").await.unwrap();
+    for t in ["k", "kt"] {
+        c.query_drop(format!(
+            "INSERT INTO `{db}`.{t} VALUES (1, '2020-01-01'), (2, '0000-00-00'), (3, '1970-01-01')"
+        ))
+        .await
+        .unwrap();
+    }
+    let rows = |sql: String| async move {
+        sluice_tests::capture::clickhouse_tsv(&sql)
+            .await
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stopped = format!("SELECT target, reason FROM {m_db}._sluice_stopped");
+    loop {
+        let s = rows(stopped.clone()).await;
+        let kt = rows(format!("SELECT count() FROM {m_db}.kt FINAL")).await;
+        if s.contains("k\t") && kt.trim() == "3" {
+            assert!(
+                s.contains("column d: a zero date in a primary key column")
+                    && s.contains("temporal_tables"),
+                "{s}"
+            );
+            assert!(!s.contains("kt\t"), "{s}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "stopped: {s}; kt: {kt}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        rows(format!("SELECT d FROM {m_db}.kt FINAL ORDER BY id")).await,
+        "2020-01-01 00:00:00.000000\n0000-00-00 00:00:00.000000\n1970-01-01 00:00:00.000000\n"
+    );
+    a.stop_ok();
+    finish(&db, &mut [&mut cap]).await;
+}

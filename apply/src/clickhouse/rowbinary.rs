@@ -16,6 +16,34 @@ use sluice_proto::wire::put_varint;
 
 use super::types::ChType;
 
+/// Why value `v` cannot be a key's in a column of type `t`, if it cannot: the zero date and
+/// the zero datetime become the epoch in a ClickHouse date type (documented, for a value), so
+/// in a key they would read as 1970-01-01 and a source row with that very date would become
+/// the same mirror row. Keys are exact or refused; a key column kept as text holds them exactly.
+pub fn inexact_key(v: &ValueRef<'_>, t: &ChType) -> Option<String> {
+    let t = match t {
+        ChType::Nullable(inner) => inner,
+        t => t,
+    };
+    let zero = match v {
+        V::Date(d) => d.year == 0 && d.month == 0 && d.day == 0,
+        V::Datetime(d) => d.year == 0 && d.month == 0 && d.day == 0,
+        _ => false,
+    };
+    let dated = matches!(
+        t,
+        ChType::Date(_) | ChType::Date32(_) | ChType::DateTime(_) | ChType::DateTime64(..)
+    );
+    (zero && dated).then(|| {
+        format!(
+            "a zero date in a primary key column: {} stores it as 1970-01-01, which is another \
+             key (a row with that date would become the same mirror row), and keys are kept \
+             exactly or refused; {TEMPORAL_REMEDY}",
+            t.sql()
+        )
+    })
+}
+
 /// Append `v` (of source column `c`) to `out` as RowBinary of `t`.
 pub fn encode(v: ValueRef<'_>, c: &Column, t: &ChType, out: &mut Vec<u8>) -> Result<(), String> {
     if let ChType::Nullable(inner) = t {

@@ -338,3 +338,34 @@ fn nullable_and_strings() {
     let s = enc(value::of(Kind::Int(-42)), &c, &ChType::String).unwrap();
     assert_eq!(s, b"\x03-42");
 }
+
+#[test]
+fn a_zero_date_is_no_key_in_a_date_type_and_is_one_as_text() {
+    let zero = value::of(Kind::Date(sluice_proto::v1::Date {
+        year: 0,
+        month: 0,
+        day: 0,
+    }));
+    let epoch = value::of(Kind::Date(sluice_proto::v1::Date {
+        year: 1970,
+        month: 1,
+        day: 1,
+    }));
+    let zero_dt = value::of(Kind::Datetime(sluice_proto::v1::DateTime::default()));
+    for t in [
+        ChType::Date(Span::DATE),
+        ChType::Date32(Span::FULL),
+        ChType::DateTime(Span::DATE),
+        ChType::DateTime64(6, Span::FULL),
+    ] {
+        let why = inexact_key(&ValueRef::from(&zero), &t)
+            .or_else(|| inexact_key(&ValueRef::from(&zero_dt), &t))
+            .unwrap_or_else(|| panic!("{t:?}: a zero date key taken"));
+        assert!(
+            why.contains("1970-01-01") && why.contains("\"text\""),
+            "{why}"
+        );
+        assert_eq!(inexact_key(&ValueRef::from(&epoch), &t), None);
+    }
+    assert_eq!(inexact_key(&ValueRef::from(&zero), &ChType::String), None);
+}

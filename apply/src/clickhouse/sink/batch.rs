@@ -235,6 +235,17 @@ impl Sink {
                 };
                 n += 1;
                 if let Some(t) = t {
+                    if let Some(e) = crate::clickhouse::rowbinary::inexact_key(&v, t)
+                        .filter(|_| schema.primary_key.contains(&(n as u32 - 1)))
+                    {
+                        return Err(value(format!(
+                            "{}.{} row {} column {}: {e}",
+                            event.database,
+                            event.table,
+                            key_text(schema, image),
+                            c.name
+                        )));
+                    }
                     encode(v, c, t, &mut tb.body).map_err(|e| {
                         value(format!(
                             "{}.{} row {} column {}: {e}",
