@@ -113,6 +113,24 @@ impl<D> GroupContext<D> {
         }
         let committed = tried(|| consumer.committed_offsets(tpl.clone(), timeout))
             .map_err(|e| format!("the committed offsets: {e}"))?;
+        // Every partition's first offset in one request: the first at or after time 0. A
+        // partition with nothing left (End) is asked for its watermarks on its own.
+        let mut times = rdkafka::TopicPartitionList::with_capacity(tpl.count());
+        for e in committed.elements() {
+            if matches!(e.offset(), rdkafka::Offset::Offset(_)) {
+                let _ = times.add_partition_offset(
+                    e.topic(),
+                    e.partition(),
+                    rdkafka::Offset::Offset(0),
+                );
+            }
+        }
+        let firsts = if times.count() == 0 {
+            rdkafka::TopicPartitionList::new()
+        } else {
+            tried(|| consumer.offsets_for_times(times.clone(), timeout))
+                .map_err(|e| format!("the partitions' first offsets: {e}"))?
+        };
         let mut out = Vec::new();
         for e in committed.elements() {
             if let Some(known) = crate::incarnation::from_metadata(e.metadata()) {
@@ -121,14 +139,26 @@ impl<D> GroupContext<D> {
             let rdkafka::Offset::Offset(at) = e.offset() else {
                 continue; // nothing committed: a new group starts at the beginning
             };
-            let (low, _) = tried(|| consumer.fetch_watermarks(e.topic(), e.partition(), timeout))
-                .map_err(|err| {
-                format!(
-                    "the first offset of {} partition {}: {err}",
-                    e.topic(),
-                    e.partition()
-                )
-            })?;
+            let first = firsts
+                .find_partition(e.topic(), e.partition())
+                .and_then(|f| match f.offset() {
+                    rdkafka::Offset::Offset(n) if n >= 0 => Some(n),
+                    _ => None,
+                });
+            let low = match first {
+                Some(n) => n,
+                None => {
+                    tried(|| consumer.fetch_watermarks(e.topic(), e.partition(), timeout))
+                        .map_err(|err| {
+                            format!(
+                                "the first offset of {} partition {}: {err}",
+                                e.topic(),
+                                e.partition()
+                            )
+                        })?
+                        .0 // nothing left: its first offset is its end
+                }
+            };
             if at < low {
                 out.push(format!(
                     "{} partition {}: committed offset {at}, first offset now {low} ({} events expired unread)",
@@ -193,7 +223,13 @@ impl<D: Drain> ConsumerContext for GroupContext<D> {
             Rebalance::Assign(tpl) => {
                 self.metrics.assigned.set(tpl.count() as i64);
                 self.drain.assigned(tpl);
-                let why = match self.expired_in(consumer, tpl) {
+                // (requests to the brokers: off the runtime's worker, which other tasks share)
+                let checked = if tokio::runtime::Handle::try_current().is_ok() {
+                    tokio::task::block_in_place(|| self.expired_in(consumer, tpl))
+                } else {
+                    self.expired_in(consumer, tpl)
+                };
+                let why = match checked {
                     Ok(expired) if expired.is_empty() => None,
                     Ok(expired) => Some(format!(
                         "events expired from Kafka (the topic's retention) before this group \
