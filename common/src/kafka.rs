@@ -52,6 +52,102 @@ pub fn config_error(e: &rdkafka::error::KafkaError) -> String {
     }
 }
 
+/// librdkafka's errors as a client's log says them. A broker that restarts makes librdkafka
+/// report the same transport failure for every connection, over and over: the first of each
+/// kind is logged (WARN for a transport failure, which librdkafka retries by itself; ERROR
+/// otherwise), then at most one line a minute with how many more came, so that a 15 s broker
+/// restart is a few lines, not sixty. Each error, logged or not, is counted by `count`.
+pub struct ErrorLog {
+    client: &'static str,
+    seen: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>,
+}
+
+/// How often a repeated librdkafka error is said again.
+const SAY_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl ErrorLog {
+    pub fn new(client: &'static str) -> Self {
+        Self {
+            client,
+            seen: Default::default(),
+        }
+    }
+
+    /// Whether `e` is a transport failure librdkafka recovers from by itself (a broker down,
+    /// restarting, or not resolvable yet).
+    pub fn transient(e: &rdkafka::error::KafkaError) -> bool {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        matches!(
+            e.rdkafka_error_code(),
+            Some(
+                C::BrokerTransportFailure | C::AllBrokersDown | C::Resolve | C::BrokerNotAvailable
+            )
+        )
+    }
+
+    /// Log `error` (librdkafka's `reason` names the broker and the cause: "Connect to
+    /// ipv4#127.0.0.1:9092 failed: Connection refused"), unless the same kind was said less
+    /// than a minute ago. Returns whether it was logged.
+    pub fn note(&self, error: &rdkafka::error::KafkaError, reason: &str) -> bool {
+        let kind = match error.rdkafka_error_code() {
+            Some(c) => format!("{c:?}"),
+            None => error.to_string(),
+        };
+        let mut seen = self.seen.lock().expect("error log lock");
+        let now = std::time::Instant::now();
+        let more = match seen.get_mut(&kind) {
+            Some((at, n)) if now.duration_since(*at) < SAY_AGAIN_AFTER => {
+                *n += 1;
+                return false;
+            }
+            Some((at, n)) => {
+                let more = *n;
+                *at = now;
+                *n = 0;
+                more
+            }
+            None => {
+                seen.insert(kind, (now, 0));
+                0
+            }
+        };
+        let again = if more > 0 {
+            format!(" ({more} more like it in the last minute)")
+        } else {
+            String::new()
+        };
+        if Self::transient(error) {
+            tracing::warn!(
+                client = self.client,
+                "Kafka: {reason}{again} (librdkafka retries by itself)"
+            );
+        } else {
+            tracing::error!(client = self.client, "Kafka: {error}: {reason}{again}");
+        }
+        true
+    }
+}
+
+/// librdkafka's own log lines, for a client context's `log`: as rust-rdkafka logs them, except
+/// a broker connection's failure (facility `FAIL`), which the error callback reports too
+/// ([`ErrorLog`], without repeating): at debug here, so that a broker restart is not a line per
+/// connection and retry.
+pub fn librdkafka_log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+    use rdkafka::config::RDKafkaLogLevel as L;
+    if fac == "FAIL" {
+        tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}");
+        return;
+    }
+    match level {
+        L::Emerg | L::Alert | L::Critical | L::Error => {
+            tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
+        }
+        L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        L::Notice | L::Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
+    }
+}
+
 /// A client context that keeps librdkafka's last error (for the preflight check's message).
 #[derive(Default)]
 struct LastError(std::sync::Mutex<Option<String>>);
@@ -544,5 +640,33 @@ mod tests {
             k.producer_config("x").get("reconnect.backoff.max.ms"),
             Some("5000")
         );
+    }
+}
+
+#[cfg(test)]
+mod error_log_tests {
+    use super::ErrorLog;
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    #[test]
+    fn a_repeated_librdkafka_error_is_said_once_a_minute() {
+        let log = ErrorLog::new("test");
+        let down = KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure);
+        assert!(ErrorLog::transient(&down));
+        assert!(log.note(
+            &down,
+            "127.0.0.1:9092/1: Connect failed: Connection refused"
+        ));
+        for _ in 0..59 {
+            assert!(!log.note(
+                &down,
+                "127.0.0.1:9092/1: Connect failed: Connection refused"
+            ));
+        }
+        // Another kind is said at once.
+        let auth = KafkaError::Global(RDKafkaErrorCode::Authentication);
+        assert!(!ErrorLog::transient(&auth));
+        assert!(log.note(&auth, "SASL authentication failed"));
     }
 }

@@ -35,6 +35,8 @@ pub struct GroupContext<D> {
     /// Set by the membership watch: the consumer is out of its group, and why; the run loop
     /// replaces it.
     out_of_group: std::sync::Mutex<Option<String>>,
+    /// librdkafka's errors, said without repeating.
+    errors: sluice_common::kafka::ErrorLog,
 }
 
 impl<D> GroupContext<D> {
@@ -49,6 +51,7 @@ impl<D> GroupContext<D> {
             group: None,
             health: None,
             out_of_group: Default::default(),
+            errors: sluice_common::kafka::ErrorLog::new("apply consumer"),
         }
     }
 
@@ -183,8 +186,12 @@ impl<D: Drain> ClientContext for GroupContext<D> {
         if no_topic_yet(&error) {
             tracing::info!(%reason, "no topic of the subscription exists yet (a new pipeline: the capture creates them); waiting");
         } else {
-            tracing::error!("librdkafka: {error}: {reason}");
+            self.errors.note(&error, reason);
         }
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        sluice_common::kafka::librdkafka_log(level, fac, message);
     }
 }
 

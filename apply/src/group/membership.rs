@@ -1,8 +1,8 @@
 //! Whether the consumer is still in its group, told from the broker's side: every 5 s the
 //! partitions of the subscribed topics that no member of the group holds
 //! (`sluice_apply_unheld_partitions`). A consumer that holds none while some are held by no
-//! member is out of its group (its session was lost and it did not come back, or the group is
-//! empty): `/healthz` says so after [`DEGRADED_AFTER`], and after [`REJOIN_AFTER`] (when the
+//! member, or that is no member of the group (by its member id), is out of its group (its
+//! session was lost and it did not come back, or the group is empty): `/healthz` says so after [`DEGRADED_AFTER`], and after [`REJOIN_AFTER`] (when the
 //! group is not in the middle of a rebalance) the run loop replaces the consumer, as a restart
 //! would. A broker that does not answer for [`DEGRADED_AFTER`] is said in `/healthz` too.
 
@@ -35,6 +35,28 @@ pub(super) struct Seen {
     /// The group's state (`Stable`, `Empty`, `PreparingRebalance`, ...).
     pub state: String,
     pub members: usize,
+    /// Whether this consumer is one of the members (by its member id).
+    pub member: bool,
+}
+
+/// This consumer's member id in its group (none before it joined, or after its session was
+/// lost).
+fn member_id<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &StreamConsumer<C>,
+) -> Option<String> {
+    let rk = consumer.client().native_ptr();
+    // SAFETY: `rk` is the live handle `consumer` holds for the length of the call;
+    // rd_kafka_memberid returns a string librdkafka allocated (or null), copied here and freed
+    // with rd_kafka_mem_free, as its documentation asks.
+    unsafe {
+        let p = rdkafka::bindings::rd_kafka_memberid(rk);
+        if p.is_null() {
+            return None;
+        }
+        let id = std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned();
+        rdkafka::bindings::rd_kafka_mem_free(rk, p.cast());
+        (!id.is_empty()).then_some(id)
+    }
 }
 
 /// The partitions of the topics `subscription` names (a name, or a `^regex`) in `topics`
@@ -126,10 +148,12 @@ fn look<C: rdkafka::consumer::ConsumerContext>(
             unheld.remove(&p);
         }
     }
+    let me = member_id(consumer);
     Ok(Seen {
         unheld,
         state: g.state().to_string(),
         members: g.members().len(),
+        member: me.is_some_and(|me| g.members().iter().any(|m| m.id() == me)),
     })
 }
 
@@ -166,19 +190,35 @@ pub(super) enum Verdict {
     Rejoin(String),
 }
 
+/// Whether a consumer holding `held` partitions is out of its group, as `seen`: it holds none,
+/// and it is no member, or some partitions are held by no member.
+pub(super) fn out(held: i64, seen: &Seen) -> bool {
+    held == 0 && (!seen.member || !seen.unheld.is_empty())
+}
+
 pub(super) fn verdict(held: i64, seen: &Seen, group: &str, out_for: Duration) -> Verdict {
-    if held > 0 || seen.unheld.is_empty() {
+    if !out(held, seen) {
         return Verdict::Fine;
     }
-    let why = format!(
-        "this instance holds no partition while {} partitions of its topics are held by no \
-         member of group {group} ({}, {} members) for {} s: {}",
-        seen.unheld.len(),
-        seen.state,
-        seen.members,
-        out_for.as_secs(),
-        listed(&seen.unheld, 3)
-    );
+    let why = if seen.unheld.is_empty() {
+        format!(
+            "this instance holds no partition and is not a member of group {group} ({}, {} \
+             members) for {} s",
+            seen.state,
+            seen.members,
+            out_for.as_secs()
+        )
+    } else {
+        format!(
+            "this instance holds no partition while {} partitions of its topics are held by no \
+             member of group {group} ({}, {} members) for {} s: {}",
+            seen.unheld.len(),
+            seen.state,
+            seen.members,
+            out_for.as_secs(),
+            listed(&seen.unheld, 3)
+        )
+    };
     let rebalancing = seen.state.ends_with("Rebalance");
     if out_for >= REJOIN_AFTER && !rebalancing {
         Verdict::Rejoin(why)
@@ -239,8 +279,7 @@ pub(super) async fn watch<D: Drain>(
         };
         ctx().metrics.unheld.set(seen.unheld.len() as i64);
         let held = ctx().metrics.assigned.get();
-        let out = held == 0 && !seen.unheld.is_empty();
-        let out_for = if out {
+        let out_for = if out(held, &seen) {
             out_since.get_or_insert_with(Instant::now).elapsed()
         } else {
             out_since = None;
@@ -317,6 +356,7 @@ mod tests {
             unheld: unheld.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
             state: state.into(),
             members: 0,
+            member: true,
         };
         let empty = seen("Empty", &[("t", 0), ("t", 1)]);
         let s = Duration::from_secs;
@@ -335,5 +375,17 @@ mod tests {
             verdict(0, &rebalancing, "g", s(99)),
             Verdict::Degraded(_)
         ));
+        // Every partition held by the others, and this one no member: out too (a member with
+        // nothing, where instances outnumber partitions, is not).
+        let left_out = Seen {
+            member: false,
+            members: 1,
+            ..seen("Stable", &[])
+        };
+        assert!(matches!(
+            verdict(0, &left_out, "g", s(30)),
+            Verdict::Rejoin(why) if why.contains("is not a member of group g (Stable, 1 members)")
+        ));
+        assert_eq!(verdict(2, &left_out, "g", s(99)), Verdict::Fine);
     }
 }

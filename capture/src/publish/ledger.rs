@@ -27,6 +27,10 @@ pub(super) struct Ledger {
     /// Key and value bytes handed to the producer, and acknowledged.
     pub(super) sent_bytes: AtomicU64,
     pub(super) acked_bytes: AtomicU64,
+    /// librdkafka's errors, said without repeating ([`sluice_common::kafka::ErrorLog`]), and
+    /// counted (`sluice_capture_errors_total{error_type="kafka"}`, when given).
+    errors: sluice_common::kafka::ErrorLog,
+    error_count: Option<prometheus::IntCounter>,
 }
 
 struct LedgerState {
@@ -52,6 +56,8 @@ impl Ledger {
             latency,
             sent_bytes: AtomicU64::new(0),
             acked_bytes: AtomicU64::new(0),
+            errors: sluice_common::kafka::ErrorLog::new("capture producer"),
+            error_count: None,
         }
     }
 
@@ -125,7 +131,26 @@ impl Ledger {
     }
 }
 
-impl ClientContext for Ledger {}
+impl Ledger {
+    /// Count librdkafka's errors in `counter`.
+    pub(super) fn counting_errors(mut self, counter: prometheus::IntCounter) -> Self {
+        self.error_count = Some(counter);
+        self
+    }
+}
+
+impl ClientContext for Ledger {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if let Some(c) = &self.error_count {
+            c.inc();
+        }
+        self.errors.note(&error, reason);
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        sluice_common::kafka::librdkafka_log(level, fac, message);
+    }
+}
 
 impl ProducerContext for Ledger {
     type DeliveryOpaque = usize;

@@ -203,8 +203,10 @@ where
         let recorded: Option<keying::Counts> =
             checkpoint::parse(&config.checkpoint_topic, last.remove(&counts_key))?;
         counts.lock().expect("counts lock").counts = recorded.unwrap_or_default();
-        let producer: KafkaProducer =
-            producer_config.create_with_context(Ledger::new(metrics.produce_latency.clone()))?;
+        let producer: KafkaProducer = producer_config.create_with_context(
+            Ledger::new(metrics.produce_latency.clone())
+                .counting_errors(metrics.errors.with_label_values(&["kafka"])),
+        )?;
         let producer = Arc::new(producer);
         let acked = producer.context().acked.subscribe();
         let next = Arc::new(AtomicU64::new(0));
