@@ -203,8 +203,39 @@ pub struct KafkaConfig {
     /// Further librdkafka properties passed as they are (`linger.ms`, `compression.type`,
     /// `ssl.*`, `sasl.*`, ...); `--print-config` masks the values of those that hold
     /// secrets. Default: none.
-    #[serde(serialize_with = "crate::secret::serialize_properties")]
+    /// A number or a boolean is taken as librdkafka's text of it (`"linger.ms" = 5`).
+    #[serde(
+        serialize_with = "crate::secret::serialize_properties",
+        deserialize_with = "scalar_properties"
+    )]
     pub properties: BTreeMap<String, String>,
+}
+
+/// `[kafka.properties]`: every value as text, numbers and booleans included.
+fn scalar_properties<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Int(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    let raw = BTreeMap::<String, Scalar>::deserialize(d)?;
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Scalar::Text(s) => s,
+                Scalar::Int(i) => i.to_string(),
+                Scalar::Float(f) => f.to_string(),
+                Scalar::Bool(b) => b.to_string(),
+            };
+            (k, v)
+        })
+        .collect())
 }
 
 impl Default for KafkaConfig {
@@ -648,6 +679,17 @@ mod error_log_tests {
     use super::ErrorLog;
     use rdkafka::error::KafkaError;
     use rdkafka::types::RDKafkaErrorCode;
+
+    #[test]
+    fn properties_take_numbers_and_booleans_as_text() {
+        let k: super::KafkaConfig = toml::from_str(
+            "[properties]\n\"linger.ms\" = 5\n\"enable.idempotence\" = true\n\"client.rack\" = \"a\"\n",
+        )
+        .unwrap();
+        assert_eq!(k.properties["linger.ms"], "5");
+        assert_eq!(k.properties["enable.idempotence"], "true");
+        assert_eq!(k.properties["client.rack"], "a");
+    }
 
     #[test]
     fn a_repeated_librdkafka_error_is_said_once_a_minute() {

@@ -293,7 +293,7 @@ impl Sink {
             .map_err(|e| ApplyError::definite(Origin::Sink, e))?;
         let version: String = client.query("SELECT version()").fetch_one().await?;
         let features = Features::of_version(&version);
-        tracing::info!(%version, ?features, "ClickHouse");
+        tracing::info!(%version, features = %features.summary(), "ClickHouse");
         let cc = config
             .consumer
             .client_config(&config.kafka, "apply-clickhouse");

@@ -441,6 +441,32 @@ fn int(bits: u8, unsigned: bool) -> ChType {
     }
 }
 
+impl Features {
+    /// The server's features as the log says them: what it has of those the stage uses.
+    pub fn summary(&self) -> String {
+        let has = [
+            ("DateTime64", self.datetime64),
+            ("Date32", self.date32),
+            ("Decimal128", self.decimal128),
+            ("Decimal256", self.decimal256),
+            ("IPv4/IPv6", self.ip_types),
+            ("UUID", self.uuid),
+            ("insert_deduplication_token", self.dedup_token),
+            ("ReplacingMergeTree is_deleted", self.is_deleted),
+            ("async_insert", self.async_insert),
+        ];
+        let (yes, no): (Vec<_>, Vec<_>) = has.iter().partition(|(_, h)| *h);
+        let names = |v: Vec<&(&str, bool)>| {
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            }
+        };
+        format!("has {}; lacks {}", names(yes), names(no))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -190,7 +190,12 @@ impl MysqlConfig {
         } else {
             format!(" as {}", self.user)
         };
-        format!("{}{user} (ssl_mode {:?})", self.url, self.ssl_mode)
+        let mode = match self.ssl_mode {
+            SslMode::Disabled => "disabled",
+            SslMode::Required => "required",
+            SslMode::VerifyIdentity => "verify_identity",
+        };
+        format!("{}{user} (ssl_mode {mode})", self.url)
     }
 }
 
