@@ -20,3 +20,14 @@ pub mod position;
 pub mod replay;
 pub mod status;
 pub mod verify;
+
+/// The tools read the brokers from `--brokers` or `SLUICE_KAFKA_BROKERS`; the stages' own name
+/// for them, `SLUICE__KAFKA__BROKERS` (`[kafka] brokers`), is taken too when that one is not
+/// set, so that one environment serves both. Called first thing in `main`, before any thread.
+pub fn brokers_from_stage_env() {
+    if std::env::var_os("SLUICE_KAFKA_BROKERS").is_none() {
+        if let Some(b) = std::env::var_os("SLUICE__KAFKA__BROKERS") {
+            std::env::set_var("SLUICE_KAFKA_BROKERS", b);
+        }
+    }
+}

@@ -509,3 +509,20 @@ fn consumer_topics_are_checked_at_load_and_listed_by_check() {
         "{out}"
     );
 }
+
+/// The tools take the stages' name for the brokers (`SLUICE__KAFKA__BROKERS`) when their own
+/// (`SLUICE_KAFKA_BROKERS`) is not set: one environment serves both.
+#[test]
+fn the_tools_read_the_stages_brokers_variable() {
+    let o = Command::new(bin("sluice"))
+        .args(["status", "--connector", "no-such-connector"])
+        .env_remove("SLUICE_KAFKA_BROKERS")
+        .env("SLUICE__KAFKA__BROKERS", sluice_tests::kafka_brokers())
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(
+        out.contains("connector \"no-such-connector\": no checkpoint"),
+        "it did not reach the brokers: {out}"
+    );
+}

@@ -556,10 +556,18 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
                         "clickhouse",
                         format!("{what} (consumer group {group:?} has run before: waiting for it)"),
                     )
-                } else {
+                } else if unreachable {
                     Check::fail(
                         "clickhouse",
                         format!("{what} (a first start of consumer group {group:?}: check clickhouse.url)"),
+                    )
+                } else {
+                    Check::fail(
+                        "clickhouse",
+                        format!(
+                            "{what} (the server answered with an error: check clickhouse.user, \
+                             clickhouse.password and the user's grants)"
+                        ),
                     )
                 },
             );

@@ -263,6 +263,10 @@ pub async fn preflight(config: &Config) -> Vec<Check> {
                 format!("{e} (consumer group {group:?} has run before: waiting for it)"),
             )
         }
+        Err(e) if e.contains("uthentication") => Check::fail(
+            "mongodb",
+            format!("{e} (check the user and password in mongodb.uri, and authSource)"),
+        ),
         Err(e) => Check::fail(
             "mongodb",
             format!("{e} (a first start of consumer group {group:?}: check mongodb.uri)"),

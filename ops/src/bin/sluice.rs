@@ -12,7 +12,8 @@
 //!     sluice dead-letters replay (--table DB.T | --reason R | --all) [--dry-run]
 //!     sluice verify --capture-config FILE --apply-config FILE [--table DB.T] [--json]
 //!
-//! Kafka is reached with `--brokers` (or `SLUICE_KAFKA_BROKERS`) and any librdkafka property
+//! Kafka is reached with `--brokers` (or `SLUICE_KAFKA_BROKERS`, or the stages' own
+//! `SLUICE__KAFKA__BROKERS`) and any librdkafka property
 //! given with `-X key=value` (TLS, SASL).
 
 use std::process::ExitCode;
@@ -690,6 +691,7 @@ async fn position(p: Position) -> Result<bool, String> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    sluice_ops::brokers_from_stage_env();
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Verify(a) => verify(a).await,
