@@ -37,6 +37,8 @@ pub(super) struct Seen {
     pub members: usize,
     /// Whether this consumer is one of the members (by its member id).
     pub member: bool,
+    /// The partitions of the subscribed topics (none yet: nothing to be a member for).
+    pub subscribed: usize,
 }
 
 /// This consumer's member id in its group (none before it joined, or after its session was
@@ -143,6 +145,7 @@ fn look<C: rdkafka::consumer::ConsumerContext>(
         .find(|g| g.name() == group)
         .ok_or_else(|| format!("group {group}: not described"))?;
     let mut unheld = subscribed(&subscription, &topics);
+    let all = unheld.len();
     for m in g.members() {
         for p in m.assignment().and_then(assignment).unwrap_or_default() {
             unheld.remove(&p);
@@ -154,6 +157,7 @@ fn look<C: rdkafka::consumer::ConsumerContext>(
         state: g.state().to_string(),
         members: g.members().len(),
         member: me.is_some_and(|me| g.members().iter().any(|m| m.id() == me)),
+        subscribed: all,
     })
 }
 
@@ -190,10 +194,11 @@ pub(super) enum Verdict {
     Rejoin(String),
 }
 
-/// Whether a consumer holding `held` partitions is out of its group, as `seen`: it holds none,
-/// and it is no member, or some partitions are held by no member.
+/// Whether a consumer holding `held` partitions is out of its group, as `seen`: its topics have
+/// partitions, it holds none, and it is no member, or some partitions are held by no member.
+/// (Before the topics exist, a new pipeline's, librdkafka joins no group: that is no fault.)
 pub(super) fn out(held: i64, seen: &Seen) -> bool {
-    held == 0 && (!seen.member || !seen.unheld.is_empty())
+    held == 0 && seen.subscribed > 0 && (!seen.member || !seen.unheld.is_empty())
 }
 
 pub(super) fn verdict(held: i64, seen: &Seen, group: &str, out_for: Duration) -> Verdict {
@@ -357,6 +362,7 @@ mod tests {
             state: state.into(),
             members: 0,
             member: true,
+            subscribed: 2,
         };
         let empty = seen("Empty", &[("t", 0), ("t", 1)]);
         let s = Duration::from_secs;
@@ -387,5 +393,11 @@ mod tests {
             Verdict::Rejoin(why) if why.contains("is not a member of group g (Stable, 1 members)")
         ));
         assert_eq!(verdict(2, &left_out, "g", s(99)), Verdict::Fine);
+        // No topic yet (a new pipeline's): no member, and nothing wrong.
+        let new = Seen {
+            subscribed: 0,
+            ..left_out
+        };
+        assert_eq!(verdict(0, &new, "g", s(99)), Verdict::Fine);
     }
 }
