@@ -694,7 +694,14 @@ async fn main() -> ExitCode {
     sluice_ops::brokers_from_stage_env();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Verify(a) => verify(a).await,
+        // (what keeps it from comparing is "not verified": 2, never 1, "different")
+        Command::Verify(a) => match verify(a).await {
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                return ExitCode::from(2);
+            }
+            ok => ok,
+        },
         other => run(other).await.map(|ok| if ok { 0 } else { 1 }),
     };
     match outcome {

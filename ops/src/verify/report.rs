@@ -45,12 +45,15 @@ impl Report {
 
     /// The whole answer from the tables' answers.
     pub fn of(tables: Vec<TableReport>, started: Instant) -> Report {
-        let result = if tables.iter().any(|r| r.result == Outcome::Different) {
+        let any = |o: Outcome| tables.iter().any(|r| r.result == o);
+        let result = if any(Outcome::Different) {
             Outcome::Different
-        } else if tables.iter().all(|r| r.result == Outcome::Equal) {
-            Outcome::Equal
-        } else {
+        } else if any(Outcome::NotVerified) {
+            Outcome::NotVerified
+        } else if any(Outcome::Unsettled) {
             Outcome::Unsettled
+        } else {
+            Outcome::Equal
         };
         Report {
             result,
@@ -193,6 +196,35 @@ pub fn summary_line(t: &TableReport) -> String {
     s
 }
 
+/// The last line: the whole answer, and how many tables had each (`different: 1 of 2 tables
+/// different, 1 equal; 3000 rows in 1.2 s`).
+pub fn closing_line(r: &Report) -> String {
+    let count = |o: Outcome| r.tables.iter().filter(|t| t.result == o).count();
+    let mut parts = vec![format!(
+        "{} of {} tables {}",
+        count(r.result),
+        r.tables.len(),
+        r.result.word()
+    )];
+    for o in [
+        Outcome::Different,
+        Outcome::NotVerified,
+        Outcome::Unsettled,
+        Outcome::Equal,
+    ] {
+        if o != r.result && count(o) > 0 {
+            parts.push(format!("{} {}", count(o), o.word()));
+        }
+    }
+    format!(
+        "{}: {}; {} rows in {:.1} s",
+        r.result.word(),
+        parts.join(", "),
+        r.rows,
+        r.seconds
+    )
+}
+
 /// The report for people: a line per table, then up to `limit` keys of each kind.
 pub fn text(r: &Report, limit: usize) -> String {
     let mut out = Vec::new();
@@ -231,13 +263,7 @@ pub fn text(r: &Report, limit: usize) -> String {
             }
         }
     }
-    out.push(format!(
-        "{}: {} tables, {} rows in {:.1} s",
-        r.result.word(),
-        r.tables.len(),
-        r.rows,
-        r.seconds
-    ));
+    out.push(closing_line(r));
     out.join("\n")
 }
 
@@ -282,7 +308,34 @@ mod tests {
         assert_eq!(whole(&[Outcome::Equal, Outcome::Equal]), Outcome::Equal);
         assert_eq!(
             whole(&[Outcome::Equal, Outcome::NotVerified]),
+            Outcome::NotVerified
+        );
+        assert_eq!(
+            whole(&[Outcome::Unsettled, Outcome::NotVerified]),
+            Outcome::NotVerified
+        );
+        assert_eq!(
+            whole(&[Outcome::Equal, Outcome::Unsettled]),
             Outcome::Unsettled
+        );
+        // The closing line counts the tables of each answer.
+        let two = Report::of(
+            vec![table(Outcome::Different), table(Outcome::Equal)],
+            Instant::now(),
+        );
+        let line = closing_line(&two);
+        assert!(
+            line.starts_with("different: 1 of 2 tables different, 1 equal; "),
+            "{line}"
+        );
+        let all = Report::of(
+            vec![table(Outcome::Equal), table(Outcome::Equal)],
+            Instant::now(),
+        );
+        assert!(
+            closing_line(&all).starts_with("equal: 2 of 2 tables equal; "),
+            "{}",
+            closing_line(&all)
         );
         assert_eq!(
             whole(&[Outcome::Unsettled, Outcome::Different]),
