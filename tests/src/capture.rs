@@ -539,6 +539,25 @@ pub fn sluice(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// `sluice verify --json` of the capture's and the apply stage's configs, as it ends: its exit
+/// status, its output and its error output.
+pub fn verify_exit(
+    cap: &CaptureProcess,
+    a: &CaptureProcess,
+    extra: &[&str],
+) -> (Option<i32>, String, String) {
+    let mut args = vec![
+        "verify",
+        "--json",
+        "--capture-config",
+        cap.config_path().to_str().unwrap(),
+        "--apply-config",
+        a.config_path().to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    sluice(&args)
+}
+
 /// `sluice verify --json` of the capture's and the apply stage's configs: its exit status and
 /// its report.
 pub fn verify(

@@ -139,10 +139,19 @@ async fn sluice_verify_reports_exactly_the_rows_the_target_lost_gained_or_change
     ]);
     assert_eq!(code, Some(0), "{out}");
     let (code, out) = verify_with(&[("SLUICE__CLICKHOUS__URL", "http://x".into())]);
-    assert_ne!(code, Some(0), "{out}");
+    assert_eq!(code, Some(2), "{out}");
     assert!(
         out.contains("SLUICE__CLICKHOUS__*: no config given has that section"),
         "{out}"
+    );
+
+    // A table it cannot find is no difference: exit 2, naming it.
+    let (code, report, err) =
+        sluice_tests::capture::verify_exit(&cap, &a, &["--table", "no_such_db.no_such_table"]);
+    assert_eq!(code, Some(2), "{report}{err}");
+    assert!(
+        err.contains("no_such_db.no_such_table: no such table"),
+        "{err}"
     );
 
     let w1_table = "binlog_field_test_1";
