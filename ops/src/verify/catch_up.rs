@@ -82,7 +82,8 @@ impl Pipeline {
         table: &str,
         limit: Duration,
     ) -> Result<Checkpoint, String> {
-        let deadline = Instant::now() + limit;
+        let started = Instant::now();
+        let deadline = started + limit;
         let name = format!("{db}.{table}");
         let late = |what: String| {
             format!(
@@ -110,6 +111,20 @@ impl Pipeline {
             let snapshotting = cp.checkpoint.snapshotting(&name);
             if done && !snapshotting {
                 break cp.checkpoint.clone();
+            }
+            // A running capture stores a checkpoint every 10 s: one that stored none for longer
+            // than the window the tools use (and not since this wait began) is not running, and
+            // waiting on would only run out the time.
+            let age = sluice_common::clock::now_secs().saturating_sub(cp.checkpoint.written_at());
+            if age > crate::position::RUNNING_WINDOW.as_secs()
+                && started.elapsed() > Duration::from_secs(15)
+            {
+                return Err(format!(
+                    "the capture {} stored its last checkpoint {age} s ago, at {at}, short of the \
+                     source's position {target} (a running capture stores one every 10 s): it \
+                     is not running. Start it, then verify again",
+                    self.connector
+                ));
             }
             if Instant::now() > deadline {
                 return Err(late(if snapshotting {

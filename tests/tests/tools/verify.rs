@@ -233,7 +233,20 @@ async fn sluice_verify_reports_exactly_the_rows_the_target_lost_gained_or_change
         out.contains(&format!("{db}.types -> {m_db}.types: different")),
         "{out}"
     );
-    finish(&db, &mut [&mut cap, &mut a]).await;
+    assert!(out.contains("different: 1 of 1 tables different;"), "{out}");
+    // A capture that is not running is said, not waited for: once its last checkpoint is older
+    // than a running capture's would be, verify stops with exit 2, naming it.
+    cap.stop_ok();
+    c.query_drop(sluice_tests::w1_insert(&db, 900_000, 1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let started = Instant::now();
+    let (code, out, err) = sluice_tests::capture::verify_exit(&cap, &a, &["--wait-secs", "600"]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("it is not running"), "{err}");
+    println!("a stopped capture was said after {:?}", started.elapsed());
+    finish(&db, &mut [&mut a]).await;
 }
 
 /// `sluice verify` while a writer updates, deletes, inserts and moves keys: rows changing during
