@@ -75,6 +75,8 @@ group_id = "demo-$run"
 topics = ['^demo\.$db\..*']
 [batch]
 max_wait_ms = 200
+[errors]
+dead_letter_topic = "demo.dead-letters"
 [kafka]
 brokers = "$SLUICE_KAFKA_BROKERS"
 [metrics]
@@ -101,6 +103,14 @@ for _ in $(seq 1 50); do
   sleep 0.2
 done
 chq "SELECT id, item, price, placed, _version FROM demo.orders FINAL WHERE _deleted = 0 FORMAT PrettyCompactNoEscapes"
+echo
+echo "(where the capture and the applier stand, and the tables the applier stopped: sluice status)"
+"$bin/sluice" status --brokers "$SLUICE_KAFKA_BROKERS" --connector "demo-$run" --group "demo-$run" \
+  --topic demo.dead-letters --apply-config "$apply_config"
+echo
+echo "(the mirror against its source, row by row: sluice verify)"
+"$bin/sluice" verify --capture-config "$demo_config" --apply-config "$apply_config" --quiet \
+  --wait-secs 60 || { echo "sluice verify found the mirror different (exit $?)"; exit 1; }
 kill -TERM $capture_pid $apply_pid
 wait $capture_pid $apply_pid || true
 sqlq "DROP DATABASE $db"
