@@ -41,6 +41,19 @@ pub fn testbed_broker() -> bool {
     b == "127.0.0.1:19092" || b == "localhost:19092"
 }
 
+/// Whether the MariaDB is the test bed's (whose global settings a test may change and set
+/// back): `SLUICE_MYSQL_URL` unset, or naming the test bed's port on this machine.
+pub fn testbed_mysql() -> bool {
+    if std::env::var_os("SLUICE_MYSQL_URL").is_none() {
+        return true;
+    }
+    let port = std::env::var("SLUICE_MARIADB_PORT").unwrap_or_else(|_| "13306".into());
+    let url = crate::mysql_url();
+    let host = url.rsplit_once('@').map_or(url.as_str(), |(_, h)| h);
+    let host = host.split(['/', '?']).next().unwrap_or_default();
+    host == format!("127.0.0.1:{port}") || host == format!("localhost:{port}")
+}
+
 /// `deploy/testbed.sh ARGS`, which must succeed.
 pub fn testbed(args: &[&str]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/testbed.sh");
