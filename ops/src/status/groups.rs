@@ -240,36 +240,7 @@ fn waiting_ages(
     Ok(())
 }
 
-/// A member's assignment, as the consumer protocol encodes it: version (int16), an array of
-/// (topic string, partitions int32 array), then user data. None when it does not parse.
-pub fn assignment(bytes: &[u8]) -> Option<BTreeMap<String, Vec<i32>>> {
-    let mut r = bytes;
-    fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        let (a, b) = (r.get(..n)?, r.get(n..)?);
-        *r = b;
-        Some(a)
-    }
-    let i16_ = |r: &mut &[u8]| take(r, 2).map(|b| i16::from_be_bytes([b[0], b[1]]));
-    let i32_ = |r: &mut &[u8]| take(r, 4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-    let mut out = BTreeMap::new();
-    if r.is_empty() {
-        return Some(out);
-    }
-    i16_(&mut r)?; // version
-    let topics = i32_(&mut r)?;
-    for _ in 0..topics.max(0) {
-        let len = i16_(&mut r)?;
-        let name = std::str::from_utf8(take(&mut r, len.max(0) as usize)?).ok()?;
-        let n = i32_(&mut r)?;
-        let mut ps = Vec::with_capacity(n.max(0) as usize);
-        for _ in 0..n.max(0) {
-            ps.push(i32_(&mut r)?);
-        }
-        ps.sort_unstable();
-        out.insert(name.to_string(), ps);
-    }
-    Some(out)
-}
+pub use sluice_apply::group::assignment;
 
 #[cfg(test)]
 mod tests {
