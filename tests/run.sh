@@ -70,7 +70,7 @@ current=${SLUICE_CLICKHOUSE_CURRENT_URL:-http://127.0.0.1:${SLUICE_CLICKHOUSE_CU
 echo "== the ClickHouse tests against $current"
 ch_tests=(--test apply_clickhouse --test clickhouse --test clickhouse_types --test exact_values --test clickhouse_schema
   --test clickhouse_rebuild
-  --test clickhouse_schema_random --test faults
+  --test pipeline_random --test faults
   --test binaries)
 SLUICE_CLICKHOUSE_URL=$current cargo test -p sluice-tests --no-fail-fast "${ch_tests[@]}" "$@" 2>&1 |
   tee -a "$log" || rc=$?

@@ -558,25 +558,16 @@ pub fn verify_exit(
     sluice(&args)
 }
 
-/// `sluice verify --json` of the capture's and the apply stage's configs: its exit status and
-/// its report.
+/// `sluice verify --json` of the capture's and the apply stage's configs (waiting up to 90 s
+/// for the pipeline to settle): its exit status and its report.
 pub fn verify(
     cap: &CaptureProcess,
     a: &CaptureProcess,
     extra: &[&str],
 ) -> (Option<i32>, serde_json::Value, String) {
-    let mut args = vec![
-        "verify",
-        "--json",
-        "--capture-config",
-        cap.config_path().to_str().unwrap(),
-        "--apply-config",
-        a.config_path().to_str().unwrap(),
-        "--wait-secs",
-        "90",
-    ];
+    let mut args = vec!["--wait-secs", "90"];
     args.extend_from_slice(extra);
-    let (code, out, err) = sluice(&args);
+    let (code, out, err) = verify_exit(cap, a, &args);
     let report =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("sluice verify: {e}: {out}\n{err}"));
     (code, report, err)
@@ -593,6 +584,18 @@ impl CaptureProcess {
     /// [`Self::apply_clickhouse`] in consumer group `group` (empty: a new one), with `extra`
     /// TOML (whole sections) after the configuration.
     pub fn apply_clickhouse_with(
+        prefix: &str,
+        ch_db: &str,
+        dlq: &str,
+        group: &str,
+        extra: &str,
+    ) -> Self {
+        Self::apply_clickhouse_via(&crate::clickhouse_url(), prefix, ch_db, dlq, group, extra)
+    }
+
+    /// [`Self::apply_clickhouse_with`] writing to the ClickHouse server at `url`.
+    pub fn apply_clickhouse_via(
+        url: &str,
         prefix: &str,
         ch_db: &str,
         dlq: &str,
@@ -617,7 +620,7 @@ impl CaptureProcess {
              [consumer]\ngroup_id = \"{}\"\ntopics = [\"^{}\\\\..*\"]\n\
              [batch]\nmax_wait_ms = 200\n[errors]\ndead_letter_topic = \"{dlq}\"\n{errors}\n\
              [kafka]\nbrokers = \"{}\"\n{extra}\n",
-            crate::clickhouse_url(),
+            url,
             group,
             prefix.replace('.', "\\\\."),
             kafka_brokers()

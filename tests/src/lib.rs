@@ -155,6 +155,7 @@ pub mod private_clickhouse;
 pub mod private_mariadb;
 pub mod private_mongo;
 pub mod relay;
+pub mod scenario;
 pub mod to_clickhouse;
 
 /// An INSERT of W1 rows `from..from + n` (ids are the row numbers) into `db`.
