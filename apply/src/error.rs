@@ -37,13 +37,17 @@ impl Origin {
     }
 }
 
-/// A failure of the sink: transient (write again) or definite (stop and say why).
+/// A failure of the sink: transient (write again), definite (stop and say why), or a target
+/// another instance changed under the batch in hand (read the events not yet committed again,
+/// with the target as it is now).
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     #[error("{1}")]
     Transient(Origin, String),
     #[error("{1}")]
     Definite(Origin, String),
+    #[error("{1}")]
+    ReadAgain(Origin, String),
 }
 
 impl ApplyError {
@@ -59,9 +63,16 @@ impl ApplyError {
         matches!(self, ApplyError::Transient(..))
     }
 
+    /// The events not yet committed are to be read again (see [`ApplyError::ReadAgain`]).
+    pub fn is_read_again(&self) -> bool {
+        matches!(self, ApplyError::ReadAgain(..))
+    }
+
     pub fn origin(&self) -> Origin {
         match self {
-            ApplyError::Transient(o, _) | ApplyError::Definite(o, _) => *o,
+            ApplyError::Transient(o, _)
+            | ApplyError::Definite(o, _)
+            | ApplyError::ReadAgain(o, _) => *o,
         }
     }
 
@@ -70,6 +81,7 @@ impl ApplyError {
         match self {
             ApplyError::Transient(o, m) => ApplyError::Transient(o, format!("{context}: {m}")),
             ApplyError::Definite(o, m) => ApplyError::Definite(o, format!("{context}: {m}")),
+            ApplyError::ReadAgain(o, m) => ApplyError::ReadAgain(o, format!("{context}: {m}")),
         }
     }
 }

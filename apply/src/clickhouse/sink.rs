@@ -42,6 +42,7 @@
 
 mod applied;
 mod batch;
+mod claim;
 mod columns;
 mod create;
 mod ddl;
@@ -95,6 +96,10 @@ pub struct Sink {
     stopped: HashMap<String, String>,
     /// When `stopped` was last read from `tables.stopped_table` (again every 5 s).
     stopped_read_at: std::time::Instant,
+    /// Per target, when its events were last read again because another instance changed it
+    /// under them ([`Sink::changed_meanwhile`]): a few times a minute at most, then a refusal
+    /// stops the table as any other.
+    read_again: HashMap<String, Vec<std::time::Instant>>,
     /// The key of a row's part in the batch, reused from row to row (no name copied for a
     /// lookup).
     part_key: (String, usize),
@@ -338,6 +343,7 @@ impl Sink {
             targets: HashMap::new(),
             stopped: HashMap::new(),
             stopped_read_at: std::time::Instant::now(),
+            read_again: HashMap::new(),
             health,
             part_key: Default::default(),
             applied: HashMap::new(),

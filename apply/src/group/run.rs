@@ -154,6 +154,19 @@ async fn replace<S: BatchSink>(
     Ok(())
 }
 
+/// A target changed under the batch in hand by another instance ([`ApplyError::ReadAgain`]):
+/// the batch is dropped and the consumer replaced, so that the events not yet committed are
+/// read again and written into the target as it is now.
+async fn read_again<S: BatchSink>(
+    sink: &mut S,
+    consumer: &mut Arc<StreamConsumer<GroupContext<S::Drain>>>,
+    watcher: &mut Watcher,
+    why: &ApplyError,
+) -> Result<(), ApplyError> {
+    tracing::warn!(%why, "reading the events not yet committed again");
+    replace(sink, consumer, watcher).await
+}
+
 async fn run_loop<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(), ApplyError> {
     let mut consumer = sink.consumer();
     let mut watcher = Watcher::start(&consumer);
@@ -194,8 +207,16 @@ async fn run_loop<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(),
                         Instant::now() >= sink.pace().due(s)
                     });
                 if overdue {
-                    if let Err(e) = sink.write_held(shutdown).await {
-                        break Err(e);
+                    match sink.write_held(shutdown).await {
+                        Ok(()) => {}
+                        Err(e) if e.is_read_again() => {
+                            // (the message taken is read again too)
+                            match read_again(sink, &mut consumer, &mut watcher, &e).await {
+                                Ok(()) => continue,
+                                Err(e) => break Err(e),
+                            }
+                        }
+                        Err(e) => break Err(e),
                     }
                 }
                 Some(m)
@@ -269,8 +290,15 @@ async fn run_loop<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(),
                 }
             }
         };
-        if let Err(e) = r {
-            break Err(e);
+        match r {
+            Ok(()) => {}
+            Err(e) if e.is_read_again() => {
+                if let Err(e) = read_again(sink, &mut consumer, &mut watcher, &e).await {
+                    break Err(e);
+                }
+                continue;
+            }
+            Err(e) => break Err(e),
         }
         if let Some(why) = fatal {
             tracing::error!(

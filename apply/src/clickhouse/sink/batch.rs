@@ -396,6 +396,9 @@ impl Sink {
     /// the batch is read again, the stopped table's events going to the dead-letter topic and
     /// the other tables' rows written.
     pub(super) async fn stop_refused(&mut self, name: &str, why: &str) -> ApplyError {
+        if let Some(e) = self.changed_meanwhile(name, why).await {
+            return e;
+        }
         let reason = format!(
             "ClickHouse refused the INSERT of its rows ({why}): the target's columns do not take \
              them. Remedy: make the target fit the source's schema (or drop it for the stage to \
@@ -414,6 +417,45 @@ impl Sink {
                  other tables' rows are written"
             ),
         )
+    }
+
+    /// Whether target `name` was changed by another instance since this one planned what it
+    /// refused (`why`): an ALTER or a table made again, applied from that instance's own
+    /// partitions' copy of a statement this one has not read yet, between this one's reading
+    /// of the target and its write. Then the refusal is no reason to stop the table: the
+    /// target is forgotten and the events not yet committed are read again
+    /// ([`ApplyError::ReadAgain`]). Five times a minute at most for one target; after that a
+    /// refusal stops it.
+    pub(super) async fn changed_meanwhile(&mut self, name: &str, why: &str) -> Option<ApplyError> {
+        let now = std::time::Instant::now();
+        let recent = self.read_again.entry(name.to_string()).or_default();
+        recent.retain(|t| now.duration_since(*t) < std::time::Duration::from_secs(60));
+        if recent.len() >= 5 {
+            return None;
+        }
+        let known_version = self.applied.get(name).map_or(0, |s| s.version);
+        let known_columns = self.targets.get(name).map(|t| t.columns.clone());
+        self.read_applied(name).await.ok()?;
+        let newer = self.applied.get(name).map_or(0, |s| s.version) > known_version;
+        let columns = self.describe(name).await.ok()?;
+        // (a target another instance is making again is missing for a moment)
+        let differs = columns.is_empty() || known_columns.is_some_and(|k| k != columns);
+        if !(newer || differs) {
+            return None;
+        }
+        self.read_again
+            .entry(name.to_string())
+            .or_default()
+            .push(now);
+        self.targets.remove(name);
+        self.plans.clear();
+        Some(ApplyError::ReadAgain(
+            Origin::ClickHouse,
+            format!(
+                "target {name} was changed by another instance while this one wrote it ({why}): \
+                 read again with the target as it is now"
+            ),
+        ))
     }
 
     /// Start writing the batch in hand (after the one being written, whose offsets are stored

@@ -348,9 +348,15 @@ impl Sink {
                         kept = !self.config.tables.create
                             || (same_columns && self.orders_as(&name, new).await?);
                         if !kept {
-                            self.drop_target(&name).await?;
-                            self.targets.remove(&name);
-                            self.target(new, event.version).await?;
+                            if self.claim_remake(&name, event.version).await? {
+                                self.drop_target(&name).await?;
+                                self.targets.remove(&name);
+                                self.target(new, event.version).await?;
+                            } else {
+                                // Made again by another instance meanwhile: as a later copy.
+                                self.remove_rows_before(&name, "create", event.version, true)
+                                    .await?;
+                            }
                             kept = true;
                         }
                     }
@@ -393,6 +399,9 @@ impl Sink {
             }
             Err(Refusal::Stop(e)) => Err(e),
             Err(Refusal::Bad(e)) => {
+                if let Some(again) = self.changed_meanwhile(&name, &e.to_string()).await {
+                    return Err(again);
+                }
                 self.count_ddl(&ddl.kind, "stopped");
                 tracing::error!(table = %name, statement = %statement, error = %e, "DDL failed: stopping this table");
                 let reason = if ddl.kind == "refused" {

@@ -66,7 +66,12 @@ impl Sink {
                 self.remove_rows_before(name, kind, version, false).await?;
             }
             if remake && first {
-                self.remake(name, new, version, kind == "create").await?;
+                if !self.remake(name, new, version, kind == "create").await? {
+                    // Made again by another instance meanwhile (it recorded the statement):
+                    // as a later copy.
+                    self.remove_rows_before(name, kind, version, false).await?;
+                    return Ok(None);
+                }
                 let mut change = ColumnChanges {
                     born: true,
                     ..ColumnChanges::default()
@@ -155,7 +160,7 @@ impl Sink {
         new: &TableSchema,
         version: u64,
         created: bool,
-    ) -> Result<(), Refusal> {
+    ) -> Result<bool, Refusal> {
         if !self.config.tables.create {
             return Err(BadEvent::new(
                 Reason::Ddl,
@@ -167,6 +172,9 @@ impl Sink {
                 ),
             )
             .into());
+        }
+        if !self.claim_remake(name, version).await? {
+            return Ok(false);
         }
         let source = format!("{}.{}", new.database, new.table);
         let keep = created
@@ -195,7 +203,7 @@ impl Sink {
         target.remade_at = Some(version);
         self.targets.insert(name.to_string(), target);
         tracing::warn!(table = %name, version, "target made again: its rows come from the source again");
-        Ok(())
+        Ok(true)
     }
 
     /// Drop target `name` (its Distributed table and per-shard tables too, on a cluster).
