@@ -113,6 +113,8 @@ pub struct TableRun {
     pub started: Option<Instant>,
     pub rows_at_start: u64,
     pub last_log: Instant,
+    /// Its chunks wait for a prepared XA transaction that changed it to end (said once).
+    pub waiting_xa: bool,
 }
 
 /// One snapshot being taken: its tables and their readers.
@@ -341,6 +343,7 @@ pub fn new_table_run(database: String, table: String, estimate: u64) -> TableRun
         started: None,
         rows_at_start: 0,
         last_log: Instant::now(),
+        waiting_xa: false,
     }
 }
 

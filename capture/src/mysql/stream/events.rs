@@ -323,6 +323,11 @@ impl Capture {
     /// Publish rows held for an XA transaction's outcome.
     async fn send_held(&mut self, rows: Vec<super::xa::HeldRow>) -> Result<(), CaptureError> {
         for r in rows {
+            // A chunk in flight leaves these keys out: read while the transaction was
+            // prepared, it holds their values before it, at a later version.
+            if let Some(s) = self.snapshot.as_mut() {
+                s.touch(&r.key_prefix, &r.key);
+            }
             r.counters.0.inc();
             r.counters.1.inc_by(r.payload.len() as u64);
             self.publisher
@@ -637,7 +642,9 @@ impl Capture {
                     None => 0,
                 };
                 keyed.event_key(&key_prefix, pk, &mut key_bytes);
-                if let Some(s) = self.snapshot.as_mut() {
+                // (a row held for an XA transaction's outcome touches its key when it is
+                // published, at the XA COMMIT: see `xa`)
+                if let (Some(s), None) = (self.snapshot.as_mut(), self.xa.reading.as_ref()) {
                     s.touch(&key_prefix, &key_bytes);
                 }
                 keyed.key_row(pk, &mut key_row);
@@ -673,6 +680,7 @@ impl Capture {
                     // Counted when published, at the XA COMMIT.
                     self.xa.hold(super::xa::HeldRow {
                         topic: topic.clone(),
+                        key_prefix: key_prefix.to_vec(),
                         key: key_bytes.clone(),
                         payload: payload.clone(),
                         counters: (counter.clone(), bytes.clone()),

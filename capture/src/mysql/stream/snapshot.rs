@@ -235,6 +235,24 @@ impl Capture {
         let Some(((schema, rows, at), touched)) = ready else {
             return Ok(false);
         };
+        // A key a prepared XA transaction holds: the chunk's value of it is from before the
+        // transaction, at a later version. The chunk is dropped (its progress kept) and read
+        // again once the transaction has ended (no chunk is asked for meanwhile).
+        let topic = self.topics.topic(&run.tables[i].database, &run.tables[i].table)?;
+        if let Some(xid) = self.xa.holding_topic(&topic).map(str::to_string) {
+            let mut key_bytes = Vec::new();
+            let held = rows.iter().any(|r| {
+                let key = snapshot::key_of(&schema, r);
+                sluice_proto::append_event_key(&run.tables[i].key_prefix, &key, &mut key_bytes);
+                self.xa.holds(&topic, &key_bytes)
+            });
+            if held {
+                tracing::info!(table = %run.tables[i].name, xid = %xid, "a snapshot chunk holds rows a prepared XA transaction changed: it is read again once the transaction ends");
+                run.tables[i].in_flight = None;
+                run.metrics.chunks.with_label_values(&["read_again"]).inc();
+                return Ok(true);
+            }
+        }
         let full = rows.len() as u64 >= run.chunk_rows;
         let last = rows.last().map(|r| snapshot::key_of(&schema, r));
         let t = &mut run.tables[i];
@@ -328,6 +346,16 @@ impl Capture {
             if keyless && run.hold().is_some() {
                 continue;
             }
+            // Not while a prepared XA transaction holds rows of the table (see `xa`).
+            let topic = self.topics.topic(&db, &table)?;
+            if let Some(xid) = self.xa.holding_topic(&topic) {
+                if !run.tables[i].waiting_xa {
+                    tracing::info!(table = %run.tables[i].name, xid = %xid, "the snapshot of this table waits for a prepared XA transaction that changed it to end (XA COMMIT or XA ROLLBACK)");
+                    run.tables[i].waiting_xa = true;
+                }
+                continue;
+            }
+            run.tables[i].waiting_xa = false;
             let after = snapshot::decode_key(&run.tables[i].progress.after)
                 .map_err(CaptureError::source)?;
             let chunk = run.next_chunk;

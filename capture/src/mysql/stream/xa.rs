@@ -11,6 +11,13 @@
 //!
 //! While a prepared transaction is held, the checkpoint stays before its first event, so a
 //! restart reads it again whole (and republishes what came after it, with the same versions).
+//!
+//! A snapshot chunk read while a transaction is prepared holds the rows' values before it, at
+//! a version above the transaction's: so no chunk of a table is asked for while a prepared
+//! transaction holds rows of it, a chunk read (asked before the prepare) with a key one holds
+//! is dropped and read again after the outcome, its progress not moved, and the rows held
+//! touch their keys (a chunk in flight leaves them out) only when published, at the commit,
+//! so that a rollback leaves the chunk's values in place.
 //! A reconnect keeps what is held and reads on from the last commit.
 
 use crate::mysql::position::BinlogPos;
@@ -18,6 +25,8 @@ use crate::mysql::position::BinlogPos;
 /// An encoded row event waiting for its transaction's outcome.
 pub(crate) struct HeldRow {
     pub(crate) topic: String,
+    /// The table's key prefix (the start of `key`).
+    pub(crate) key_prefix: Vec<u8>,
     pub(crate) key: Vec<u8>,
     pub(crate) payload: Vec<u8>,
     /// The table's event and byte counters, counted when the row is published.
@@ -80,6 +89,21 @@ impl XaState {
     pub(crate) fn take(&mut self, xid: &str) -> Option<Vec<HeldRow>> {
         let i = self.prepared.iter().position(|p| same_xid(&p.xid, xid))?;
         Some(self.prepared.remove(i).rows)
+    }
+
+    /// A prepared transaction still held has rows of `topic`: the xid of the first.
+    pub(crate) fn holding_topic(&self, topic: &str) -> Option<&str> {
+        self.prepared
+            .iter()
+            .find(|p| p.rows.iter().any(|r| r.topic == topic))
+            .map(|p| p.xid.as_str())
+    }
+
+    /// A prepared transaction still held has a row of `key` (event key bytes) on `topic`.
+    pub(crate) fn holds(&self, topic: &str, key: &[u8]) -> bool {
+        self.prepared
+            .iter()
+            .any(|p| p.rows.iter().any(|r| r.topic == topic && r.key == key))
     }
 
     /// The resume point before the oldest prepared transaction still held.
@@ -193,10 +217,28 @@ mod tests {
         let c = || prometheus::IntCounter::new("c", "c").unwrap();
         HeldRow {
             topic: "t".into(),
+            key_prefix: Vec::new(),
             key: vec![n],
             payload: vec![n],
             counters: (c(), c()),
         }
+    }
+
+    #[test]
+    fn held_rows_are_found_by_topic_and_key_until_their_outcome() {
+        let mut xa = XaState::default();
+        xa.start(pos(4), String::new());
+        xa.hold(row(1));
+        assert_eq!(xa.holding_topic("t"), None, "not prepared yet");
+        xa.prepare("X'61',X'',1".into());
+        assert_eq!(xa.holding_topic("t"), Some("X'61',X'',1"));
+        assert_eq!(xa.holding_topic("u"), None);
+        assert!(xa.holds("t", &[1]));
+        assert!(!xa.holds("t", &[2]));
+        assert!(!xa.holds("u", &[1]));
+        assert!(xa.take("X'61',X'',1").is_some());
+        assert_eq!(xa.holding_topic("t"), None);
+        assert!(!xa.holds("t", &[1]));
     }
 
     #[test]
