@@ -75,9 +75,27 @@ impl Sink {
             })
             .await?
             .map_err(|e| refused(format_args!("{select}: {e}")))?;
+        // Each target's records folded afresh, in version order: a statement that made the
+        // name another table's starts its history over (what was renamed and dropped before
+        // was of the table before, which its rows, older than that statement, do not need).
+        let mut read: std::collections::HashSet<String> = std::collections::HashSet::new();
         for (target, version, renamed, dropped) in rows {
+            if read.insert(target.clone()) {
+                let seen = self.applied.get(&target).is_some_and(|a| a.seen_elsewhere);
+                self.applied.insert(
+                    target.clone(),
+                    super::Applied {
+                        seen_elsewhere: seen,
+                        ..Default::default()
+                    },
+                );
+            }
             let s = self.applied.entry(target).or_default();
             s.version = s.version.max(version);
+            if dropped.lines().any(|d| d == BORN) {
+                s.renamed.clear();
+                s.dropped.clear();
+            }
             for pair in renamed.lines() {
                 if let Some((a, b)) = pair.split_once('\t') {
                     s.renamed.insert(a.to_string(), b.to_string());
@@ -133,6 +151,11 @@ impl Sink {
         .await?
         .map_err(|e| refused(format_args!("{sql}: {e}")))?;
         let s = self.applied.entry(name.to_string()).or_default();
+        if change.born && version >= s.version {
+            // (the history before it is of the table that had the name before)
+            s.renamed.clear();
+            s.dropped.clear();
+        }
         s.version = s.version.max(version);
         for (a, b) in &change.renamed {
             s.renamed.insert(a.clone(), b.clone());

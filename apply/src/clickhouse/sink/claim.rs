@@ -11,7 +11,9 @@
 //! A claim whose winner died before recording (older than [`STALE`], with no record) is
 //! renamed away by whichever waiter gets there first (a rename of a missing table fails, so
 //! one does), and the claim is contested again. Claims of older statements of the target are
-//! dropped once it is made again (an instance deciding about one of those reads its record).
+//! dropped when it is made again, once ten minutes old (an instance deciding about one of
+//! those later reads its record; one that read before the record was written still waits on
+//! the claim). A waiter also stops waiting at the record of a later statement of the target.
 //! Not on a cluster (`cluster.enabled`), where tables are made `ON CLUSTER`.
 
 use std::time::{Duration, Instant};
@@ -25,6 +27,9 @@ const TABLE_ALREADY_EXISTS: i32 = 57;
 
 /// A claim this old without a record: its winner died.
 const STALE: Duration = Duration::from_secs(60);
+
+/// Claims of older statements are dropped once this old.
+const KEEP: Duration = Duration::from_secs(600);
 
 impl Sink {
     /// Whether this instance makes target `name` again for the statement at `version` (it
@@ -113,13 +118,18 @@ impl Sink {
         Ok(rows.first().map(|s| Duration::from_secs(*s)))
     }
 
-    /// Drop the claims (and claims taken over) of statements older than `version`.
+    /// Drop the claims (and claims taken over) of statements older than `version` made more
+    /// than [`KEEP`] ago. (A claim younger than that may still be waited on by an instance that
+    /// read the statement's record before it was written: dropped, that instance would win it
+    /// and make the target again over this one.)
     async fn drop_old_claims(&self, prefix: &str, version: u64) {
         let db = &self.config.clickhouse.database;
         let sql = format!(
-            "SELECT name FROM system.tables WHERE database = {} AND startsWith(name, {})",
+            "SELECT name FROM system.tables WHERE database = {} AND startsWith(name, {}) \
+             AND metadata_modification_time < now() - {}",
             string(db),
-            string(prefix)
+            string(prefix),
+            KEEP.as_secs()
         );
         let Ok(names) = self.client.query(&sql).fetch_all::<String>().await else {
             return;
