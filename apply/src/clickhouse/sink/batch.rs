@@ -435,8 +435,10 @@ impl Sink {
         }
         let known_version = self.applied.get(name).map_or(0, |s| s.version);
         let known_columns = self.targets.get(name).map(|t| t.columns.clone());
+        // (another instance making it again: waited for)
+        let remade = self.waited_for_remake(name).await;
         self.read_applied(name).await.ok()?;
-        let newer = self.applied.get(name).map_or(0, |s| s.version) > known_version;
+        let newer = remade || self.applied.get(name).map_or(0, |s| s.version) > known_version;
         let columns = self.describe(name).await.ok()?;
         // (a target another instance is making again is missing for a moment)
         let differs = columns.is_empty() || known_columns.is_some_and(|k| k != columns);

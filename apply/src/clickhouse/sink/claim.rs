@@ -101,6 +101,41 @@ impl Sink {
         }
     }
 
+    /// Whether another instance is making target `name` again (a claim of it with no record
+    /// of its statement yet): then wait until it has recorded it ([`STALE`] at most).
+    pub(super) async fn waited_for_remake(&mut self, name: &str) -> bool {
+        let prefix = format!("{name}__remaking_");
+        let sql = format!(
+            "SELECT name FROM system.tables WHERE database = {} AND startsWith(name, {})",
+            string(&self.config.clickhouse.database),
+            string(&prefix)
+        );
+        let Ok(names) = self.client.query(&sql).fetch_all::<String>().await else {
+            return false;
+        };
+        let newest = names
+            .iter()
+            .filter(|n| !n.contains("__stale_"))
+            .filter_map(|n| n[prefix.len()..].parse::<u64>().ok())
+            .max();
+        let Some(version) = newest else {
+            return false;
+        };
+        let started = Instant::now();
+        let mut waited = false;
+        while started.elapsed() < STALE && !self.shutdown.is_triggered() {
+            if self.read_applied(name).await.is_err() {
+                return waited;
+            }
+            if self.applied.get(name).is_some_and(|s| s.version >= version) {
+                return waited;
+            }
+            waited = true;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        waited
+    }
+
     /// How long ago claim table `claim` was made (`None`: it is not there).
     async fn claim_age(&self, claim: &str) -> Result<Option<Duration>, Refusal> {
         let sql = format!(
