@@ -323,6 +323,16 @@ impl Capture {
     /// Publish rows held for an XA transaction's outcome.
     async fn send_held(&mut self, rows: Vec<super::xa::HeldRow>) -> Result<(), CaptureError> {
         for r in rows {
+            // A keyless table whose snapshot is still to be read: it reads these rows (no
+            // snapshot of a table is read while a prepared transaction holds rows of it).
+            if r.keyless
+                && self
+                    .snapshot
+                    .as_ref()
+                    .is_some_and(|s| s.pending_table(&r.key_prefix))
+            {
+                continue;
+            }
             // A chunk in flight leaves these keys out: read while the transaction was
             // prepared, it holds their values before it, at a later version.
             if let Some(s) = self.snapshot.as_mut() {
@@ -547,9 +557,12 @@ impl Capture {
                 .snapshot
                 .as_ref()
                 .is_some_and(|r| r.pending_table(&entry.key_prefix))
+            && self.xa.reading.is_none()
         {
             // A keyless table waiting for its snapshot: the snapshot, taken at a later
-            // position, holds these rows; published here too they would be there twice.
+            // position, holds these rows; published here too they would be there twice. (Rows
+            // of an XA transaction are held, so that the snapshot waits for its outcome: at the
+            // commit they are dropped if the snapshot is still to be read, which sees them.)
             return Ok(());
         }
         let decoder = entry.decoder.clone();
@@ -680,6 +693,7 @@ impl Capture {
                     // Counted when published, at the XA COMMIT.
                     self.xa.hold(super::xa::HeldRow {
                         topic: topic.clone(),
+                        keyless: pk.is_empty(),
                         key_prefix: key_prefix.to_vec(),
                         key: key_bytes.clone(),
                         payload: payload.clone(),

@@ -238,7 +238,9 @@ impl Capture {
         // A key a prepared XA transaction holds: the chunk's value of it is from before the
         // transaction, at a later version. The chunk is dropped (its progress kept) and read
         // again once the transaction has ended (no chunk is asked for meanwhile).
-        let topic = self.topics.topic(&run.tables[i].database, &run.tables[i].table)?;
+        let topic = self
+            .topics
+            .topic(&run.tables[i].database, &run.tables[i].table)?;
         if let Some(xid) = self.xa.holding_topic(&topic).map(str::to_string) {
             let mut key_bytes = Vec::new();
             let held = rows.iter().any(|r| {

@@ -25,6 +25,8 @@ use crate::mysql::position::BinlogPos;
 /// An encoded row event waiting for its transaction's outcome.
 pub(crate) struct HeldRow {
     pub(crate) topic: String,
+    /// Of a table without a primary key.
+    pub(crate) keyless: bool,
     /// The table's key prefix (the start of `key`).
     pub(crate) key_prefix: Vec<u8>,
     pub(crate) key: Vec<u8>,
@@ -217,6 +219,7 @@ mod tests {
         let c = || prometheus::IntCounter::new("c", "c").unwrap();
         HeldRow {
             topic: "t".into(),
+            keyless: false,
             key_prefix: Vec::new(),
             key: vec![n],
             payload: vec![n],
