@@ -150,9 +150,14 @@ impl Pipeline {
         };
         let mut ends = TopicPartitionList::new();
         for part in t.partitions() {
-            let (_, high) = consumer
+            let (low, high) = consumer
                 .fetch_watermarks(&topic, part.id(), timeout)
                 .map_err(|e| format!("topic {topic}[{}]: {e}", part.id()))?;
+            // A partition holding nothing (a partition added to the topic that no event went
+            // to yet) is caught up whatever the group committed there (nothing, or before).
+            if high <= low {
+                continue;
+            }
             ends.add_partition_offset(&topic, part.id(), Offset::Offset(high))
                 .map_err(|e| e.to_string())?;
         }
