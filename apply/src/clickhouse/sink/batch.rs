@@ -422,10 +422,13 @@ impl Sink {
     /// Whether target `name` was changed by another instance since this one planned what it
     /// refused (`why`): an ALTER or a table made again, applied from that instance's own
     /// partitions' copy of a statement this one has not read yet, between this one's reading
-    /// of the target and its write. Then the refusal is no reason to stop the table: the
-    /// target is forgotten and the events not yet committed are read again
-    /// ([`ApplyError::ReadAgain`]). Five times a minute at most for one target; after that a
-    /// refusal stops it.
+    /// of the target and its write. Known by its record in `tables.ddl_table` having moved on
+    /// (waited for a moment when the target's columns are found changed: the record follows
+    /// the change), or by its claim to make the target again (waited for). Then the refusal is
+    /// no reason to stop the table: the target is forgotten and the events not yet committed
+    /// are read again ([`ApplyError::ReadAgain`]). A target changed by hand, with no record,
+    /// stops as before. Five times a minute at most for one target; after that a refusal stops
+    /// it.
     pub(super) async fn changed_meanwhile(&mut self, name: &str, why: &str) -> Option<ApplyError> {
         let now = std::time::Instant::now();
         let recent = self.read_again.entry(name.to_string()).or_default();
@@ -438,11 +441,28 @@ impl Sink {
         // (another instance making it again: waited for)
         let remade = self.waited_for_remake(name).await;
         self.read_applied(name).await.ok()?;
-        let newer = remade || self.applied.get(name).map_or(0, |s| s.version) > known_version;
-        let columns = self.describe(name).await.ok()?;
-        // (a target another instance is making again is missing for a moment)
-        let differs = columns.is_empty() || known_columns.is_some_and(|k| k != columns);
-        if !(newer || differs) {
+        let recorded = |s: &Self| s.applied.get(name).map_or(0, |a| a.version) > known_version;
+        let mut newer = remade || recorded(self);
+        if !newer {
+            // Columns not as this instance knew them, and no record of a statement yet: an
+            // instance records what it applied right after applying it, so its record is
+            // waited for a moment. None comes: the target was changed by hand, which stops
+            // the table as before (re-adding a column dropped by hand would leave the rows
+            // there without their values).
+            let columns = self.describe(name).await.ok()?;
+            let differs = known_columns.is_some_and(|k| k != columns);
+            if differs {
+                for _ in 0..20 {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    self.read_applied(name).await.ok()?;
+                    if recorded(self) {
+                        newer = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if !newer {
             return None;
         }
         self.read_again
