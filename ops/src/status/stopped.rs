@@ -55,7 +55,7 @@ pub async fn clickhouse(config: &sluice_apply::clickhouse::Config) -> Result<Vec
             stage: "apply-clickhouse",
             group: config.consumer.group_id.clone(),
             resume: vec![
-                format!("bring {db}.{target} to the source's state as the reason says (or empty it to copy the table again)"),
+                format!("bring {db}.{target} to the source's state as the reason says, or drop it to copy the table again (the stage makes it again from the copy's schema)"),
                 format!(
                     "ALTER TABLE {}.{}{} DELETE WHERE target = {}",
                     ident(db),

@@ -40,7 +40,8 @@ pub const REGISTRY: &[Action] = &[
     act("applier_joins", 2, true, |w| Box::pin(applier_joins(w))),
     act("target_outage", 2, true, |w| Box::pin(target_outage(w))),
     act("snapshot", 2, true, |w| Box::pin(snapshot(w))),
-    act("resync", 2, true, |w| Box::pin(resync(w))),
+    act("stop_table", 1, false, |w| Box::pin(stop_table(w))),
+    act("resync", 3, true, |w| Box::pin(resync(w))),
     act("broker_restart", 1, true, |w| Box::pin(broker_restart(w))),
     act("add_partitions", 1, true, |w| Box::pin(add_partitions(w))),
 ];
@@ -576,15 +577,43 @@ fn request_snapshot(w: &mut World, names: &[String]) {
     ));
 }
 
-/// A stopped table taken up again by the steps `sluice status` gives: its mirror emptied, its
-/// row deleted from the stopped tables' table, and the table copied again.
+/// A row change logged as a statement (a session with `binlog_format = STATEMENT`): the
+/// capture cannot carry it exactly, so the table stops (`the source refused it`), until a
+/// `resync` takes it up again.
+async fn stop_table(w: &mut World) -> Plan {
+    let (_, name) = table(w);
+    Plan::sql(vec![
+        "SET SESSION binlog_format = 'STATEMENT'".into(),
+        format!("DELETE FROM {name} WHERE id = {}", w.rng.below(40)),
+        "SET SESSION binlog_format = 'ROW'".into(),
+    ])
+}
+
+/// A stopped table taken up again by the steps `sluice status` gives: its mirror dropped (the
+/// stage makes it again from the copy), its row deleted from the stopped tables' table, and
+/// the table copied again.
 async fn resync(w: &mut World) -> Plan {
-    let stopped = clickhouse_tsv(&format!(
-        "SELECT DISTINCT target FROM {}._sluice_stopped",
-        w.ch_db
-    ))
-    .await
-    .unwrap_or_default();
+    // A stop provoked and not yet taken up reaches the stopped tables' table within seconds.
+    let provoked = w
+        .log
+        .iter()
+        .filter(|l| l.contains("binlog_format = 'STATEMENT'"))
+        .count();
+    let taken = w.log.iter().filter(|l| l.contains(": resync of ")).count();
+    let deadline =
+        std::time::Instant::now() + Duration::from_secs(if provoked > taken { 15 } else { 0 });
+    let stopped = loop {
+        let stopped = clickhouse_tsv(&format!(
+            "SELECT DISTINCT target FROM {}._sluice_stopped",
+            w.ch_db
+        ))
+        .await
+        .unwrap_or_default();
+        if !stopped.trim().is_empty() || std::time::Instant::now() >= deadline {
+            break stopped;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
     let targets: Vec<&str> = stopped.lines().filter(|l| !l.is_empty()).collect();
     let Some(target) = targets
         .iter()
@@ -594,9 +623,9 @@ async fn resync(w: &mut World) -> Plan {
         return Plan::default();
     };
     let ch = &w.ch_db;
-    clickhouse_tsv(&format!("TRUNCATE TABLE {ch}.`{target}`"))
+    clickhouse_tsv(&format!("DROP TABLE IF EXISTS {ch}.`{target}`"))
         .await
-        .unwrap_or_else(|e| panic!("seed {}: emptying {ch}.{target}: {e}", w.seed));
+        .unwrap_or_else(|e| panic!("seed {}: dropping {ch}.{target}: {e}", w.seed));
     clickhouse_tsv(&format!(
         "ALTER TABLE {ch}._sluice_stopped DELETE WHERE target = '{target}'"
     ))

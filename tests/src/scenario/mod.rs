@@ -545,7 +545,7 @@ pub async fn run() {
     let (equal, stopped) = w.check(true).await;
     println!(
         "seed {seed}: {ran} steps (SLUICE_TEST_STEPS={ran} replays them) in {:.0} s ({checkpoints} checkpoints and the end; actions: {}); \
-         {equal} of {} tables equal to their source, {} stopped{}",
+         {equal} of {} tables equal to their source, {} stopped ({} taken up again on the way){}",
         started.elapsed().as_secs_f64(),
         counts
             .iter()
@@ -554,6 +554,7 @@ pub async fn run() {
             .join(", "),
         w.tables.len(),
         stopped.len(),
+        w.log.iter().filter(|l| l.contains(": resync of ")).count(),
         stopped
             .iter()
             .map(|(t, r)| format!("\n  {t}: {r}"))

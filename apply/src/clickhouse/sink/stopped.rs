@@ -83,6 +83,9 @@ impl Sink {
         }
         for target in self.stopped.keys() {
             if !now.contains_key(target) {
+                // Read again at its next row: the operator may have emptied, dropped or
+                // changed it to take it up (made again from the copy's schema if dropped).
+                self.targets.remove(target);
                 tracing::info!(table = %target, "table taken up again (its row was deleted from {}): its events are written from here on; replay its dead letters (`sluice dead-letters replay --table ...`) or copy it again", self.config.tables.stopped_table);
             }
         }
