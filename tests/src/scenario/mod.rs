@@ -299,6 +299,33 @@ impl World {
                 _ => problems.push(format!("{source}: {result}: {t:#}")),
             }
         }
+        // A keyless table is not compared (its target is a change log): whether it is stopped,
+        // and why, is read from the stopped tables' table.
+        let rows = clickhouse_tsv(&format!(
+            "SELECT target, argMax(reason, at) FROM {}._sluice_stopped GROUP BY target",
+            self.ch_db
+        ))
+        .await
+        .unwrap_or_default();
+        for line in rows.lines() {
+            let Some((target, reason)) = line.split_once('\t') else {
+                continue;
+            };
+            let source = format!("{}.{target}", self.db);
+            if !keyless.contains(&source) {
+                continue;
+            }
+            if self.impossible.iter().any(|p| reason.contains(p.as_str())) {
+                stopped.insert(
+                    source,
+                    format!("the apply stage stopped this table: {reason}"),
+                );
+            } else {
+                problems.push(format!(
+                    "{source}: stopped for a reason not listed: {reason}"
+                ));
+            }
+        }
         if report["tables"].as_array().map_or(0, |a| a.len()) < self.tables.len() {
             problems.push(format!(
                 "verify compared fewer tables than the {} made",
