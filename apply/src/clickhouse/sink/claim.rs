@@ -1,10 +1,12 @@
-//! One instance makes a target again. A statement that makes a target again (a table made
-//! again in the source, another table renamed to its name, a new key, a partition statement)
-//! reaches every instance of the group, one copy per partition; each copy is checked against
+//! One instance changes a target for a statement. A statement that makes a target again (a
+//! table made again in the source, another table renamed to its name, a new key, a partition
+//! statement), and an ALTER, reaches every instance of the group, one copy per partition; each copy is checked against
 //! what `tables.ddl_table` records as applied, but two instances that read that record before
 //! either wrote it would both drop the target: the second would drop rows the first already
-//! wrote into the new one. So the instance that makes it again first creates a claim table
-//! `<target>__remaking_<version>` (an empty `Log` table): creating a table of a name that
+//! wrote into the new one, and two applying one ALTER undo each other's steps (one drops a
+//! column the other has just added again in its new type). So the instance that does it
+//! first creates a claim table `<target>__remaking_<version>` (or `__altering_`, an empty
+//! `Log` table): creating a table of a name that
 //! exists fails, so one instance wins; the others wait until the winner records the statement
 //! as applied, then go on as later copies do.
 //!
@@ -22,6 +24,22 @@ use super::{Refusal, Sink};
 use crate::error::{clickhouse_code, BadEvent, Reason};
 use sluice_common::sql::clickhouse::{ident, string};
 
+/// What a claim is for: its table's name is `<target>__<word>_<version>`.
+#[derive(Clone, Copy)]
+enum Work {
+    Remaking,
+    Altering,
+}
+
+impl Work {
+    fn word(self) -> &'static str {
+        match self {
+            Work::Remaking => "remaking",
+            Work::Altering => "altering",
+        }
+    }
+}
+
 /// TABLE_ALREADY_EXISTS (`src/Common/ErrorCodes.cpp`).
 const TABLE_ALREADY_EXISTS: i32 = 57;
 
@@ -36,11 +54,23 @@ impl Sink {
     /// holds the claim), or another one did (its record read: the target is forgotten, to be
     /// read again as it is now).
     pub(super) async fn claim_remake(&mut self, name: &str, version: u64) -> Result<bool, Refusal> {
+        self.claim(name, Work::Remaking, version).await
+    }
+
+    /// Whether this instance applies the ALTER at `version` to target `name` (it holds the
+    /// claim), or another one did (as [`Self::claim_remake`]): two instances applying one
+    /// ALTER at once undo each other's steps (one drops a column the other has just added
+    /// again in its new type).
+    pub(super) async fn claim_alter(&mut self, name: &str, version: u64) -> Result<bool, Refusal> {
+        self.claim(name, Work::Altering, version).await
+    }
+
+    async fn claim(&mut self, name: &str, work: Work, version: u64) -> Result<bool, Refusal> {
         if self.config.cluster.enabled() {
             return Ok(true);
         }
         let db = ident(&self.config.clickhouse.database);
-        let prefix = format!("{name}__remaking_");
+        let prefix = format!("{name}__{}_", work.word());
         let claim = format!("{prefix}{version}");
         let create = format!(
             "CREATE TABLE {db}.{} (at DateTime DEFAULT now()) ENGINE = Log",
@@ -65,7 +95,7 @@ impl Sink {
                 }
             }
             if !said {
-                tracing::info!(table = %name, version, claim = %claim, "another instance makes this target again: waiting for it to record the statement as applied");
+                tracing::info!(table = %name, version, claim = %claim, "another instance changes this target for the statement: waiting for it to record the statement as applied");
                 said = true;
             }
             self.read_applied(name).await?;
@@ -101,23 +131,28 @@ impl Sink {
         }
     }
 
-    /// Whether another instance is making target `name` again (a claim of it with no record
-    /// of its statement yet): then wait until it has recorded it ([`STALE`] at most).
+    /// Whether another instance is changing target `name` (making it again, or applying an
+    /// ALTER: a claim of it with no record of its statement yet): then wait until it has
+    /// recorded it ([`STALE`] at most).
     pub(super) async fn waited_for_remake(&mut self, name: &str) -> bool {
-        let prefix = format!("{name}__remaking_");
-        let sql = format!(
-            "SELECT name FROM system.tables WHERE database = {} AND startsWith(name, {})",
-            string(&self.config.clickhouse.database),
-            string(&prefix)
-        );
-        let Ok(names) = self.client.query(&sql).fetch_all::<String>().await else {
-            return false;
-        };
-        let newest = names
-            .iter()
-            .filter(|n| !n.contains("__stale_"))
-            .filter_map(|n| n[prefix.len()..].parse::<u64>().ok())
-            .max();
+        let mut newest: Option<u64> = None;
+        for work in [Work::Remaking, Work::Altering] {
+            let prefix = format!("{name}__{}_", work.word());
+            let sql = format!(
+                "SELECT name FROM system.tables WHERE database = {} AND startsWith(name, {})",
+                string(&self.config.clickhouse.database),
+                string(&prefix)
+            );
+            let Ok(names) = self.client.query(&sql).fetch_all::<String>().await else {
+                return false;
+            };
+            let v = names
+                .iter()
+                .filter(|n| !n.contains("__stale_"))
+                .filter_map(|n| n[prefix.len()..].parse::<u64>().ok())
+                .max();
+            newest = newest.max(v);
+        }
         let Some(version) = newest else {
             return false;
         };

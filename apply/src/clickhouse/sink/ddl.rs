@@ -122,7 +122,13 @@ impl Sink {
                             self.targets.remove(&name);
                         }
                     }
-                    let done = self.applied.get(&name).is_some_and(|s| s.version >= event.version);
+                    let mut done = self.applied.get(&name).is_some_and(|s| s.version >= event.version);
+                    if !done && !self.claim_alter(&name, event.version).await? {
+                        // Applied by another instance meanwhile (its record read): as a later
+                        // copy, with the target read again.
+                        done = true;
+                        self.targets.remove(&name);
+                    }
                     if ddl.rebuild() != Rebuild::None {
                         // The capture reads the table again: the target fits the new schema,
                         // the values come with the rows (see `rebuild`).
