@@ -788,3 +788,43 @@ async fn rows_planned_before_another_appliers_rename_are_written_not_stopped() {
         .await
         .unwrap();
 }
+
+/// An ALTER ClickHouse refuses (here: the target replaced by hand with a view, which takes no
+/// ALTER) stops its table at once, with the statement named: the claim the instance took to
+/// apply it is its own, no other instance's work to wait for (a process that waited on its own
+/// claim read the statement again every two minutes and never stopped the table).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_alter_the_target_refuses_stops_its_table_at_once() {
+    let mut p = Pipeline::start("sluice_t_ch_alter_refused").await;
+    let (db, ch_db) = (p.db.clone(), p.ch_db.clone());
+    p.sql(&[
+        format!("CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v INT)"),
+        format!("INSERT INTO `{db}`.t VALUES (1, 1)"),
+    ])
+    .await;
+    assert_eq!(
+        until(&format!("SELECT count() FROM {ch_db}.t FINAL"), "1").await,
+        "1"
+    );
+    for sql in [
+        format!("RENAME TABLE {ch_db}.t TO {ch_db}.t_real"),
+        format!("CREATE VIEW {ch_db}.t AS SELECT * FROM {ch_db}.t_real"),
+    ] {
+        clickhouse_tsv(&sql).await.unwrap();
+    }
+    p.sql(&[format!("ALTER TABLE `{db}`.t ADD COLUMN z INT NULL")])
+        .await;
+    let stopped = until(
+        &format!("SELECT count() FROM {ch_db}._sluice_stopped WHERE target = 't'"),
+        "1",
+    )
+    .await;
+    assert_eq!(stopped, "1", "the table was not stopped");
+    let reason = clickhouse_tsv(&format!(
+        "SELECT reason FROM {ch_db}._sluice_stopped WHERE target = 't'"
+    ))
+    .await
+    .unwrap();
+    assert!(reason.contains("ADD COLUMN z"), "{reason}");
+    p.finish().await;
+}

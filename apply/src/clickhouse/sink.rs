@@ -100,6 +100,9 @@ pub struct Sink {
     /// under them ([`Sink::changed_meanwhile`]): a few times a minute at most, then a refusal
     /// stops the table as any other.
     read_again: HashMap<String, Vec<std::time::Instant>>,
+    /// The claim tables this process created (`claim`): its own claim is no other instance's
+    /// work to wait for, and holding it, it goes on with the statement when it reads it again.
+    claims_held: std::collections::HashSet<String>,
     /// The key of a row's part in the batch, reused from row to row (no name copied for a
     /// lookup).
     part_key: (String, usize),
@@ -344,6 +347,7 @@ impl Sink {
             stopped: HashMap::new(),
             stopped_read_at: std::time::Instant::now(),
             read_again: HashMap::new(),
+            claims_held: Default::default(),
             health,
             part_key: Default::default(),
             applied: HashMap::new(),

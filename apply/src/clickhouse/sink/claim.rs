@@ -72,6 +72,10 @@ impl Sink {
         let db = ident(&self.config.clickhouse.database);
         let prefix = format!("{name}__{}_", work.word());
         let claim = format!("{prefix}{version}");
+        if self.claims_held.contains(&claim) {
+            // (its own, from a first try of the statement: read again since)
+            return Ok(true);
+        }
         let create = format!(
             "CREATE TABLE {db}.{} (at DateTime DEFAULT now()) ENGINE = Log",
             ident(&claim)
@@ -86,6 +90,7 @@ impl Sink {
                 .await?;
             match created {
                 Ok(()) => {
+                    self.claims_held.insert(claim.clone());
                     self.drop_old_claims(&prefix, version).await;
                     return Ok(true);
                 }
@@ -132,8 +137,9 @@ impl Sink {
     }
 
     /// Whether another instance is changing target `name` (making it again, or applying an
-    /// ALTER: a claim of it with no record of its statement yet): then wait until it has
-    /// recorded it ([`STALE`] at most).
+    /// ALTER: a claim of it, not this process's own, with no record of its statement yet):
+    /// then wait until it has recorded it ([`STALE`] at most). (This process's own claim of a
+    /// statement that failed is no reason to wait: the table stops as for any refusal.)
     pub(super) async fn waited_for_remake(&mut self, name: &str) -> bool {
         let mut newest: Option<u64> = None;
         for work in [Work::Remaking, Work::Altering] {
@@ -148,7 +154,7 @@ impl Sink {
             };
             let v = names
                 .iter()
-                .filter(|n| !n.contains("__stale_"))
+                .filter(|n| !n.contains("__stale_") && !self.claims_held.contains(*n))
                 .filter_map(|n| n[prefix.len()..].parse::<u64>().ok())
                 .max();
             newest = newest.max(v);
