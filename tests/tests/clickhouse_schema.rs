@@ -749,12 +749,15 @@ async fn rows_planned_before_another_appliers_rename_are_written_not_stopped() {
         .await
         .unwrap();
     my.query_drop(rows(60, 90)).await.unwrap();
-    // The running one applies the rename (its partitions' copy of the statement).
+    // The running one applies the rename (its partitions' copy of the statement): `points`
+    // there and `score` gone (on 18.16 a rename is a copy, and a row of the old schema written
+    // between the copy and the drop loses that value: the limitation docs/apply-clickhouse.md
+    // names for several instances; here the write comes after).
     let renamed = format!(
-        "SELECT count() FROM system.columns WHERE database = '{ch_db}' AND table = 't' \
-         AND name = 'points'"
+        "SELECT groupArray(name) FROM system.columns WHERE database = '{ch_db}' AND table = 't' \
+         AND name IN ('points', 'score')"
     );
-    while clickhouse_tsv(&renamed).await.unwrap().trim() != "1" {
+    while clickhouse_tsv(&renamed).await.unwrap().trim() != "['points']" {
         assert!(
             paused.elapsed() < Duration::from_secs(7),
             "the running applier did not rename the column"
@@ -806,6 +809,8 @@ async fn an_alter_the_target_refuses_stops_its_table_at_once() {
         until(&format!("SELECT count() FROM {ch_db}.t FINAL"), "1").await,
         "1"
     );
+    // Every copy of the CREATE read (one per partition), then the target swapped for a view.
+    caught_up(p.apply.metrics_port).await;
     for sql in [
         format!("RENAME TABLE {ch_db}.t TO {ch_db}.t_real"),
         format!("CREATE VIEW {ch_db}.t AS SELECT * FROM {ch_db}.t_real"),

@@ -9,6 +9,8 @@
 //!
 //! Settings (environment):
 //! - `SLUICE_TEST_SEED`: replays a run (the seed is printed at the start and in every failure);
+//!   `SLUICE_SCENARIO_SEED` and `SLUICE_SCENARIO_STEPS` set this test's seed and steps alone
+//!   (before `SLUICE_TEST_SEED` and `SLUICE_TEST_STEPS`, which other seeded tests read too);
 //! - `SLUICE_TEST_STEPS` and `SLUICE_TEST_SECONDS`: the run ends at whichever comes first (with
 //!   neither, after 120 s; the longer mode is `SLUICE_TEST_SECONDS=3600`); a run prints how many
 //!   steps it took, so that `SLUICE_TEST_SEED` with `SLUICE_TEST_STEPS` replays it;
@@ -465,8 +467,11 @@ fn drawn() -> Vec<&'static Action> {
 
 /// Run one scenario against `SLUICE_CLICKHOUSE_URL`: setup, steps, checkpoints, the end.
 pub async fn run() {
-    let seed = crate::seed();
-    let (steps, seconds) = match (env_u64("SLUICE_TEST_STEPS"), env_u64("SLUICE_TEST_SECONDS")) {
+    // `SLUICE_SCENARIO_SEED` and `SLUICE_SCENARIO_STEPS` (this test's own, so that a suite can
+    // pin it without pinning the other seeded tests) come before the shared names.
+    let seed = env_u64("SLUICE_SCENARIO_SEED").unwrap_or_else(crate::seed);
+    let steps_given = env_u64("SLUICE_SCENARIO_STEPS").or_else(|| env_u64("SLUICE_TEST_STEPS"));
+    let (steps, seconds) = match (steps_given, env_u64("SLUICE_TEST_SECONDS")) {
         (None, None) => (u64::MAX, Some(120)),
         (steps, seconds) => (steps.unwrap_or(u64::MAX), seconds),
     };
