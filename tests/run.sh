@@ -57,17 +57,19 @@ if [[ " ${services[*]} " == *" mariadb "* ]]; then export SLUICE_TLS_DIR; SLUICE
 if [[ " ${services[*]} " == *" kafka "* ]]; then export SLUICE_KAFKA_SASL_BROKERS; SLUICE_KAFKA_SASL_BROKERS=$(pick SLUICE_KAFKA_SASL_BROKERS); fi
 if [[ " ${services[*]} " == *" clickhouse "* ]]; then export SLUICE_CLICKHOUSE_HTTPS_URL; SLUICE_CLICKHOUSE_HTTPS_URL=$(pick SLUICE_CLICKHOUSE_HTTPS_URL); fi
 
-# The randomized whole-pipeline test (tests/tests/pipeline_random.rs) runs, on each server, a
-# seed that ended with every table equal on this build (replayable); SLUICE_SCENARIO_RANDOM=1
-# draws a random seed for 120 s instead, as its longer runs do (docs/apply-clickhouse.md).
+# The randomized whole-pipeline test (tests/tests/pipeline_random.rs): by default 100 steps
+# of a random seed (printed) drawn from the actions whose findings are all fixed (rows, schema
+# changes, stages stopped or killed); SLUICE_SCENARIO_FULL=1 draws from the whole registry
+# for 120 s (XA, bulk transactions, pauses, appliers joining, outages, snapshots, tables
+# stopped and taken up again, broker restarts, partitions added: open findings in
+# docs/apply-clickhouse.md).
 scenario() {
-  local seed=$1 steps=$2
-  shift 2
-  if [ "${SLUICE_SCENARIO_RANDOM:-0}" = 1 ]; then
+  if [ "${SLUICE_SCENARIO_FULL:-0}" = 1 ]; then
     "$@"
   else
-    env SLUICE_SCENARIO_SEED="${SLUICE_SCENARIO_SEED:-$seed}" \
-      SLUICE_SCENARIO_STEPS="${SLUICE_SCENARIO_STEPS:-$steps}" "$@"
+    env SLUICE_SCENARIO_STEPS="${SLUICE_SCENARIO_STEPS:-100}" \
+      SLUICE_TEST_ACTIONS="${SLUICE_TEST_ACTIONS:-upsert,update,delete,alter,key_type,primary_key,truncate,recreate,swap,copy,index,partitions,capture_halt,apply_halt}" \
+      "$@"
   fi
 }
 # A CI checkout is built once: no incremental-compilation cache (several GB on disk).
@@ -77,7 +79,7 @@ cargo build --workspace --bins --tests
 log=$(mktemp)
 rc=0
 # --no-fail-fast: every test binary runs (and is counted) even when an earlier one fails.
-scenario 5 200 cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || rc=$?
+scenario cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || rc=$?
 # The ClickHouse tests again, against the current server.
 current=${SLUICE_CLICKHOUSE_CURRENT_URL:-http://127.0.0.1:${SLUICE_CLICKHOUSE_CURRENT_PORT:-18124}}
 echo "== the ClickHouse tests against $current"
@@ -85,7 +87,7 @@ ch_tests=(--test apply_clickhouse --test clickhouse --test clickhouse_types --te
   --test clickhouse_rebuild
   --test pipeline_random --test faults
   --test binaries)
-scenario 3 301 env SLUICE_CLICKHOUSE_URL="$current" cargo test -p sluice-tests --no-fail-fast "${ch_tests[@]}" "$@" 2>&1 |
+scenario env SLUICE_CLICKHOUSE_URL="$current" cargo test -p sluice-tests --no-fail-fast "${ch_tests[@]}" "$@" 2>&1 |
   tee -a "$log" || rc=$?
 if [ $# -eq 0 ]; then
   SLUICE_CLICKHOUSE_URL=$current cargo test -p sluice-tests --test deploy \
