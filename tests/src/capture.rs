@@ -180,6 +180,16 @@ impl CaptureProcess {
         self.earlier = log;
     }
 
+    /// `kill <sig>` (`-STOP`, `-CONT`, ...) to the process, which must take it.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    }
+
     /// kill -9.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

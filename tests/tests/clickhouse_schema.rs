@@ -690,19 +690,12 @@ async fn tables_made_like_another_or_from_a_select_arrive_whole() {
 /// the table was stopped).
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_planned_before_another_appliers_rename_are_written_not_stopped() {
-    let db = unique("sluice_t_ch_race");
-    let ch_db = format!("{db}_m");
-    ch().query(&format!("CREATE DATABASE {ch_db}"))
-        .execute()
-        .await
-        .unwrap();
-    let mut my = mysql_async::Conn::new(mysql_async::Opts::from_url(&mysql_url()).unwrap())
-        .await
-        .unwrap();
+    let (db, ch_db, mut cap) =
+        sluice_tests::to_clickhouse::pipeline("sluice_t_ch_race", "_m").await;
+    let mut my = sluice_tests::to_clickhouse::mysql().await;
     my.query_drop(format!("CREATE DATABASE `{db}`"))
         .await
         .unwrap();
-    let mut cap = CaptureProcess::spawn(CaptureProcess::config(&db, &binlog_end().await, ""));
     let (dlq, group) = (unique("dlq"), unique("g"));
     let mut a = CaptureProcess::apply_clickhouse_with(&cap.prefix, &ch_db, &dlq, &group, "");
     let mut b = CaptureProcess::apply_clickhouse_with(&cap.prefix, &ch_db, &dlq, &group, "");
@@ -736,13 +729,7 @@ async fn rows_planned_before_another_appliers_rename_are_written_not_stopped() {
     }
     my.query_drop(rows(100, 130)).await.unwrap();
     assert_eq!(until(&count, "60").await, "60");
-    let signal = |p: &CaptureProcess, sig: &str| {
-        std::process::Command::new("kill")
-            .args([sig, &p.child.id().to_string()])
-            .status()
-            .unwrap();
-    };
-    signal(&b, "-STOP");
+    b.signal("-STOP");
     let paused = Instant::now();
     my.query_drop(rows(30, 60)).await.unwrap();
     my.query_drop(format!("ALTER TABLE {t} RENAME COLUMN score TO points"))
@@ -764,7 +751,7 @@ async fn rows_planned_before_another_appliers_rename_are_written_not_stopped() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    signal(&b, "-CONT");
+    b.signal("-CONT");
     assert_eq!(until(&count, "120").await, "120");
     let want: u64 = (0..90).chain(100..130).map(|i| i * 10).sum();
     let sum = format!("SELECT sum(points) FROM {ch_db}.t FINAL");

@@ -77,15 +77,6 @@ where
     }
 }
 
-fn signal(p: &CaptureProcess, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &p.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig}");
-}
-
 /// Two instances of one connector of `binary`, from one config whose `[standby]` names instance
 /// "a" (the other is "b"): "a" is active, "b" a standby serving its metrics.
 async fn start_pair(
@@ -175,7 +166,7 @@ async fn pause_active<F, Fut>(
     Fut: std::future::Future<Output = u64>,
 {
     assert_eq!(active(a), Some(true), "the first one is active");
-    signal(a, "-STOP");
+    a.signal("-STOP");
     let paused_at = next_id.load(Ordering::SeqCst);
     let takeover = until_active(b, SESSION + Duration::from_secs(20), "the standby").await;
     until_flowing(
@@ -187,7 +178,7 @@ async fn pause_active<F, Fut>(
     .await;
     eprintln!("seed {seed}: the paused capture replaced after {takeover:?}");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    signal(a, "-CONT");
+    a.signal("-CONT");
     let (code, log) = a.wait(Duration::from_secs(40));
     assert_eq!(code, Some(1), "the revived instance must stop: {log}");
     assert!(

@@ -26,7 +26,6 @@ pub mod values;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
@@ -94,16 +93,10 @@ impl Stage {
         }
     }
 
-    fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.p.child.id().to_string()])
-            .status();
-    }
-
     /// SIGTERM (its log kept for a failure's message) or SIGKILL, as `rng` draws.
     pub fn halt(&mut self, rng: &mut Rng) -> &'static str {
         if self.state == State::Paused {
-            self.signal("-CONT");
+            self.p.signal("-CONT");
         }
         self.state = State::Down;
         if rng.chance(50) {
@@ -117,7 +110,7 @@ impl Stage {
     }
 
     pub fn pause(&mut self) {
-        self.signal("-STOP");
+        self.p.signal("-STOP");
         self.state = State::Paused;
     }
 
@@ -125,7 +118,7 @@ impl Stage {
     pub fn up(&mut self) {
         match self.state {
             State::Up => {}
-            State::Paused => self.signal("-CONT"),
+            State::Paused => self.p.signal("-CONT"),
             State::Down => self.p.restart(),
         }
         self.state = State::Up;
