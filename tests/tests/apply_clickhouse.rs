@@ -1924,6 +1924,165 @@ async fn a_stopped_tables_statements_are_applied_in_order_when_it_is_taken_up_ag
     finish(&db, &mut [&mut cap]).await;
 }
 
+/// `tables.unheld = "mark"`: a value a column cannot hold (a zero, partial or invalid date) is
+/// written as NULL (the type's zero where the column is not Nullable) and named in the row's
+/// `_sluice_unheld`, and the table flows; without it the same rows stop their table, the remedy
+/// named; a key stays exact or refused either way; a target made before its table was marked
+/// gets the column.
+#[tokio::test(flavor = "multi_thread")]
+async fn values_the_target_cannot_hold_are_marked_where_the_table_says_so() {
+    let (db, m_db, mut cap) = pipeline("sluice_t_apply_unheld", "_mirror").await;
+    let mut c = mysql().await;
+    let shape = "(id INT PRIMARY KEY, d DATE NULL, dn DATE NOT NULL, dt DATETIME NOT NULL, n INT)";
+    c.query_drop(format!(
+        "CREATE DATABASE `{db}`; \
+         CREATE TABLE `{db}`.m {shape}; CREATE TABLE `{db}`.s {shape}; \
+         CREATE TABLE `{db}`.late {shape}; \
+         CREATE TABLE `{db}`.mk (id INT, d DATE NOT NULL, n INT, PRIMARY KEY (id, d))"
+    ))
+    .await
+    .unwrap();
+    let marked = format!(
+        "[tables.unheld_tables]\n\"{db}.m\" = \"mark\"\n\"{db}.mk\" = \"mark\"\n\"{db}.late\" = \"mark\"\n"
+    );
+    let rows = |sql: String| async move {
+        sluice_tests::capture::clickhouse_tsv(&sql)
+            .await
+            .unwrap_or_default()
+    };
+    // `late`'s target is made by an applier without the setting, from a row it holds.
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.late VALUES (1, '2020-01-01', '2020-01-02', '2020-01-03 10:00:00', 1)"
+    ))
+    .await
+    .unwrap();
+    let dlq = unique("dlq");
+    let group = unique("g");
+    let mut a = CaptureProcess::apply_clickhouse_with(&cap.prefix, &m_db, &dlq, &group, "");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rows(format!("SELECT count() FROM {m_db}.late FINAL"))
+        .await
+        .trim()
+        != "1"
+    {
+        assert!(Instant::now() < deadline, "late's first row never came");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    a.stop_ok();
+    let mut a = CaptureProcess::apply_clickhouse_with(&cap.prefix, &m_db, &dlq, &group, &marked);
+    c.query_drop("SET SESSION sql_mode = 'ALLOW_INVALID_DATES'")
+        .await
+        .unwrap();
+    for t in ["m", "s", "late"] {
+        c.query_drop(format!(
+            "INSERT INTO `{db}`.{t} VALUES \
+             (2, '0000-00-00', '2026-00-15', '0000-00-00 00:00:00', 2), \
+             (3, '2026-02-30', '2026-02-03', '2026-02-30 10:00:00', 3), \
+             (4, NULL, '2026-02-04', '2026-02-04 10:00:00', 4)"
+        ))
+        .await
+        .unwrap();
+    }
+    c.query_drop(format!(
+        "INSERT INTO `{db}`.m VALUES (1, '2020-01-01', '2020-01-02', '2020-01-03 10:00:00', 1); \
+         UPDATE `{db}`.m SET dn = '2021-01-01', n = 33 WHERE id = 3; \
+         INSERT INTO `{db}`.mk VALUES (1, '2020-01-01', 1), (2, '0000-00-00', 2)"
+    ))
+    .await
+    .unwrap();
+    let stopped = format!("SELECT target, reason FROM {m_db}._sluice_stopped ORDER BY target");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let want = "1\t0\t2020-01-02\t[]\t1\n\
+                2\t1\tzero\t['d','dn','dt']\t2\n\
+                3\t1\t2021-01-01\t['d','dt']\t33\n\
+                4\t1\t2026-02-04\t[]\t4\n";
+    let read = format!(
+        "SELECT id, isNull(d), if(dn = toDate(0), 'zero', toString(dn)), _sluice_unheld, n \
+         FROM {m_db}.m FINAL WHERE _deleted = 0 ORDER BY id"
+    );
+    loop {
+        let s = rows(stopped.clone()).await;
+        let m = rows(read.clone()).await;
+        let late = rows(format!("SELECT count() FROM {m_db}.late FINAL")).await;
+        if s.contains("mk\t") && s.contains("s\t") && m == want && late.trim() == "4" {
+            let lines: Vec<&str> = s.lines().collect();
+            let of = |t: &str| {
+                lines
+                    .iter()
+                    .find(|l| l.starts_with(&format!("{t}\t")))
+                    .copied()
+                    .unwrap_or_default()
+            };
+            // Unmarked: the row, the column, the value and both remedies named.
+            assert!(
+                (of("s").contains("row (id=2) column dn: 2026-00-15")
+                    || of("s").contains("row (id=3) column d: 2026-02-30"))
+                    && of("s").contains("temporal_tables")
+                    && of("s").contains("unheld_tables"),
+                "{s}"
+            );
+            // A key stays exact or refused, marked or not.
+            assert!(
+                of("mk").contains("a zero date in a primary key column")
+                    && !of("mk").contains("unheld_tables"),
+                "{s}"
+            );
+            assert!(
+                !lines
+                    .iter()
+                    .any(|l| l.starts_with("m\t") || l.starts_with("late\t")),
+                "{s}"
+            );
+            break;
+        }
+        if Instant::now() > deadline {
+            let (_, log) = a.stop();
+            panic!("stopped: {s}\nm: {m}\nlate: {late}\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        rows(format!(
+            "SELECT id, _sluice_unheld FROM {m_db}.late FINAL WHERE _deleted = 0 ORDER BY id"
+        ))
+        .await,
+        "1\t[]\n2\t['d','dn','dt']\n3\t['d','dt']\n4\t[]\n",
+        "the target made before the table was marked gets the column"
+    );
+    let page = sluice_tests::capture::scrape(a.metrics_port).unwrap_or_default();
+    let counted = |column: &str| {
+        page.lines().any(|l| {
+            l.starts_with("sluice_apply_unheld_values_total")
+                && l.contains(&format!("column=\"{column}\""))
+                && l.contains("table=\"m\"")
+                && l.ends_with(" 3")
+        })
+    };
+    assert!(counted("d") && counted("dt"), "{page}");
+    // (rows 2 and 3, and 3 again by its UPDATE)
+    // `sluice verify` tells the marked keys from differences: equal, two keys marked.
+    let (m, late) = (format!("{db}.m"), format!("{db}.late"));
+    let (code, report, err) = tokio::task::block_in_place(|| {
+        sluice_tests::capture::verify(&cap, &a, &["--table", &m, "--table", &late])
+    });
+    assert_eq!(code, Some(0), "{report:#}\n{err}");
+    for t in report["tables"].as_array().expect("tables") {
+        assert_eq!(t["result"], "equal", "{report:#}");
+        let keys: Vec<String> = t["marked"]
+            .as_array()
+            .map(|a| a.iter().map(|k| k["key"]["id"].to_string()).collect())
+            .unwrap_or_default();
+        assert_eq!(keys, ["\"2\"", "\"3\""], "{report:#}");
+    }
+    let out = a.stop_ok();
+    assert!(
+        out.contains("cannot hold was written as NULL")
+            && out.contains(&format!("FROM {m_db}.m WHERE has(_sluice_unheld, 'dn')")),
+        "{out}"
+    );
+    finish(&db, &mut [&mut cap]).await;
+}
+
 /// A zero date in a primary key column: a ClickHouse date type stores it as 1970-01-01, another
 /// key, so the table is stopped naming the column and the remedy, while a row whose key holds a
 /// real date is written; the same table kept as text takes the zero date exactly.

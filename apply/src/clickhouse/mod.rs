@@ -132,6 +132,19 @@ pub struct TablesConfig {
     pub temporal: types::Temporal,
     /// Per source table (`database.table`) overrides of `temporal`.
     pub temporal_tables: BTreeMap<String, types::Temporal>,
+    /// What a value a target column cannot hold (a zero, partial or invalid date, a date
+    /// outside the type's range on this server) does: `stop` (the default: its table stops,
+    /// the row, column and value named) or `mark` (the row is written with NULL in that
+    /// column, or the type's zero where the column is not Nullable, and the column named in
+    /// the row's `unheld_column`) ([`OnUnheld`]). Key columns are exact or refused, always.
+    pub unheld: OnUnheld,
+    /// Per source table (`database.table`) overrides of `unheld`.
+    pub unheld_tables: BTreeMap<String, OnUnheld>,
+    /// The column of a target with `unheld = "mark"` that names, per row, the columns whose
+    /// source value it does not hold (`Array(String)`, empty for a row held exactly). Added to
+    /// the tables the stage creates, and to an existing target when its table is marked.
+    /// Default `_sluice_unheld`.
+    pub unheld_column: String,
     /// Per source table (`database.table`): the `PARTITION BY` expression of the target table
     /// this stage creates. Default: none (one partition).
     pub partition_by: BTreeMap<String, String>,
@@ -156,6 +169,19 @@ pub enum OnTruncate {
     Keep,
     /// The table stops, the statement named.
     Stop,
+}
+
+/// `tables.unheld`: what a value that a target column cannot hold does.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnheld {
+    /// The row is refused (dead-lettered, named) and its table stops: the mirror is exact or
+    /// visibly stopped.
+    #[default]
+    Stop,
+    /// The row is written; the column gets NULL (the type's zero where it is not Nullable) and
+    /// is named in the row's `tables.unheld_column`.
+    Mark,
 }
 
 /// `tables.drop`: what a source `DROP TABLE` does to the target.
@@ -190,6 +216,9 @@ impl Default for TablesConfig {
             drop_tables: BTreeMap::new(),
             temporal: types::Temporal::Native,
             temporal_tables: BTreeMap::new(),
+            unheld: OnUnheld::Stop,
+            unheld_tables: BTreeMap::new(),
+            unheld_column: "_sluice_unheld".into(),
             partition_by: BTreeMap::new(),
             order_by: BTreeMap::new(),
         }
@@ -197,13 +226,15 @@ impl Default for TablesConfig {
 }
 
 impl TablesConfig {
-    /// A column of the stage's own in a target (version, deleted flag, operation, row).
+    /// A column of the stage's own in a target (version, deleted flag, operation, row, the
+    /// columns not held).
     pub fn is_bookkeeping(&self, column: &str) -> bool {
         [
             &self.version_column,
             &self.deleted_column,
             &self.op_column,
             &self.row_column,
+            &self.unheld_column,
         ]
         .iter()
         .any(|c| c.as_str() == column)
@@ -222,6 +253,13 @@ impl TablesConfig {
 
     pub fn drop_of(&self, source: &str) -> OnDrop {
         self.drop_tables.get(source).copied().unwrap_or(self.drop)
+    }
+
+    pub fn unheld_of(&self, source: &str) -> OnUnheld {
+        self.unheld_tables
+            .get(source)
+            .copied()
+            .unwrap_or(self.unheld)
     }
 
     pub fn temporal_of(&self, source: &str) -> types::Temporal {

@@ -25,16 +25,7 @@ pub fn inexact_key(v: &ValueRef<'_>, t: &ChType) -> Option<String> {
         ChType::Nullable(inner) => inner,
         t => t,
     };
-    let zero = match v {
-        V::Date(d) => d.year == 0 && d.month == 0 && d.day == 0,
-        V::Datetime(d) => d.year == 0 && d.month == 0 && d.day == 0,
-        _ => false,
-    };
-    let dated = matches!(
-        t,
-        ChType::Date(_) | ChType::Date32(_) | ChType::DateTime(_) | ChType::DateTime64(..)
-    );
-    (zero && dated).then(|| {
+    zero_date(v, t).then(|| {
         format!(
             "a zero date in a primary key column: {} stores it as 1970-01-01, which is another \
              key (a row with that date would become the same mirror row), and keys are kept \
@@ -42,6 +33,63 @@ pub fn inexact_key(v: &ValueRef<'_>, t: &ChType) -> Option<String> {
             t.sql()
         )
     })
+}
+
+/// Whether `v` is the zero date (or datetime) going into a ClickHouse date type, which stores
+/// it as the epoch: a documented mapping for a value, but not the value itself.
+pub fn zero_date(v: &ValueRef<'_>, t: &ChType) -> bool {
+    let t = match t {
+        ChType::Nullable(inner) => inner,
+        t => t,
+    };
+    let zero = match v {
+        V::Date(d) => d.year == 0 && d.month == 0 && d.day == 0,
+        V::Datetime(d) => d.year == 0 && d.month == 0 && d.day == 0,
+        _ => false,
+    };
+    zero && matches!(
+        t,
+        ChType::Date(_) | ChType::Date32(_) | ChType::DateTime(_) | ChType::DateTime64(..)
+    )
+}
+
+/// Append the value a column of type `t` gets for a source value it cannot hold
+/// (`tables.unheld = "mark"`): NULL where it is Nullable, else the type's zero (0, '', the
+/// epoch, the first member of an Enum).
+pub fn put_unheld(t: &ChType, out: &mut Vec<u8>) {
+    let zeros = |n: usize, out: &mut Vec<u8>| out.resize(out.len() + n, 0);
+    match t {
+        ChType::Nullable(_) => out.push(1),
+        ChType::Int(b) | ChType::UInt(b) => zeros(*b as usize / 8, out),
+        ChType::Float32 | ChType::Date32(_) | ChType::DateTime(_) | ChType::IPv4 => zeros(4, out),
+        ChType::Float64 | ChType::DateTime64(..) => zeros(8, out),
+        ChType::Decimal { precision, .. } => zeros(
+            match precision {
+                0..=9 => 4,
+                10..=18 => 8,
+                19..=38 => 16,
+                _ => 32,
+            },
+            out,
+        ),
+        ChType::String | ChType::Strings => out.push(0),
+        ChType::FixedString(n) => zeros(*n, out),
+        ChType::Date(_) => zeros(2, out),
+        ChType::IPv6 | ChType::Uuid => zeros(16, out),
+        ChType::Enum(members, bits) => {
+            let first = members.first().map_or(0, |(_, n)| *n);
+            let _ = put_int(i128::from(first), *bits, true, out);
+        }
+    }
+}
+
+/// Append `names` as RowBinary of `Array(String)`.
+pub fn put_strings(names: &[&str], out: &mut Vec<u8>) {
+    put_varint(names.len() as u64, out);
+    for n in names {
+        put_varint(n.len() as u64, out);
+        out.extend_from_slice(n.as_bytes());
+    }
 }
 
 /// Append `v` (of source column `c`) to `out` as RowBinary of `t`.

@@ -115,6 +115,8 @@ pub struct Sink {
     in_flight: Arc<Mutex<InFlight>>,
     writer: Writer,
     metrics: Metrics,
+    /// The (target, column) pairs whose values not held this process has logged.
+    unheld_said: std::collections::HashSet<(String, String)>,
     /// Reused to work out a row's shard.
     scratch: Vec<u8>,
     /// When its batches are due.
@@ -357,6 +359,7 @@ impl Sink {
             writer,
             metrics,
             scratch: Vec::new(),
+            unheld_said: Default::default(),
             pace: crate::group::Pace::new(std::time::Duration::from_millis(
                 config.batch.max_wait_ms,
             )),

@@ -29,6 +29,9 @@ pub enum ChType {
     IPv6,
     Uuid,
     Enum(Vec<(String, i16)>, u8), // members, storage bits
+    /// `Array(String)`: only the stage's own column of the columns a row does not hold
+    /// (`tables.unheld_column`); no source value is written into one.
+    Strings,
     Nullable(Box<ChType>),
 }
 
@@ -108,6 +111,9 @@ impl ChType {
         }
         if let Some(i) = inner("LowCardinality(") {
             return ChType::parse(i, f); // same RowBinary as the inner type
+        }
+        if t == "Array(String)" {
+            return Ok(ChType::Strings);
         }
         if let Some(i) = inner("FixedString(") {
             return i
@@ -196,6 +202,7 @@ impl ChType {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            ChType::Strings => "Array(String)".into(),
             ChType::Nullable(t) => format!("Nullable({})", t.sql()),
         }
     }

@@ -182,11 +182,17 @@ pub(super) async fn narrow(
         .collect();
         drop(conn);
         let ch_wanted: Vec<String> = keys.iter().map(|(k, _)| ch::string(k)).collect();
-        let theirs: HashMap<String, String> = target
-            .query::<(String, String)>(&format!(
-                "SELECT hex(_sluice_k), hex(argMax(_sluice_r, _sluice_v)) AS _sluice_lr FROM (SELECT \
-                 {key} AS _sluice_k, {row} AS _sluice_r, {ver} AS _sluice_v FROM {db}.{t} WHERE \
-                 {range}) GROUP BY _sluice_k HAVING hex(_sluice_k) IN ({wanted})",
+        // (with the columns its newest row does not hold, where the target names them)
+        let unheld = plan
+            .unheld_column
+            .as_ref()
+            .map_or("emptyArrayString()".to_string(), |c| ch::ident(c));
+        let theirs: HashMap<String, (String, Vec<String>)> = target
+            .query::<(String, String, String)>(&format!(
+                "SELECT hex(_sluice_k), hex(argMax(_sluice_r, _sluice_v)) AS _sluice_lr, \
+                 arrayStringConcat(argMax(_sluice_u, _sluice_v), '\\0') AS _sluice_lu FROM (SELECT {key} AS _sluice_k, \
+                 {row} AS _sluice_r, {ver} AS _sluice_v, {unheld} AS _sluice_u FROM {db}.{t} \
+                 WHERE {range}) GROUP BY _sluice_k HAVING hex(_sluice_k) IN ({wanted})",
                 key = plan.ch_key(),
                 row = plan.ch_row(),
                 ver = ch::ident(&plan.version_column),
@@ -197,12 +203,21 @@ pub(super) async fn narrow(
             ))
             .await?
             .into_iter()
+            .map(|(k, r, u)| {
+                let u = u.split('\0').filter(|c| !c.is_empty()).map(str::to_string);
+                (k, (r, u.collect()))
+            })
             .collect();
         for (k, v) in keys {
-            let diff = key_diff(plan, &k, mine.get(&k), theirs.get(&k), v);
+            let (row, unheld) = match theirs.get(&k) {
+                Some((r, u)) => (Some(r), u.as_slice()),
+                None => (None, &[][..]),
+            };
+            let diff = key_diff(plan, &k, mine.get(&k), row, v);
             match v {
                 Verdict::Missing => report.missing.push(diff),
                 Verdict::Extra => report.extra.push(diff),
+                _ if marked_only(&diff, unheld) => report.marked.push(diff),
                 _ => report.different.push(diff),
             }
         }
@@ -215,6 +230,12 @@ pub(super) async fn narrow(
         }
     }
     Ok(())
+}
+
+/// Whether a different key differs only in columns its target row names as not held
+/// (`tables.unheld = "mark"`): the mirror says so itself.
+fn marked_only(diff: &KeyDiff, unheld: &[String]) -> bool {
+    !diff.columns.is_empty() && diff.columns.iter().all(|c| unheld.contains(&c.column))
 }
 
 /// A found key with its values: every column for a missing or extra row, the differing

@@ -27,6 +27,10 @@ pub(super) struct Plan {
     pub(super) ranged: bool,
     pub(super) version_column: String,
     pub(super) deleted_column: Option<String>,
+    /// The target's column of the columns a row does not hold (`tables.unheld_column`,
+    /// `Array(String)`), where it has one: a key whose only differences are columns its
+    /// newest row names there is reported as marked, not different.
+    pub(super) unheld_column: Option<String>,
 }
 
 impl Plan {
@@ -230,6 +234,11 @@ pub(super) async fn plan(
         deleted_column: target_columns
             .contains_key(&tables.deleted_column)
             .then(|| tables.deleted_column.clone()),
+        unheld_column: (target_columns
+            .get(&tables.unheld_column)
+            .map(String::as_str)
+            == Some("Array(String)"))
+        .then(|| tables.unheld_column.clone()),
     }))
 }
 

@@ -82,6 +82,10 @@ pub struct TableReport {
     pub missing: Vec<KeyDiff>,
     pub extra: Vec<KeyDiff>,
     pub different: Vec<KeyDiff>,
+    /// Keys that differ only in values the target cannot hold, each named in the row's
+    /// `tables.unheld_column` (`tables.unheld = "mark"`): not a difference the mirror hides.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub marked: Vec<KeyDiff>,
     pub unsettled: Vec<KeyDiff>,
     pub seconds: f64,
 }
@@ -101,6 +105,7 @@ impl TableReport {
             missing: Vec::new(),
             extra: Vec::new(),
             different: Vec::new(),
+            marked: Vec::new(),
             unsettled: Vec::new(),
             seconds: 0.0,
         }
@@ -181,6 +186,7 @@ pub fn summary_line(t: &TableReport) -> String {
         ("missing", t.missing.len()),
         ("extra", t.extra.len()),
         ("different", t.different.len()),
+        ("marked as not held", t.marked.len()),
         ("unsettled", t.unsettled.len()),
     ]
     .iter()
@@ -240,6 +246,7 @@ pub fn text(r: &Report, limit: usize) -> String {
             ("missing", &t.missing),
             ("extra", &t.extra),
             ("different", &t.different),
+            ("marked", &t.marked),
             ("unsettled", &t.unsettled),
         ] {
             for k in keys.iter().take(limit) {

@@ -369,3 +369,95 @@ fn a_zero_date_is_no_key_in_a_date_type_and_is_one_as_text() {
     }
     assert_eq!(inexact_key(&ValueRef::from(&zero), &ChType::String), None);
 }
+
+#[test]
+fn a_value_not_held_takes_as_many_bytes_as_a_value_of_its_type() {
+    // Each type with a value it holds: the marked stand-in must be as wide, or every later
+    // column of the row would be read from the wrong bytes.
+    let date = Value {
+        kind: Some(Kind::Date(sluice_proto::v1::Date {
+            year: 2020,
+            month: 1,
+            day: 2,
+        })),
+    };
+    let cases: Vec<(ChType, Value, ColumnType)> = vec![
+        (ChType::Int(8), value::int(1), ColumnType::Tinyint),
+        (ChType::UInt(64), value::uint(1), ColumnType::Bigint),
+        (ChType::Int(32), value::int(1), ColumnType::Int),
+        (ChType::Float64, value::int(1), ColumnType::Int),
+        (
+            ChType::Decimal {
+                precision: 9,
+                scale: 2,
+            },
+            value::int(1),
+            ColumnType::Int,
+        ),
+        (
+            ChType::Decimal {
+                precision: 38,
+                scale: 2,
+            },
+            value::int(1),
+            ColumnType::Int,
+        ),
+        (ChType::FixedString(4), value::text("ab"), ColumnType::Char),
+        (ChType::Date(Span::DATE_OLD), date.clone(), ColumnType::Date),
+        (ChType::Date32(Span::FULL), date, ColumnType::Date),
+        (ChType::IPv4, value::text("1.2.3.4"), ColumnType::Inet4),
+        (ChType::IPv6, value::text("::1"), ColumnType::Inet6),
+        (
+            ChType::Uuid,
+            value::text("00112233-4455-6677-8899-aabbccddeeff"),
+            ColumnType::Uuid,
+        ),
+        (
+            ChType::Enum(vec![("a".into(), 1)], 8),
+            value::int(1),
+            ColumnType::Int,
+        ),
+    ];
+    for (t, v, ty) in cases {
+        let c = col(ty);
+        let written = if let ChType::Enum(..) = t {
+            vec![1u8]
+        } else {
+            enc(v, &c, &t).unwrap_or_else(|e| panic!("{}: {e}", t.sql()))
+        };
+        let mut marked = Vec::new();
+        put_unheld(&t, &mut marked);
+        assert_eq!(marked.len(), written.len(), "{}", t.sql());
+        assert!(marked.iter().all(|b| *b == 0) || matches!(t, ChType::Enum(..)));
+    }
+    // NULL where the column is Nullable; '' for String; the Enum's first member.
+    let mut out = Vec::new();
+    put_unheld(
+        &ChType::Nullable(Box::new(ChType::Date(Span::DATE_OLD))),
+        &mut out,
+    );
+    put_unheld(&ChType::String, &mut out);
+    put_unheld(
+        &ChType::Enum(vec![("x".into(), 5), ("y".into(), 6)], 16),
+        &mut out,
+    );
+    assert_eq!(out, [1, 0, 5, 0]);
+    let mut out = Vec::new();
+    put_strings(&["d", "dn"], &mut out);
+    assert_eq!(out, [2, 1, b'd', 2, b'd', b'n']);
+}
+
+#[test]
+fn only_the_zero_date_into_a_date_type_is_the_zero_date() {
+    let d = |y, m, day| Value {
+        kind: Some(Kind::Date(sluice_proto::v1::Date {
+            year: y,
+            month: m,
+            day,
+        })),
+    };
+    let date = ChType::Nullable(Box::new(ChType::Date(Span::DATE_OLD)));
+    assert!(zero_date(&ValueRef::from(&d(0, 0, 0)), &date));
+    assert!(!zero_date(&ValueRef::from(&d(2020, 0, 1)), &date));
+    assert!(!zero_date(&ValueRef::from(&d(0, 0, 0)), &ChType::String));
+}

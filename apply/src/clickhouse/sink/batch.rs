@@ -26,7 +26,7 @@ use sluice_proto::view::{self, RowEvent, ValueRef};
 use super::part::TableBatch;
 use super::writer::{insert, Writer};
 use super::{undecodable, Context, Refusal, Sink};
-use crate::clickhouse::rowbinary::{encode, text};
+use crate::clickhouse::rowbinary::{self, encode, text};
 use crate::clickhouse::Mode;
 use crate::error::{clickhouse_transient, ApplyError, BadEvent, Origin, Reason};
 use crate::group::{block_on, BatchSink, Drain, Offsets};
@@ -38,6 +38,12 @@ pub(crate) struct ChDrain {
     pub(super) writer: Writer,
     pub(super) runtime: tokio::runtime::Handle,
 }
+
+/// Appended to the refusal of a value a non-key column cannot hold.
+const UNHELD_REMEDY: &str = "; or keep the table flowing with such values marked: \
+    `[tables.unheld_tables] \"db.table\" = \"mark\"` writes NULL (or the type's zero) and names \
+    the column in the row's `_sluice_unheld`; then take the table up again (`sluice status \
+    --apply-config` lists the steps) and replay its dead letters";
 
 /// The batch being written while the next one is gathered: at most one. Its offsets are
 /// stored once it is written, before any later batch's.
@@ -223,8 +229,10 @@ impl Sink {
         // Encode straight into the table's buffer; a failing row is cut off again.
         let start = tb.body.len();
         let value = |message: String| BadEvent::new(Reason::Value, message);
-        let mut encode_row = || -> Result<(), BadEvent> {
+        let mut encode_row = || -> Result<Vec<&str>, BadEvent> {
             let mut n = 0;
+            // The columns whose value the target does not hold (`tables.unheld = "mark"`).
+            let mut unheld: Vec<&str> = Vec::new();
             for v in view::values(image) {
                 let v = v.map_err(undecodable)?;
                 let (Some(c), Some(t)) = (schema.columns.get(n), plan.types.get(n)) else {
@@ -235,9 +243,8 @@ impl Sink {
                 };
                 n += 1;
                 if let Some(t) = t {
-                    if let Some(e) = crate::clickhouse::rowbinary::inexact_key(&v, t)
-                        .filter(|_| schema.primary_key.contains(&(n as u32 - 1)))
-                    {
+                    let is_key = schema.primary_key.contains(&(n as u32 - 1));
+                    if let Some(e) = rowbinary::inexact_key(&v, t).filter(|_| is_key) {
                         return Err(value(format!(
                             "{}.{} row {} column {}: {e}",
                             event.database,
@@ -246,15 +253,30 @@ impl Sink {
                             c.name
                         )));
                     }
-                    encode(v, c, t, &mut tb.body).map_err(|e| {
-                        value(format!(
-                            "{}.{} row {} column {}: {e}",
+                    // Keys are exact or refused; a value missing from the image is no value.
+                    let mark = plan.marked && !is_key && !matches!(v, ValueRef::Absent);
+                    if mark && rowbinary::zero_date(&v, t) {
+                        rowbinary::put_unheld(t, &mut tb.body);
+                        unheld.push(&c.name);
+                        continue;
+                    }
+                    let at = tb.body.len();
+                    if let Err(e) = encode(v, c, t, &mut tb.body) {
+                        if mark {
+                            tb.body.truncate(at);
+                            rowbinary::put_unheld(t, &mut tb.body);
+                            unheld.push(&c.name);
+                            continue;
+                        }
+                        let remedy = if is_key { "" } else { UNHELD_REMEDY };
+                        return Err(value(format!(
+                            "{}.{} row {} column {}: {e}{remedy}",
                             event.database,
                             event.table,
                             key_text(schema, image),
                             c.name
-                        ))
-                    })?;
+                        )));
+                    }
                 }
             }
             if n != schema.columns.len() {
@@ -285,16 +307,46 @@ impl Sink {
                 )
                 .map_err(|e| value(format!("row column: {e}")))?;
             }
+            if plan.marked {
+                rowbinary::put_strings(&unheld, &mut tb.body);
+            }
             if let Some(v) = shard_value {
                 tb.body.extend_from_slice(&v.to_le_bytes()); // UInt64
             }
-            Ok(())
+            Ok(unheld)
         };
         let encoded = encode_row();
         self.part_key = part;
-        if let Err(bad) = encoded {
-            tb.body.truncate(start);
-            return Err(Refusal::Bad(bad));
+        let unheld = match encoded {
+            Ok(unheld) => unheld,
+            Err(bad) => {
+                tb.body.truncate(start);
+                return Err(Refusal::Bad(bad));
+            }
+        };
+        for column in unheld {
+            self.metrics
+                .unheld
+                .with_label_values(&[&plan.target, column])
+                .inc();
+            // Said once per column and process; the rows are those naming it.
+            if self
+                .unheld_said
+                .insert((plan.target.clone(), column.to_string()))
+            {
+                tracing::warn!(
+                    table = %plan.target,
+                    column,
+                    "a value the target column cannot hold was written as NULL (or the type's \
+                     zero) and the column named in the row's {} (tables.unheld = \"mark\"); \
+                     the rows: SELECT * FROM {}.{} WHERE has({}, '{}')",
+                    self.config.tables.unheld_column,
+                    self.config.clickhouse.database,
+                    plan.target,
+                    self.config.tables.unheld_column,
+                    column.replace('\'', "\\'")
+                );
+            }
         }
         let len = tb.body.len() - start;
         tb.rows += 1;

@@ -88,6 +88,44 @@ impl Sink {
         Ok(t)
     }
 
+    /// Add the column of the columns a row does not hold (`tables.unheld_column`,
+    /// `Array(String)`) to target `table`, made before its table was marked; there already
+    /// (another instance added it) is done.
+    pub(super) async fn add_unheld_column(&self, table: &str, col: &str) -> Result<(), Refusal> {
+        let sql = format!(
+            "ALTER TABLE {}.{}{} ADD COLUMN {} {}",
+            ident(&self.config.clickhouse.database),
+            ident(&self.config.cluster.local(table)),
+            self.config.cluster.on(),
+            ident(col),
+            ChType::Strings.sql()
+        );
+        let what = format!("adding column {col} to {table}");
+        match self
+            .answered(&what, || self.client.query(&sql).execute())
+            .await?
+        {
+            Ok(()) => tracing::info!(table = %table, column = %col, "added the column of values not held"),
+            Err(e) if answered_with(&e, COLUMN_EXISTS, self.features.illegal_column_means_done) => {
+                match self.describe(table).await?.remove(col) {
+                    Some(ChType::Strings) => {}
+                    have => {
+                        return Err(BadEvent::new(
+                            Reason::Ddl,
+                            format!(
+                                "{table} has a column {col} of type {}, not Array(String):                                  tables.unheld = \"mark\" names the columns a row does not hold                                  there. Remedy: set tables.unheld_column to a name the target                                  does not use",
+                                have.map_or("that sluice cannot write".into(), |t| t.sql())
+                            ),
+                        )
+                        .into())
+                    }
+                }
+            }
+            Err(e) => return Err(BadEvent::new(Reason::Ddl, format!("{sql}: {e}")).into()),
+        }
+        self.refresh_distributed(table).await
+    }
+
     /// Drop column `col` of target `table` (its source column was dropped).
     pub(super) async fn drop_column(&self, table: &str, col: &str) -> Result<(), Refusal> {
         let sql = format!(

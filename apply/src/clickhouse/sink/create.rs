@@ -119,6 +119,13 @@ impl Sink {
                 )
             }
         };
+        if m.unheld_of(&source) == crate::clickhouse::OnUnheld::Mark {
+            cols.push(format!(
+                "{} {}",
+                ident(&m.unheld_column),
+                crate::clickhouse::types::ChType::Strings.sql()
+            ));
+        }
         if cluster.distributed && !cluster.shard_column.is_empty() {
             // The Distributed table's sharding key, filled by the stage with each row.
             cols.push(format!("{} UInt64", ident(&cluster.shard_column)));

@@ -19,6 +19,9 @@ pub(super) struct Metrics {
     pub(super) ddl: IntCounterVec,
     /// Target tables stopped (`tables.stopped_table`), as last read.
     pub(super) stopped_tables: IntGauge,
+    /// Values written as NULL (or the type's zero) because the target column cannot hold
+    /// them (`tables.unheld = "mark"`), by target table and column.
+    pub(super) unheld: IntCounterVec,
     pub(super) group: GroupMetrics,
 }
 
@@ -56,6 +59,16 @@ impl Metrics {
             "Target tables stopped (their events dead-lettered until their row is deleted from \
              tables.stopped_table), as this instance last read them.",
         )?;
+        let unheld = IntCounterVec::new(
+            Opts::new(
+                "sluice_apply_unheld_values_total",
+                "Values a target column cannot hold, written as NULL (or the type's zero) and \
+                 named in the row's tables.unheld_column (tables.unheld = \"mark\"), by target \
+                 table and column.",
+            ),
+            &["table", "column"],
+        )?;
+        r.register(Box::new(unheld.clone()))?;
         r.register(Box::new(rows.clone()))?;
         r.register(Box::new(ddl.clone()))?;
         r.register(Box::new(stopped_tables.clone()))?;
@@ -68,6 +81,7 @@ impl Metrics {
             latency,
             ddl,
             stopped_tables,
+            unheld,
             group: GroupMetrics::new(r)?,
         })
     }

@@ -23,7 +23,7 @@ use sluice_proto::view::RowEvent;
 
 use super::{refused, undecodable, Refusal, Sink};
 use crate::clickhouse::types::{map_column, ChType, Features};
-use crate::clickhouse::Mode;
+use crate::clickhouse::{Mode, OnUnheld};
 use crate::error::{ApplyError, BadEvent, Origin, Reason};
 
 /// Whether an `engine_full` is a ReplacingMergeTree whose `is_deleted` is `deleted`.
@@ -116,6 +116,9 @@ pub(super) struct Plan {
     ///
     /// [`shard_hash`]: crate::clickhouse::cluster::shard_hash
     pub(super) shard: bool,
+    /// `tables.unheld = "mark"` for this table (and the target has its `unheld_column`): a
+    /// value a non-key column cannot hold is written as NULL (or the type's zero) and named.
+    pub(super) marked: bool,
     /// The INSERT's column list.
     pub(super) insert_columns: Arc<Vec<String>>,
     /// Rows older than this version are superseded (of the table before, or read again later):
@@ -499,6 +502,20 @@ impl Sink {
         if row.is_some() {
             insert_columns.push(m.row_column.clone());
         }
+        // Values the target cannot hold, marked (the column added to a target made before).
+        let marked =
+            m.unheld_of(&format!("{}.{}", schema.database, schema.table)) == OnUnheld::Mark;
+        if marked && target.columns.get(&m.unheld_column) != Some(&ChType::Strings) {
+            let column = m.unheld_column.clone();
+            self.flush_table(&target.name).await?;
+            self.add_unheld_column(&target.name, &column).await?;
+            target.columns.insert(column, ChType::Strings);
+            self.targets.insert(target.name.clone(), target.clone());
+        }
+        let m = &self.config.tables;
+        if marked {
+            insert_columns.push(m.unheld_column.clone());
+        }
         // The Distributed table's sharding column, where the target has it.
         let shard = self.config.cluster.distributed
             && !self.config.cluster.shard_column.is_empty()
@@ -523,6 +540,7 @@ impl Sink {
             flag,
             row,
             shard,
+            marked,
             insert_columns: Arc::new(insert_columns),
             superseded_before,
             superseded,
