@@ -41,13 +41,14 @@ pub trait Connector {
 pub async fn run<C, F, Fut>(ctx: Context<C>, start: F) -> anyhow::Result<()>
 where
     C: Connector,
-    F: FnOnce(C, Registry, Shutdown) -> Fut,
+    F: FnOnce(C, Registry, Shutdown, sluice_common::metrics::Health) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let Context {
         config,
         registry,
         shutdown,
+        health,
         ..
     } = ctx;
     let (connector, kafka, standby) = (
@@ -62,7 +63,7 @@ where
         &registry.clone(),
         "sluice_capture_active",
         shutdown,
-        |shutdown| start(config, registry, shutdown),
+        |shutdown| start(config, registry, shutdown, health),
     )
     .await
 }

@@ -32,7 +32,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use rdkafka::error::KafkaError;
 use serde::{Deserialize, Serialize};
 
-pub use publisher::Publisher;
+pub use publisher::{Delivery, Publisher};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {

@@ -1,7 +1,8 @@
 //! Appliers that lost their group session come back by themselves: the broker is stopped for
 //! longer than the consumers' session timeout (every member's session times out and its
 //! partitions are revoked as lost), then started again; each applier holds partitions again
-//! within seconds, and the rows written meanwhile reach the mirror.
+//! within seconds, and the rows written meanwhile reach the mirror. The capture, whose records
+//! are not acknowledged meanwhile, says it is stalled in `/healthz`, and moves on after.
 //!
 //! It restarts the broker, so it runs only against the test bed's own (skipped, and says so,
 //! when `SLUICE_KAFKA_BROKERS` names another).
@@ -60,6 +61,13 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
     let (db, m_db, mut cap) = pipeline("sluice_t_rejoin", "_mirror").await;
     let mut c = w1_source(&db).await;
     c.query_drop(w1_insert(&db, 1, 100)).await.unwrap();
+    // The capture says it is stalled 5 s after its records stop being acknowledged.
+    cap.stop_ok();
+    cap.edit_config(
+        "heartbeat_ms = 1000\n",
+        "heartbeat_ms = 1000\nstalled_after_ms = 5000\n",
+    );
+    cap.restart();
     let group = unique("g");
     let mut a = apply(&cap.prefix, &m_db, "mirror", &group, "");
     let mut b = apply(&cap.prefix, &m_db, "mirror", &group, "");
@@ -94,6 +102,8 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
         .await
         .unwrap();
     let restart = Restart(held.path().to_path_buf());
+    // Rows the capture reads and cannot hand over.
+    c.query_drop(w1_insert(&db, 201, 10)).await.unwrap();
     // 15 s after the broker's last answer (looked for every 5 s, each look up to 3 s a
     // request), each applier's /healthz says so.
     let down = Instant::now();
@@ -110,6 +120,18 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
             );
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+    loop {
+        let h = healthz(cap.metrics_port).unwrap_or_default();
+        if h.starts_with("HTTP/1.1 503") && h.contains("the capture is stalled") {
+            break;
+        }
+        assert!(
+            down.elapsed() < Duration::from_secs(28),
+            "the capture's /healthz {:?} into the outage, with rows to publish: {h}",
+            down.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_secs(30).saturating_sub(down.elapsed())).await;
     c.query_drop(w1_insert(&db, 101, 50)).await.unwrap();
@@ -147,6 +169,19 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
         "the broker holds {inherited:?}, its starter's"
     );
     converge(&db, &m_db, Duration::from_secs(60)).await;
+    // The capture moves again, and says so.
+    let start = Instant::now();
+    loop {
+        let h = healthz(cap.metrics_port).unwrap_or_default();
+        if h.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the capture's /healthz after the outage: {h}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     // Healthy again, and no partition left unheld.
     for (name, p) in [("a", &a), ("b", &b)] {
         let start = Instant::now();
@@ -186,5 +221,10 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
             "applier {name}: {said} lines about the broker:\n{log}"
         );
     }
-    finish(&db, &mut [&mut cap]).await;
+    let log = cap.stop_ok();
+    assert!(
+        log.contains("stalled") && log.contains("moving again after a stall"),
+        "{log}"
+    );
+    finish(&db, &mut []).await;
 }

@@ -15,7 +15,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
-    sluice_capture::run(ctx, |config, registry, shutdown| async move {
+    sluice_capture::run(ctx, |config, registry, shutdown, _health| async move {
         Capture::start(config, &registry)
             .await?
             .run(shutdown)

@@ -101,6 +101,11 @@ pub struct MysqlConfig {
     /// The heartbeat period asked of the server, in milliseconds; three missed heartbeats
     /// mean a dead connection, which is re-opened. Default 5000.
     pub heartbeat_ms: u64,
+    /// A capture that has read nothing for this long while the server's binlog is past it, or
+    /// has had nothing acknowledged by Kafka for this long with records in flight, is stalled:
+    /// `/healthz` says so (503, with both positions) until it moves again. In milliseconds.
+    /// Default 60000.
+    pub stalled_after_ms: u64,
     /// Accept a server that has no `binlog_row_metadata` at all (MySQL 5.7, MariaDB 10.4 and
     /// older), whose binlog does not say which columns its rows were written with: a capture
     /// behind a rename, a reorder of columns of one type, a change of signedness, charset or
@@ -138,6 +143,7 @@ impl Default for MysqlConfig {
             server_id: 5400,
             start: "end".into(),
             heartbeat_ms: 5000,
+            stalled_after_ms: 60_000,
             accept_rows_without_metadata: false,
             generation: 0,
         }
@@ -241,6 +247,12 @@ impl Validate for Config {
             return Err((
                 "mysql.heartbeat_ms".into(),
                 "must be between 100 and 600000".into(),
+            ));
+        }
+        if !(1_000..=86_400_000).contains(&self.mysql.stalled_after_ms) {
+            return Err((
+                "mysql.stalled_after_ms".into(),
+                "must be between 1000 and 86400000".into(),
             ));
         }
         crate::filter::Filter::new(&self.filter, stream::SYSTEM_DATABASES)?;

@@ -31,6 +31,7 @@ mod events;
 mod marks;
 mod schemas;
 mod snapshot;
+mod stall;
 mod start;
 mod table_map;
 mod xa;
@@ -105,11 +106,42 @@ impl Capture {
         }
     }
 
+    /// Report a stall in `health` (the process's `/healthz`) while running.
+    pub fn watched(mut self, health: sluice_common::metrics::Health) -> Self {
+        self.health = health;
+        self
+    }
+
     /// Read until shutdown. Transient failures reconnect from the last commit.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), CaptureError> {
+        let watch = stall::spawn(stall::Watch {
+            health: self.health.clone(),
+            opts: self.opts.clone(),
+            read: (
+                self.metrics.file_number.clone(),
+                self.metrics.offset.clone(),
+            ),
+            delivery: self.publisher.delivery(),
+            after: Duration::from_millis(self.config.mysql.stalled_after_ms),
+        });
+        let result = self.read_until_shutdown(&shutdown).await;
+        watch.abort();
+        self.health.set(stall::CONDITION, None);
+        let last = self.publisher.finish().await;
+        match (&result, last) {
+            (_, Ok(Some(c))) => tracing::info!(checkpoint = %c.next, "last checkpoint stored"),
+            (_, Ok(None)) => {}
+            (Ok(()), Err(e)) => return Err(e.into()),
+            (Err(_), Err(e)) => tracing::error!(error = %e, "storing the last checkpoint failed"),
+        }
+        result
+    }
+
+    /// Read, reconnecting after transient failures, until shutdown or a failure that is not.
+    async fn read_until_shutdown(&mut self, shutdown: &Shutdown) -> Result<(), CaptureError> {
         let mut backoff = Duration::from_millis(500);
         let result = loop {
-            match self.read_binlog(&shutdown).await {
+            match self.read_binlog(shutdown).await {
                 Ok(()) => break Ok(()),
                 Err(e) if e.is_transient() && !shutdown.is_triggered() => {
                     self.publish_metrics
@@ -137,13 +169,6 @@ impl Capture {
                 }
             }
         };
-        let last = self.publisher.finish().await;
-        match (&result, last) {
-            (_, Ok(Some(c))) => tracing::info!(checkpoint = %c.next, "last checkpoint stored"),
-            (_, Ok(None)) => {}
-            (Ok(()), Err(e)) => return Err(e.into()),
-            (Err(_), Err(e)) => tracing::error!(error = %e, "storing the last checkpoint failed"),
-        }
         result
     }
 

@@ -47,6 +47,20 @@ pub struct Publisher<C> {
     incarnation: String,
 }
 
+/// What a publisher has handed to Kafka and had acknowledged ([`Publisher::delivery`]).
+#[derive(Clone)]
+pub struct Delivery {
+    next: Arc<AtomicU64>,
+    acked: watch::Receiver<u64>,
+}
+
+impl Delivery {
+    /// Records handed to the producer, and of those the ones acknowledged without a gap.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.next.load(Ordering::Relaxed), *self.acked.borrow())
+    }
+}
+
 /// Hand one record to the producer, waiting while its queue is full; returns its sequence
 /// number.
 async fn produce(
@@ -527,6 +541,14 @@ where
         // Dropped unanswered: the write failed, and the acker ended with the reason (`finish`
         // returns it).
         stored.await.map_err(|_| PublishError::AckerGone)
+    }
+
+    /// The counts of records handed to Kafka and acknowledged, for a watch from another task.
+    pub fn delivery(&self) -> Delivery {
+        Delivery {
+            next: self.next.clone(),
+            acked: self.acked.clone(),
+        }
     }
 
     /// True when the acker stopped (a delivery failed): the caller should `finish` to learn why.

@@ -88,6 +88,9 @@ pub struct Capture {
     /// The binlog generation of every version published (`mysql.generation`, or the
     /// checkpoint's if higher).
     pub(super) generation: u8,
+    /// What `/healthz` answers: a capture that stops moving while its source moves says so
+    /// ([`super::stall`]).
+    pub(super) health: sluice_common::metrics::Health,
 }
 
 /// The capture's own metrics (the publisher has the event counters).

@@ -106,6 +106,7 @@ impl Capture {
             snapshot_metrics,
             xa: Default::default(),
             generation: 0,
+            health: Default::default(),
         };
         Ok((capture, checkpoint))
     }
