@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # The pipeline demo on the local test bed: starts the servers (installing what is missing),
 # builds the binaries, shows every server answering and every stage's preflight against it.
-# Then both pipelines end to end: MariaDB -> Kafka -> ClickHouse and MongoDB -> Kafka -> MongoDB.
+# Then both pipelines end to end: MariaDB -> Kafka -> ClickHouse (into ClickHouse 18.16, then into
+# the current ClickHouse) and MongoDB -> Kafka -> MongoDB.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 say() { printf '\n== %s\n' "$*"; }
 
 say "Starting the test bed"
-deploy/testbed.sh start mariadb kafka clickhouse mongo
+deploy/testbed.sh start mariadb kafka clickhouse clickhouse-current mongo
 eval "$(deploy/testbed.sh env)"
 deploy/testbed.sh status
 
 say "Building the binaries"
-cargo build --workspace --bins
+build_log=$(mktemp)
+if ! cargo build --workspace --bins >"$build_log" 2>&1; then
+  cat "$build_log"
+  exit 1
+fi
+rm -f "$build_log"
+echo "built: target/debug/{capture-mysql,capture-mongo,apply-clickhouse,apply-mongo,sluice}"
 bin=target/debug
 
 say "Each server, answering"
@@ -21,6 +28,7 @@ mariadb --no-defaults -h127.0.0.1 -P"${SLUICE_MYSQL_URL##*:}" -usluice -psluice 
   "SELECT @@version AS mariadb, @@binlog_format AS binlog_format, @@binlog_row_image AS row_image, @@gtid_binlog_pos AS gtid_pos"
 echo "kafka: $SLUICE_KAFKA_BROKERS (reachability: see the checks below)"
 echo "clickhouse: $(curl -fsS "$SLUICE_CLICKHOUSE_URL/" --data-binary 'SELECT version()')"
+echo "clickhouse (current): $(curl -fsS "$SLUICE_CLICKHOUSE_CURRENT_URL/" --data-binary 'SELECT version()')"
 
 # The example configs of deploy/config/, pointed at the test bed by environment overrides.
 export SLUICE__KAFKA__BROKERS=$SLUICE_KAFKA_BROKERS
@@ -36,10 +44,13 @@ check capture-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_SOURCE_URL"
 check apply-clickhouse SLUICE__CLICKHOUSE__URL="$SLUICE_CLICKHOUSE_URL"
 check apply-mongo SLUICE__MONGODB__URI="$SLUICE_MONGO_TARGET_URL"
 
-say "The pipeline: rows written in MariaDB arrive in Kafka, then in ClickHouse"
+# MariaDB -> Kafka -> the ClickHouse at $1 ($2 names it), with sluice status and verify at the end.
+mysql_to_clickhouse() {
+local ch_url=$1
+say "The pipeline: rows written in MariaDB arrive in Kafka, then in $2"
 mysql_port=${SLUICE_MYSQL_URL##*:}
 sqlq() { mariadb --no-defaults --default-character-set=utf8mb4 -h127.0.0.1 -P"$mysql_port" -usluice -psluice -e "$1"; }
-run=$(date +%s)
+run=$(date +%s%N)
 db=demo_$run
 demo_config=$(mktemp)
 if [ -n "${SLUICE_TLS_DIR:-}" ]; then mysql_tls="ssl_ca = \"$SLUICE_TLS_DIR/ca.pem\""; else mysql_tls='ssl_mode = "disabled"'; fi
@@ -63,12 +74,12 @@ listen = "127.0.0.1:0"
 TOML
 "$bin/capture-mysql" -c "$demo_config" 2>"$demo_config.log" &
 capture_pid=$!
-chq() { curl -fsS "$SLUICE_CLICKHOUSE_URL/" --data-binary "$1"; }
+chq() { curl -fsS "$ch_url/" --data-binary "$1"; }
 chq "CREATE DATABASE IF NOT EXISTS demo"
 apply_config=$(mktemp)
 cat >"$apply_config" <<TOML
 [clickhouse]
-url = "$SLUICE_CLICKHOUSE_URL"
+url = "$ch_url"
 database = "demo"
 [consumer]
 group_id = "demo-$run"
@@ -97,7 +108,7 @@ sleep 1
 "$bin/sluice" events --brokers "$SLUICE_KAFKA_BROKERS" --topic "demo.$db.orders" --merge --count 5 --wait 30 ||
   { echo "capture-mysql said:"; cat "$demo_config.log"; exit 1; }
 echo
-echo "(and the mirror table demo.orders in ClickHouse, SELECT ... FINAL WHERE _deleted = 0:)"
+echo "(and the mirror table demo.orders in $2, SELECT ... FINAL WHERE _deleted = 0:)"
 for _ in $(seq 1 50); do
   [ "$(chq "SELECT count() FROM demo.orders FINAL WHERE _deleted = 0" 2>/dev/null)" = "1" ] && break
   sleep 0.2
@@ -113,10 +124,16 @@ echo "(the mirror against its source, row by row: sluice verify)"
   --wait-secs 60 || { echo "sluice verify found the mirror different (exit $?)"; exit 1; }
 kill -TERM $capture_pid $apply_pid
 wait $capture_pid $apply_pid || true
+rm -f "$demo_config" "$demo_config.log" "$apply_config" "$apply_config.log"
+trap - EXIT
 sqlq "DROP DATABASE $db"
 chq "DROP TABLE IF EXISTS demo.orders"
+}
+mysql_to_clickhouse "$SLUICE_CLICKHOUSE_URL" "ClickHouse 18.16"
+mysql_to_clickhouse "$SLUICE_CLICKHOUSE_CURRENT_URL" "the current ClickHouse ($(curl -fsS "$SLUICE_CLICKHOUSE_CURRENT_URL/" --data-binary 'SELECT version()'))"
 
 say "The pipeline: documents written in MongoDB arrive in Kafka, then in the target MongoDB"
+run=$(date +%s)
 mdb=mongo_demo_$run
 mongo() { "$bin/sluice" mongo --uri "$1" --db "$mdb" "$2"; }
 mcap_config=$(mktemp)
@@ -156,7 +173,7 @@ listen = "127.0.0.1:0"
 TOML
 "$bin/apply-mongo" -c "$mapp_config" 2>"$mapp_config.log" &
 mapply_pid=$!
-trap 'kill $mcapture_pid $mapply_pid 2>/dev/null || true; rm -f "$demo_config" "$demo_config.log" "$apply_config" "$apply_config.log" "$mcap_config" "$mcap_config.log" "$mapp_config" "$mapp_config.log"' EXIT
+trap 'kill $mcapture_pid $mapply_pid 2>/dev/null || true; rm -f "$mcap_config" "$mcap_config.log" "$mapp_config" "$mapp_config.log"' EXIT
 for _ in $(seq 1 100); do grep -q "tailing local.oplog.rs" "$mcap_config.log" && break; sleep 0.1; done
 mongo "$SLUICE_MONGO_SOURCE_URL" '{"insert": "orders", "documents": [
   {"_id": 1, "item": "tea 🍵", "price": {"$numberDecimal": "3.50"}, "tags": ["hot", "green"]},
