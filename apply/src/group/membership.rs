@@ -20,8 +20,8 @@ const EVERY: Duration = Duration::from_secs(5);
 /// How long a consumer may be out of its group (or the brokers silent) before `/healthz` says
 /// so: longer than an ordinary rebalance.
 pub(super) const DEGRADED_AFTER: Duration = Duration::from_secs(15);
-/// How long a consumer may be out of its group before it is replaced: three session timeouts
-/// (10 s), longer than any rebalance that is not waiting for a stuck member.
+/// How long a consumer may be out of its group before it is replaced: longer than any rebalance
+/// that is not waiting for a stuck member.
 pub(super) const REJOIN_AFTER: Duration = Duration::from_secs(30);
 
 /// A (topic, partition).

@@ -246,6 +246,12 @@ async fn run_loop<S: BatchSink>(sink: &mut S, shutdown: &Shutdown) -> Result<(),
                     fatal = Some(why);
                     Ok(())
                 }
+                // A broker down or restarting: librdkafka retries by itself, and the client's
+                // error callback says so once a minute; each poll's copy is detail.
+                None if sluice_common::kafka::ErrorLog::transient(&e) => {
+                    tracing::debug!(error = %e, "consumer error");
+                    Ok(())
+                }
                 None => {
                     tracing::warn!(error = %e, "consumer error");
                     Ok(())
