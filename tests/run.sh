@@ -68,7 +68,7 @@ scenario() {
     "$@"
   else
     env SLUICE_SCENARIO_STEPS="${SLUICE_SCENARIO_STEPS:-100}" \
-      SLUICE_TEST_ACTIONS="${SLUICE_TEST_ACTIONS:-upsert,update,delete,alter,key_type,primary_key,truncate,recreate,swap,copy,index,partitions,capture_halt,apply_halt}" \
+      SLUICE_TEST_ACTIONS="${SLUICE_TEST_ACTIONS:-upsert,update,delete,alter,key_type,primary_key,truncate,recreate,swap,copy,index,partitions,unheld,capture_halt,apply_halt}" \
       "$@"
   fi
 }

@@ -32,6 +32,7 @@ pub const REGISTRY: &[Action] = &[
     act("copy", 2, false, |w| Box::pin(copy(w))),
     act("index", 1, false, |w| Box::pin(index(w))),
     act("partitions", 3, false, |w| Box::pin(partitions(w))),
+    act("unheld", 2, false, |w| Box::pin(unheld(w))),
     // The pipeline.
     act("capture_halt", 5, true, |w| Box::pin(capture_halt(w))),
     act("capture_pause", 2, true, |w| Box::pin(capture_pause(w))),
@@ -255,6 +256,57 @@ async fn alter(w: &mut World) -> Plan {
         statements,
         may_fail: true,
         after: Some(Box::new(move |ts: &mut Vec<Table>| ts[ti] = t)),
+    }
+}
+
+/// A value no ClickHouse date type holds (a day the month has not, a zero month or day)
+/// written into a DATE column (added first where the table has none) of a table whose
+/// appliers mark such values: its rows flow, the value named in `_sluice_unheld`, and `sluice
+/// verify` takes keys that differ only there as marked. Other tables are not drawn: there the
+/// same value stops the table, as `stop_table` already tries.
+async fn unheld(w: &mut World) -> Plan {
+    let marked: Vec<usize> = (0..w.tables.len())
+        .filter(|i| w.marked(&w.tables[*i].name))
+        .collect();
+    let Some(&ti) = (!marked.is_empty()).then(|| pick(&mut w.rng, &marked)) else {
+        return Plan::default();
+    };
+    let date = super::values::TYPES
+        .iter()
+        .position(|t| t.sql == "DATE")
+        .expect("DATE is among the types");
+    let t = &w.tables[ti];
+    let name = format!("`{}`.`{}`", w.db, t.name);
+    let mut statements = vec!["SET SESSION sql_mode = 'ALLOW_INVALID_DATES'".to_string()];
+    let mut added = None;
+    let column = match t.cols.iter().find(|c| c.ty == Some(date)) {
+        Some(c) => c.name.clone(),
+        None => {
+            w.next_col += 1;
+            let c = format!("c{}", w.next_col);
+            statements.push(format!("ALTER TABLE {name} ADD COLUMN `{c}` DATE NULL"));
+            added = Some(model::Col {
+                name: c.clone(),
+                ty: Some(date),
+                nullable: true,
+            });
+            c
+        }
+    };
+    let v = *pick(
+        &mut w.rng,
+        &["'2026-02-30'", "'2026-00-15'", "'2026-04-00'"],
+    );
+    statements.push(format!(
+        "UPDATE {name} SET `{column}` = {v} WHERE id % 3 = {}",
+        w.rng.below(3)
+    ));
+    Plan {
+        statements,
+        may_fail: true,
+        after: added.map(|c| -> super::AfterStep {
+            Box::new(move |ts: &mut Vec<Table>| ts[ti].cols.push(c))
+        }),
     }
 }
 
