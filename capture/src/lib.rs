@@ -14,6 +14,7 @@ pub mod mongo;
 pub mod mysql;
 pub mod publish;
 pub mod snapshot;
+pub mod stall;
 
 pub use error::{CaptureError, Origin};
 

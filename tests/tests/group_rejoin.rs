@@ -282,3 +282,92 @@ async fn a_broker_restart_within_the_session_timeout_keeps_every_applier_in_its_
     assert!(warnings <= 6, "{warnings} warnings:\n{log}");
     finish(&db, &mut [&mut cap]).await;
 }
+
+/// capture-mongo, with the broker stopped while the source is written: its records go
+/// unacknowledged, and its `/healthz` says it is stalled; once the broker is back it moves on
+/// and says so, and every change reaches Kafka.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mongo_capture_whose_records_go_unacknowledged_says_it_is_stalled() {
+    if !testbed_broker() {
+        println!("skipped: it restarts the broker, and SLUICE_KAFKA_BROKERS names one the test bed did not start");
+        return;
+    }
+    let _broker = BROKER.lock().await;
+    use sluice_tests::mongo;
+    let db = unique("sluice_m_stall");
+    let src = mongo::client(sluice_tests::mongo_source_url()).await;
+    let mut cap = mongo::capture(&db, "mode = \"oplog\"\nstalled_after_ms = 3000", "");
+    mongo::started(&cap, true).await;
+    let coll = src.database(&db).collection::<mongodb::bson::Document>("c");
+    coll.insert_one(mongodb::bson::doc! { "_id": 0 })
+        .await
+        .unwrap();
+    let healthy = |cap: &CaptureProcess, limit: Duration, what: &str| {
+        let start = Instant::now();
+        loop {
+            let h = healthz(cap.metrics_port).unwrap_or_default();
+            if h.starts_with("HTTP/1.1 200") {
+                return;
+            }
+            assert!(start.elapsed() < limit, "{what}: {h}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    tokio::task::block_in_place(|| healthy(&cap, Duration::from_secs(30), "before"));
+    // (its topic made and its first record acknowledged before the broker goes)
+    let topic = format!("{}.{db}.c", cap.prefix);
+    tokio::task::spawn_blocking({
+        let topic = topic.clone();
+        move || {
+            sluice_tests::capture::read_events(&topic, Duration::from_secs(30), |e| {
+                sluice_tests::capture::count_rows(e) >= 1
+            })
+        }
+    })
+    .await
+    .unwrap();
+    tokio::task::spawn_blocking(|| testbed(&["stop", "kafka"]))
+        .await
+        .unwrap();
+    let down = Instant::now();
+    for i in 1..=20 {
+        coll.insert_one(mongodb::bson::doc! { "_id": i })
+            .await
+            .unwrap();
+    }
+    let stalled = loop {
+        let h = healthz(cap.metrics_port).unwrap_or_default();
+        if h.starts_with("HTTP/1.1 503") && h.contains("the capture is stalled") {
+            break h;
+        }
+        if down.elapsed() > Duration::from_secs(30) {
+            testbed(&["start", "kafka"]);
+            let (_, log) = cap.stop();
+            panic!(
+                "capture-mongo's /healthz 30 s into the outage, with changes to publish: {h}\n{log}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    tokio::task::spawn_blocking(|| testbed(&["start", "kafka"]))
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| healthy(&cap, Duration::from_secs(60), "after the outage"));
+    let log = cap.stop_ok();
+    assert!(
+        log.contains("moving again after a stall"),
+        "{stalled}\n{log}"
+    );
+    let events = tokio::task::spawn_blocking({
+        move || {
+            let e = sluice_tests::capture::read_events(&topic, Duration::from_secs(30), |e| {
+                sluice_tests::capture::count_rows(e) >= 21
+            });
+            sluice_tests::capture::count_rows(&e)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(events, 21, "every insert published");
+    src.database(&db).drop().await.unwrap();
+}

@@ -15,9 +15,10 @@ fn main() -> ExitCode {
 }
 
 async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
-    sluice_capture::run(ctx, |config, registry, shutdown, _health| async move {
+    sluice_capture::run(ctx, |config, registry, shutdown, health| async move {
         Capture::start(config, &registry)
             .await?
+            .watched(health)
             .run(shutdown)
             .await?;
         Ok(())

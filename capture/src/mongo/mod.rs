@@ -119,6 +119,11 @@ pub struct MongoConfig {
     /// How long the server waits for new changes before answering an empty batch, in
     /// milliseconds; idle checkpoints advance at this pace. Default 1000.
     pub max_await_ms: u64,
+    /// A capture that has read nothing for this long (no change, no idle answer from the
+    /// server, which comes every `max_await_ms` while it reads, and no record handed to Kafka),
+    /// or has had nothing acknowledged by Kafka for this long with records in flight, is
+    /// stalled: `/healthz` says so (503) until it moves again. In milliseconds. Default 60000.
+    pub stalled_after_ms: u64,
     /// Oplog mode: bytes of oplog entries held in memory for transactions waiting for their
     /// last entry (`partialTxn`) or their commit (prepared), at most; a transaction past it
     /// waits in a file in `spill_dir`. Default 67108864 (64 MiB).
@@ -140,6 +145,7 @@ impl Default for MongoConfig {
             end: String::new(),
             batch_size: 1000,
             max_await_ms: 1000,
+            stalled_after_ms: 60_000,
             max_held_bytes: 64 << 20,
             spill_dir: String::new(),
         }
@@ -204,6 +210,16 @@ impl Validate for Config {
         }
         if m.batch_size == 0 {
             return Err(("mongodb.batch_size".into(), "must be at least 1".into()));
+        }
+        if m.stalled_after_ms < 1000 || m.stalled_after_ms <= 2 * m.max_await_ms {
+            return Err((
+                "mongodb.stalled_after_ms".into(),
+                format!(
+                    "{} is too short: at least 1000 and more than twice mongodb.max_await_ms ({}), \
+                     the longest an idle source takes to answer",
+                    m.stalled_after_ms, m.max_await_ms
+                ),
+            ));
         }
         Filter::new(&self.filter, SYSTEM_DATABASES)?;
         self.publish.validate()?;

@@ -129,6 +129,10 @@ pub struct Capture {
     snapshot: Option<SnapshotProgress>,
     snapshots_done: Vec<String>,
     snapshot_metrics: SnapshotMetrics,
+    /// What `/healthz` answers: a capture that stops moving says so ([`crate::stall`]).
+    health: sluice_common::metrics::Health,
+    /// Counts every change read and every idle answer from the source, for the stall watch.
+    pulse: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Capture {
@@ -201,6 +205,8 @@ impl Capture {
             snapshot: progress,
             snapshots_done,
             snapshot_metrics,
+            health: Default::default(),
+            pulse: Default::default(),
             config,
         })
     }
@@ -208,11 +214,32 @@ impl Capture {
     /// Read until shutdown (or `[mongodb] end`), then wait for every event to be acknowledged
     /// and store the last checkpoint. A transient failure reopens from the last position
     /// published, with backoff; a definite one stops.
+    /// Report a stall in `health` (the process's `/healthz`) while running.
+    pub fn watched(mut self, health: sluice_common::metrics::Health) -> Self {
+        self.health = health;
+        self
+    }
+
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), CaptureError> {
+        let watch = crate::stall::spawn(crate::stall::Watch {
+            health: self.health.clone(),
+            delivery: self.publisher.delivery(),
+            after: std::time::Duration::from_millis(self.config.mongodb.stalled_after_ms),
+            probe: probe(self.pulse.clone(), self.publisher.delivery()),
+        });
+        let result = self.read_until_shutdown(&shutdown).await;
+        watch.abort();
+        self.health.set(crate::stall::CONDITION, None);
+        self.finish(result).await
+    }
+
+    /// Read, reopening after transient failures, until shutdown (or the end) or a failure
+    /// that is not.
+    async fn read_until_shutdown(&mut self, shutdown: &Shutdown) -> Result<(), CaptureError> {
         let mut backoff = Backoff::default();
         let result = loop {
             let before = self.progress();
-            let Err(e) = self.read(&shutdown).await else {
+            let Err(e) = self.read(shutdown).await else {
                 break Ok(());
             };
             self.publish_metrics
@@ -235,7 +262,7 @@ impl Capture {
                 _ = tokio::time::sleep(wait) => {}
             }
         };
-        self.finish(result).await
+        result
     }
 
     /// The snapshots that are due, then the changes.
@@ -318,6 +345,31 @@ impl Default for Backoff {
     fn default() -> Self {
         Self { next: Self::FIRST }
     }
+}
+
+/// The stall watch's look ([`crate::stall`]): a reading stream has a change or an idle answer
+/// from the server at least every `max_await_ms`, or hands records to Kafka (a snapshot); one
+/// with none of these for the watch's time is stuck, whatever the source does.
+fn probe(
+    pulse: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    delivery: crate::publish::Delivery,
+) -> crate::stall::Probe {
+    Box::new(move || {
+        let at = (
+            pulse.load(std::sync::atomic::Ordering::Relaxed) as i64,
+            delivery.counts().0 as i64,
+        );
+        Box::pin(async move {
+            crate::stall::Read {
+                at,
+                caught_up: false,
+                meanwhile: "from the source: no change, no idle answer (one comes every \
+                            mongodb.max_await_ms) and no record handed to Kafka (a stuck cursor \
+                            or server, or Kafka not taking records: see its log)"
+                    .into(),
+            }
+        })
+    })
 }
 
 #[cfg(test)]

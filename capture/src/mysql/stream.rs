@@ -31,7 +31,6 @@ mod events;
 mod marks;
 mod schemas;
 mod snapshot;
-mod stall;
 mod start;
 mod table_map;
 mod xa;
@@ -114,19 +113,19 @@ impl Capture {
 
     /// Read until shutdown. Transient failures reconnect from the last commit.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), CaptureError> {
-        let watch = stall::spawn(stall::Watch {
+        let watch = crate::stall::spawn(crate::stall::Watch {
             health: self.health.clone(),
-            opts: self.opts.clone(),
-            read: (
+            delivery: self.publisher.delivery(),
+            after: Duration::from_millis(self.config.mysql.stalled_after_ms),
+            probe: probe(
+                self.opts.clone(),
                 self.metrics.file_number.clone(),
                 self.metrics.offset.clone(),
             ),
-            delivery: self.publisher.delivery(),
-            after: Duration::from_millis(self.config.mysql.stalled_after_ms),
         });
         let result = self.read_until_shutdown(&shutdown).await;
         watch.abort();
-        self.health.set(stall::CONDITION, None);
+        self.health.set(crate::stall::CONDITION, None);
         let last = self.publisher.finish().await;
         match (&result, last) {
             (_, Ok(Some(c))) => tracing::info!(checkpoint = %c.next, "last checkpoint stored"),
@@ -261,6 +260,67 @@ impl Capture {
             }
             Ok(Some(r)) => Ok(Input::Event(r?)),
         }
+    }
+}
+
+/// The stall watch's look ([`crate::stall`]): the stream's binlog file and offset (as
+/// exported) against the server's binlog end, asked on a connection of the watch's own
+/// (re-opened when lost; while the server does not answer, nothing is said: the stream says
+/// that itself).
+fn probe(
+    opts: mysql_async::Opts,
+    file: prometheus::IntGauge,
+    offset: prometheus::IntGauge,
+) -> crate::stall::Probe {
+    let conn = std::sync::Arc::new(tokio::sync::Mutex::new(None::<mysql_async::Conn>));
+    Box::new(move || {
+        let (opts, conn) = (opts.clone(), conn.clone());
+        let at = (file.get(), offset.get());
+        Box::pin(async move {
+            let mut conn = conn.lock().await;
+            if conn.is_none() {
+                *conn = crate::mysql::connect::connect(opts).await.ok();
+            }
+            let asked = match conn.as_mut() {
+                Some(c) => {
+                    tokio::time::timeout(Duration::from_secs(10), crate::mysql::binlog_position(c))
+                        .await
+                }
+                None => return unknown(at),
+            };
+            let end = match asked {
+                Ok(Ok(Some(p))) => sluice_proto::binlog_file_seq(&p.file)
+                    .ok()
+                    .map(|seq| (seq as i64, p.pos as i64)),
+                Ok(Ok(None)) => None,
+                _ => {
+                    *conn = None;
+                    None
+                }
+            };
+            let Some(end) = end else {
+                return unknown(at);
+            };
+            crate::stall::Read {
+                at,
+                caught_up: end <= at,
+                meanwhile: format!(
+                    "while the source's binlog is at file {} offset {} and the capture at file \
+                     {} offset {} (a snapshot holding the stream, Kafka not taking records, or a \
+                     stuck connection: see its log)",
+                    end.0, end.1, at.0, at.1
+                ),
+            }
+        })
+    })
+}
+
+/// A look that could not ask the server: nothing to say of the stream.
+fn unknown(at: (i64, i64)) -> crate::stall::Read {
+    crate::stall::Read {
+        at,
+        caught_up: true,
+        meanwhile: String::new(),
     }
 }
 

@@ -163,6 +163,8 @@ impl Capture {
     /// of a transaction's oplog entries held, or not moved since the last mark). True when the
     /// end time has been reached.
     pub(super) async fn idle(&mut self, in_transaction: bool) -> Result<bool, CaptureError> {
+        self.pulse
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.publish_metrics.lag_seconds.set(0.0);
         self.heartbeat().await?;
         let here = self.last_ts.map(|ts| (ts, self.last_token.clone()));
@@ -188,6 +190,8 @@ impl Capture {
     }
 
     pub(super) fn advance(&mut self, ts: Timestamp) {
+        self.pulse
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if self
             .last_ts
             .is_none_or(|l| (ts.time, ts.increment) > (l.time, l.increment))

@@ -89,7 +89,7 @@ pub struct Capture {
     /// checkpoint's if higher).
     pub(super) generation: u8,
     /// What `/healthz` answers: a capture that stops moving while its source moves says so
-    /// ([`super::stall`]).
+    /// ([`crate::stall`]).
     pub(super) health: sluice_common::metrics::Health,
 }
 
