@@ -24,7 +24,10 @@ mod run;
 mod watcher;
 
 pub use context::{block_on, GroupContext};
-pub use dead_letters::{headers as dead_letter_headers, DeadLetters, DEAD_LETTER_MAX_BYTES};
+pub use dead_letters::{
+    headers as dead_letter_headers, wait_all as dead_letters_acknowledged, DeadLetters, Pending,
+    DEAD_LETTER_MAX_BYTES,
+};
 pub use health::Outage;
 pub use lifecycle::{close_within, group_has_run, CLOSE_WITHIN};
 pub use membership::assignment;

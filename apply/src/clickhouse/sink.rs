@@ -488,13 +488,14 @@ impl Sink {
         Ok(())
     }
 
-    /// Send an event that can never be written to the dead-letter topic (or stop, as
-    /// `errors.on_bad_event` says), counted by its reason.
+    /// Hand an event that can never be written to the dead-letter topic (or stop, as
+    /// `errors.on_bad_event` says), counted by its reason: its acknowledgement is awaited with
+    /// its batch, before the event's offset is stored.
     async fn dead_letter(
         &mut self,
         m: &BorrowedMessage<'_>,
         bad: &BadEvent,
-    ) -> Result<(), ApplyError> {
+    ) -> Result<crate::group::Pending, ApplyError> {
         let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
         self.metrics
             .dead_letters
@@ -507,7 +508,7 @@ impl Sink {
             ));
         }
         self.dead
-            .send(m, bad)
+            .enqueue(m, bad)
             .await
             .map_err(|e| ApplyError::definite(Origin::Kafka, e))
     }

@@ -85,11 +85,24 @@ impl DeadLetters {
         Ok(self.producer.get().expect("set just now"))
     }
 
+    /// Send the dead letter of `m` and wait for Kafka's acknowledgement.
     pub async fn send<M: Message>(
         &self,
         m: &M,
         bad: &crate::error::BadEvent,
     ) -> Result<(), String> {
+        self.enqueue(m, bad).await?.wait().await
+    }
+
+    /// Hand the dead letter of `m` to the producer (waiting only while its queue is full): the
+    /// acknowledgement is awaited later ([`Pending::wait`]), before the offset of `m` is
+    /// stored, so that a busy stopped table's dead letters go out together, not one round trip
+    /// each.
+    pub async fn enqueue<M: Message>(
+        &self,
+        m: &M,
+        bad: &crate::error::BadEvent,
+    ) -> Result<Pending, String> {
         let reason = bad.message.as_str();
         let where_ = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
         // The reason may quote the row (its key, a value): in the dead letter, where `sluice
@@ -125,15 +138,64 @@ impl DeadLetters {
         if let Some(k) = m.key() {
             record = record.key(k);
         }
-        self.producer()?
-            .send(record, Duration::from_secs(60))
-            .await
-            .map(|_| ())
-            .map_err(|(e, _)| {
-                format!(
-                    "could not write the dead letter for {where_} to {}: {e}",
-                    self.topic
-                )
-            })
+        let failed = |e: rdkafka::error::KafkaError| {
+            format!(
+                "could not write the dead letter for {where_} to {}: {e}",
+                self.topic
+            )
+        };
+        let producer = self.producer()?;
+        let delivery = match producer.send_result(record) {
+            Ok(d) => Some(d),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(
+                    rdkafka::types::RDKafkaErrorCode::QueueFull,
+                ),
+                record,
+            )) => {
+                // The queue is full: wait for room and this one's acknowledgement.
+                producer
+                    .send(record, Duration::from_secs(60))
+                    .await
+                    .map_err(|(e, _)| failed(e))?;
+                None
+            }
+            Err((e, _)) => return Err(failed(e)),
+        };
+        Ok(Pending {
+            delivery,
+            what: format!("the dead letter for {where_} to {}", self.topic),
+        })
     }
+}
+
+/// A dead letter handed to the producer, not yet acknowledged.
+pub struct Pending {
+    delivery: Option<rdkafka::producer::DeliveryFuture>,
+    what: String,
+}
+
+impl Pending {
+    /// Wait for Kafka's acknowledgement.
+    pub async fn wait(self) -> Result<(), String> {
+        let Some(d) = self.delivery else {
+            return Ok(());
+        };
+        match d.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => Err(format!("could not write {}: {e}", self.what)),
+            Err(_) => Err(format!(
+                "could not write {}: the producer went away",
+                self.what
+            )),
+        }
+    }
+}
+
+/// Wait for every dead letter of `pending`; the first failure is the answer.
+pub async fn wait_all(pending: Vec<Pending>) -> Result<(), String> {
+    for p in pending {
+        p.wait().await?;
+    }
+    Ok(())
 }

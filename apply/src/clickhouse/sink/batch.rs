@@ -80,9 +80,15 @@ impl Drain for ChDrain {
                 }
             }
         }
-        let taken = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
+        let mut taken = std::mem::take(&mut *self.batch.lock().expect("batch lock"));
         if taken.offsets.is_empty() {
             return (!offsets.is_empty()).then_some(offsets);
+        }
+        let dead = std::mem::take(&mut taken.dead);
+        if let Err(e) = block_on(&self.runtime, crate::group::dead_letters_acknowledged(dead)) {
+            tracing::warn!(error = %e, "a dead letter of the batch in hand was not acknowledged; its partitions' next owner reads it again");
+            self.in_flight.lock().expect("in-flight lock").failed = Some(e);
+            return None;
         }
         let write = async {
             for ((name, _), tb) in &taken.tables {
@@ -125,6 +131,9 @@ pub(crate) struct Batch {
     bytes: usize,
     started: Option<Instant>,
     oldest_commit_micros: Option<i64>,
+    /// Dead letters of this batch's events, handed to the producer: acknowledged before its
+    /// offsets are stored.
+    dead: Vec<crate::group::Pending>,
 }
 
 impl Sink {
@@ -144,16 +153,17 @@ impl Sink {
         m: &BorrowedMessage<'_>,
         shutdown: &Shutdown,
     ) -> Result<(), ApplyError> {
-        match self.apply_event(m, shutdown).await {
-            Ok(()) => {}
+        let dead = match self.apply_event(m, shutdown).await {
+            Ok(()) => None,
             Err(Refusal::Bad(bad)) => {
                 self.stop_table_for(m, &bad).await?;
-                self.dead_letter(m, &bad).await?
+                Some(self.dead_letter(m, &bad).await?)
             }
             Err(Refusal::Stop(e)) => return Err(e),
-        }
+        };
         // The event belongs to the batch in hand now (one that a DDL began, if it flushed).
         let mut batch = self.batch();
+        batch.dead.extend(dead);
         batch.started.get_or_insert_with(Instant::now);
         batch.offsets.record(m);
         Ok(())
@@ -537,9 +547,13 @@ impl Sink {
     pub(super) async fn flush(&mut self, shutdown: &Shutdown) -> Result<(), ApplyError> {
         self.settle().await?;
         self.reread_stopped_if_due().await;
-        let batch = std::mem::take(&mut *self.batch());
+        let mut batch = std::mem::take(&mut *self.batch());
         if batch.tables.is_empty() {
-            // Only events without rows (heartbeats, dead letters): nothing to wait for.
+            // Only events without rows (heartbeats, dead letters): nothing to wait for but the
+            // dead letters' acknowledgements.
+            crate::group::dead_letters_acknowledged(std::mem::take(&mut batch.dead))
+                .await
+                .map_err(|e| ApplyError::definite(Origin::Kafka, e))?;
             batch
                 .offsets
                 .store(&*self.consumer, &self.consumer.context().incarnations);
@@ -564,6 +578,9 @@ impl Sink {
                     return Err(e);
                 }
             }
+            crate::group::dead_letters_acknowledged(std::mem::take(&mut batch.dead))
+                .await
+                .map_err(|e| ApplyError::definite(Origin::Kafka, e))?;
             metrics
                 .group
                 .written(&batch.offsets, batch.oldest_commit_micros);
