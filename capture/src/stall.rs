@@ -35,12 +35,25 @@ pub struct Read {
 /// A capture's look at its stream and its source.
 pub type Probe = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = Read> + Send>> + Send>;
 
-/// What the watch reads.
+/// What the watch reads, and where it says what it found.
 pub struct Watch {
     pub health: Health,
+    /// `sluice_capture_stalled` ([`gauge`]): 1 while stalled.
+    pub stalled: prometheus::IntGauge,
     pub delivery: Delivery,
     pub after: Duration,
     pub probe: Probe,
+}
+
+/// `sluice_capture_stalled`, registered in `r`.
+pub fn gauge(r: &prometheus::Registry) -> prometheus::Result<prometheus::IntGauge> {
+    let g = prometheus::IntGauge::new(
+        "sluice_capture_stalled",
+        "1 while the capture is stalled (it reads nothing while its source has more, or Kafka \
+         acknowledges none of its records in flight, for stalled_after_ms), else 0.",
+    )?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
 }
 
 /// How often the watch looks.
@@ -106,6 +119,7 @@ pub fn spawn(mut w: Watch) -> tokio::task::JoinHandle<()> {
                 _ => {}
             }
             // (the reason's seconds change at each look; said once, kept current in /healthz)
+            w.stalled.set(i64::from(why.is_some()));
             w.health.set(CONDITION, why.clone());
             said = why;
         }

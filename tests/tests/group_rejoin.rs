@@ -135,6 +135,11 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
     loop {
         let h = healthz(cap.metrics_port).unwrap_or_default();
         if h.starts_with("HTTP/1.1 503") && h.contains("the capture is stalled") {
+            assert_eq!(
+                metric_at(cap.metrics_port, "sluice_capture_stalled"),
+                Some(1.0),
+                "the stall in the metric too"
+            );
             break;
         }
         assert!(
@@ -185,6 +190,10 @@ async fn appliers_whose_session_timed_out_while_the_broker_was_down_hold_partiti
     loop {
         let h = healthz(cap.metrics_port).unwrap_or_default();
         if h.starts_with("HTTP/1.1 200") {
+            assert_eq!(
+                metric_at(cap.metrics_port, "sluice_capture_stalled"),
+                Some(0.0)
+            );
             break;
         }
         assert!(

@@ -15,7 +15,13 @@ fn main() -> ExitCode {
 }
 
 async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
-    let sink = Sink::start(ctx.config, &ctx.registry, ctx.health.clone()).await?;
+    let sink = Sink::start(
+        ctx.config,
+        &ctx.registry,
+        ctx.health.clone(),
+        ctx.shutdown.clone(),
+    )
+    .await?;
     sink.run(ctx.shutdown).await?;
     Ok(())
 }

@@ -291,10 +291,14 @@ fn consumer(
 }
 
 impl Sink {
+    /// Connect, and read the stopped tables and the statements applied: retried while
+    /// ClickHouse does not answer, until `shutdown` (a stop during an outage at start ends the
+    /// wait).
     pub async fn start(
         config: Config,
         registry: &Registry,
         health: sluice_common::metrics::Health,
+        shutdown: Shutdown,
     ) -> Result<Self, ApplyError> {
         let metrics = Metrics::new(registry).expect("metrics register once");
         let client = config
@@ -364,7 +368,7 @@ impl Sink {
                 config.batch.max_wait_ms,
             )),
             config,
-            shutdown: Shutdown::new(),
+            shutdown,
         };
         sink.read_stopped().await?;
         sink.read_applied_ddl().await?;

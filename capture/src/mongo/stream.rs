@@ -64,6 +64,7 @@ struct StreamMetrics {
     oplog_time: IntGauge,
     lookups: IntCounter,
     reconnects: IntCounter,
+    stalled: IntGauge,
 }
 
 impl StreamMetrics {
@@ -87,6 +88,7 @@ impl StreamMetrics {
             oplog_time,
             lookups,
             reconnects,
+            stalled: crate::stall::gauge(r)?,
         })
     }
 }
@@ -223,6 +225,7 @@ impl Capture {
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), CaptureError> {
         let watch = crate::stall::spawn(crate::stall::Watch {
             health: self.health.clone(),
+            stalled: self.metrics.stalled.clone(),
             delivery: self.publisher.delivery(),
             after: std::time::Duration::from_millis(self.config.mongodb.stalled_after_ms),
             probe: probe(self.pulse.clone(), self.publisher.delivery()),

@@ -115,6 +115,7 @@ impl Capture {
     pub async fn run(mut self, shutdown: Shutdown) -> Result<(), CaptureError> {
         let watch = crate::stall::spawn(crate::stall::Watch {
             health: self.health.clone(),
+            stalled: self.metrics.stalled.clone(),
             delivery: self.publisher.delivery(),
             after: Duration::from_millis(self.config.mysql.stalled_after_ms),
             probe: probe(

@@ -98,6 +98,7 @@ pub(super) struct StreamMetrics {
     pub(super) file_number: IntGauge,
     pub(super) offset: IntGauge,
     pub(super) reconnects: IntCounter,
+    pub(super) stalled: IntGauge,
 }
 
 impl StreamMetrics {
@@ -121,6 +122,7 @@ impl StreamMetrics {
             file_number,
             offset,
             reconnects,
+            stalled: crate::stall::gauge(r)?,
         })
     }
 }
