@@ -53,6 +53,20 @@ pub fn zero_date(v: &ValueRef<'_>, t: &ChType) -> bool {
     )
 }
 
+/// Whether `v` is a date or time going into a ClickHouse date type: the only values
+/// `tables.unheld = "mark"` marks when the type cannot hold them.
+pub fn date_into_date(v: &ValueRef<'_>, t: &ChType) -> bool {
+    let t = match t {
+        ChType::Nullable(inner) => inner,
+        t => t,
+    };
+    matches!(v, V::Date(_) | V::Datetime(_) | V::TimestampMicros(_))
+        && matches!(
+            t,
+            ChType::Date(_) | ChType::Date32(_) | ChType::DateTime(_) | ChType::DateTime64(..)
+        )
+}
+
 /// Append the value a column of type `t` gets for a source value it cannot hold
 /// (`tables.unheld = "mark"`): NULL where it is Nullable, else the type's zero (0, '', the
 /// epoch, the first member of an Enum).

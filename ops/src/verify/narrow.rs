@@ -233,9 +233,52 @@ pub(super) async fn narrow(
 }
 
 /// Whether a different key differs only in columns its target row names as not held
-/// (`tables.unheld = "mark"`): the mirror says so itself.
+/// (`tables.unheld = "mark"`), each holding the stand-in (NULL or the epoch) for a source date
+/// no ClickHouse type holds: the mirror says so itself. A marked column whose source value is
+/// a date the target could hold (an update lost, say) is a difference.
 fn marked_only(diff: &KeyDiff, unheld: &[String]) -> bool {
-    !diff.columns.is_empty() && diff.columns.iter().all(|c| unheld.contains(&c.column))
+    !diff.columns.is_empty()
+        && diff.columns.iter().all(|c| {
+            unheld.contains(&c.column)
+                && c.target.as_deref().is_some_and(stand_in)
+                && c.source.as_deref().is_some_and(|v| {
+                    // (verify renders the source's zero date as the epoch, as the
+                    // unmarked mapping stores it)
+                    unholdable_date(v)
+                        || (c.target.as_deref() == Some("NULL") && v.starts_with("1970-01-01"))
+                })
+        })
+}
+
+/// NULL, or a date type's zero (the epoch; 18.16 prints its Date zero as `0000-00-00`).
+fn stand_in(v: &str) -> bool {
+    v == "NULL" || v.starts_with("1970-01-01") || v.starts_with("0000-00-00")
+}
+
+/// A date (or datetime) as MySQL prints it that some ClickHouse server's date types cannot
+/// hold: zero, a zero month or day, a day the month has not, or a year outside 1970 - 2105
+/// (18.16's span; later servers hold those, and then mark nothing).
+fn unholdable_date(v: &str) -> bool {
+    let b = v.as_bytes();
+    if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
+        return false;
+    }
+    let num = |r: std::ops::Range<usize>| v.get(r).and_then(|x| x.parse::<u32>().ok());
+    let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) else {
+        return false;
+    };
+    if m == 0 || d == 0 || !(1970..=2105).contains(&y) {
+        return true;
+    }
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days = match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return true,
+    };
+    d > days
 }
 
 /// A found key with its values: every column for a missing or extra row, the differing
@@ -315,6 +358,30 @@ pub fn float_of(text: &[u8]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_stand_in_for_a_date_no_type_holds_is_marked() {
+        let diff = |source: &str, target: &str| KeyDiff {
+            key: Default::default(),
+            columns: vec![ColumnDiff {
+                column: "d".into(),
+                source: Some(source.into()),
+                target: Some(target.into()),
+            }],
+        };
+        let marks = ["d".to_string()];
+        assert!(marked_only(&diff("2026-02-30", "NULL"), &marks));
+        assert!(marked_only(&diff("2026-00-15", "1970-01-01"), &marks));
+        assert!(marked_only(&diff("0000-00-00 00:00:00", "NULL"), &marks));
+        // The zero date, as verify renders it, behind NULL.
+        assert!(marked_only(&diff("1970-01-01", "NULL"), &marks));
+        // A valid source date behind a stale mark: a difference (an update lost).
+        assert!(!marked_only(&diff("2026-02-03", "NULL"), &marks));
+        // A target that holds something else than the stand-in: a difference.
+        assert!(!marked_only(&diff("2026-02-30", "2026-03-02"), &marks));
+        // Not named in the row's marks.
+        assert!(!marked_only(&diff("2026-02-30", "NULL"), &[]));
+    }
 
     pub(super) fn row(hash: u64, version: u64, deleted: bool) -> Option<TargetRow> {
         Some(TargetRow {

@@ -461,3 +461,23 @@ fn only_the_zero_date_into_a_date_type_is_the_zero_date() {
     assert!(!zero_date(&ValueRef::from(&d(2020, 0, 1)), &date));
     assert!(!zero_date(&ValueRef::from(&d(0, 0, 0)), &ChType::String));
 }
+
+#[test]
+fn only_dates_into_date_columns_may_be_marked() {
+    let d = Value {
+        kind: Some(Kind::Date(sluice_proto::v1::Date {
+            year: 2026,
+            month: 2,
+            day: 30,
+        })),
+    };
+    let date = ChType::Nullable(Box::new(ChType::Date(Span::DATE_OLD)));
+    assert!(date_into_date(&ValueRef::from(&d), &date));
+    // A value of another kind, or into another type: the target's shape, never marked.
+    assert!(!date_into_date(&ValueRef::from(&value::int(1)), &date));
+    assert!(!date_into_date(
+        &ValueRef::Null,
+        &ChType::Date(Span::DATE_OLD)
+    ));
+    assert!(!date_into_date(&ValueRef::from(&d), &ChType::Int(32)));
+}

@@ -263,8 +263,12 @@ impl Sink {
                             c.name
                         )));
                     }
-                    // Keys are exact or refused; a value missing from the image is no value.
-                    let mark = plan.marked && !is_key && !matches!(v, ValueRef::Absent);
+                    // Only a date or time its date column cannot hold (zero, partial, invalid,
+                    // out of range) is marked; keys are exact or refused, and any other failure
+                    // (a NULL into a non-Nullable column, a type the column does not take) is
+                    // the target's shape, which stops the table as before.
+                    let dated = rowbinary::date_into_date(&v, t);
+                    let mark = plan.marked && !is_key && dated;
                     if mark && rowbinary::zero_date(&v, t) {
                         rowbinary::put_unheld(t, &mut tb.body);
                         unheld.push(&c.name);
@@ -278,7 +282,7 @@ impl Sink {
                             unheld.push(&c.name);
                             continue;
                         }
-                        let remedy = if is_key { "" } else { UNHELD_REMEDY };
+                        let remedy = if is_key || !dated { "" } else { UNHELD_REMEDY };
                         return Err(value(format!(
                             "{}.{} row {} column {}: {e}{remedy}",
                             event.database,
