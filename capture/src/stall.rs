@@ -126,6 +126,19 @@ pub fn spawn(mut w: Watch) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// Stop the watch started by [`spawn`] and clear what it said: awaited, so that a look in
+/// progress cannot set the condition again afterwards.
+pub async fn end(
+    watch: tokio::task::JoinHandle<()>,
+    health: &Health,
+    stalled: &prometheus::IntGauge,
+) {
+    watch.abort();
+    let _ = watch.await;
+    health.set(CONDITION, None);
+    stalled.set(0);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

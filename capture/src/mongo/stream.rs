@@ -231,8 +231,7 @@ impl Capture {
             probe: probe(self.pulse.clone(), self.publisher.delivery()),
         });
         let result = self.read_until_shutdown(&shutdown).await;
-        watch.abort();
-        self.health.set(crate::stall::CONDITION, None);
+        crate::stall::end(watch, &self.health, &self.metrics.stalled).await;
         self.finish(result).await
     }
 

@@ -125,8 +125,7 @@ impl Capture {
             ),
         });
         let result = self.read_until_shutdown(&shutdown).await;
-        watch.abort();
-        self.health.set(crate::stall::CONDITION, None);
+        crate::stall::end(watch, &self.health, &self.metrics.stalled).await;
         let last = self.publisher.finish().await;
         match (&result, last) {
             (_, Ok(Some(c))) => tracing::info!(checkpoint = %c.next, "last checkpoint stored"),
